@@ -1,0 +1,38 @@
+# The course's commands. SIZE selects the generated dataset for the whole course: tiny | small | workshop.
+SIZE ?= small
+PY := $(shell bash scripts/python.sh)
+export ZARRTORCH_SIZE := $(SIZE)
+
+.PHONY: setup data course test test-fast lab bench slides clean-data
+
+setup:
+	@bash scripts/setup.sh
+
+data: setup
+	$(PY) -m zarrtorch make-data --size $(SIZE)
+
+## (a) set up, generate the data, execute every notebook in order, print times
+course: setup
+	$(PY) scripts/run_course.py --size $(SIZE)
+
+## (b) the tests: package tests + every notebook under nbval (on the tiny data)
+test: setup
+	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny
+	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
+		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+
+lab: setup
+	$(PY) -m zarrtorch make-data --size $(SIZE)
+	$(PY) -m jupyter lab notebooks/00_index.ipynb
+
+bench: setup
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+slides: setup
+	$(PY) slides/build.py
+
+clean-data:
+	rm -rf data/tiny data/small data/workshop

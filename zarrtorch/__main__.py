@@ -1,0 +1,3 @@
+from zarrtorch.cli import main
+
+raise SystemExit(main())
