@@ -1,0 +1,146 @@
+"""The bounded shuffle buffer, as a schedule of slot operations.
+
+A worker reads its rows as a stream (its pieces, in order). The buffer holds at most ``capacity`` rows
+(``buffer_chunks`` chunks). Each batch takes rows from random slots; the freed slots are refilled with the
+next rows of the stream, so memory never grows past the buffer plus the chunk being consumed.
+
+To start quickly, the buffer does not wait to be full: before batch ``j`` it is filled to
+``min(capacity, warmup_rows * 2**j)`` rows (``warmup_rows`` is one chunk), so the first batch needs one
+chunk read and the buffer is full after a few batches. When the stream runs out, the buffer drains.
+
+The schedule depends only on the batch sizes, the stream length and the random generator, never on the
+data. :func:`simulate` applies it to row ids alone (no I/O): the loader uses that to resume mid-epoch, and
+the course uses it to measure shuffle quality without reading a byte. :class:`SlotBuffer` applies the same
+steps to arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Step:
+    """One batch: append ``append`` stream rows at the buffer's end, emit the rows in ``take`` slots,
+    write the next ``refill`` stream rows into ``take[:refill]``, then move ``move_src`` slots into
+    ``move_dst`` slots (closing the holes when the stream has run out). Without shuffling, ``direct``
+    rows are emitted straight from the stream instead."""
+
+    append: int = 0
+    take: np.ndarray | None = None
+    refill: int = 0
+    move_src: np.ndarray | None = None
+    move_dst: np.ndarray | None = None
+    direct: int = 0
+
+
+def schedule(batch_sizes: np.ndarray, stream_rows: int, *, capacity: int, warmup_rows: int,
+             rng: np.random.Generator | None) -> Iterator[Step]:
+    """The buffer steps for one worker's epoch; ``rng=None`` means no shuffling (rows in stream order)."""
+    if int(np.sum(batch_sizes)) != stream_rows:
+        raise ValueError(f"batch sizes add up to {int(np.sum(batch_sizes))} rows, the stream has {stream_rows}")
+    if rng is None:
+        for b in batch_sizes:
+            yield Step(direct=int(b))
+        return
+    capacity = max(int(capacity), int(max(batch_sizes, default=1)))
+    warmup_rows = max(1, int(warmup_rows))
+    filled, remaining = 0, stream_rows
+    for j, b in enumerate(int(x) for x in batch_sizes):
+        target = max(b, min(capacity, warmup_rows << min(j, 62)))
+        append = min(max(0, target - filled), remaining)
+        filled += append
+        remaining -= append
+        take = rng.choice(filled, size=b, replace=False)
+        refill = min(b, remaining)
+        remaining -= refill
+        holes = take[refill:]
+        move_src = move_dst = None
+        if len(holes):
+            new_filled = filled - len(holes)
+            is_hole = np.zeros(filled, dtype=bool)
+            is_hole[holes] = True
+            move_dst = np.sort(holes[holes < new_filled])
+            tail = np.arange(new_filled, filled)
+            move_src = tail[~is_hole[new_filled:]]
+            filled = new_filled
+        yield Step(append=append, take=take, refill=refill, move_src=move_src, move_dst=move_dst)
+
+
+class SlotBuffer:
+    """Applies schedule steps to named columns (the row ids always, the data arrays when reading).
+
+    ``read(n)`` must return the next ``n`` stream rows as a dict of column -> array (or a list of such
+    dicts, consumed in order, when the rows span several pieces).
+    """
+
+    def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]):
+        self.capacity = capacity
+        self.slots = {name: np.empty((capacity, *shape), dtype=dtype) for name, (shape, dtype) in columns.items()}
+
+    def _write(self, dst, segments) -> None:
+        offset = 0
+        for seg in segments:
+            n = len(next(iter(seg.values())))
+            where = dst[offset:offset + n] if isinstance(dst, np.ndarray) else slice(dst.start + offset, dst.start + offset + n)
+            for name, column in self.slots.items():
+                column[where] = seg[name]
+            offset += n
+
+    def apply(self, step: Step, read, filled: int) -> tuple[dict[str, np.ndarray], int]:
+        """Run one step; returns the batch (fresh arrays) and the new fill level."""
+        if step.direct:
+            segments = read(step.direct)
+            if len(segments) == 1:
+                return dict(segments[0]), filled
+            return {name: np.concatenate([s[name] for s in segments]) for name in segments[0]}, filled
+        if step.append:
+            self._write(slice(filled, filled + step.append), read(step.append))
+            filled += step.append
+        batch = {name: column[step.take] for name, column in self.slots.items()}
+        if step.refill:
+            self._write(step.take[:step.refill], read(step.refill))
+        if step.move_dst is not None:
+            for column in self.slots.values():
+                column[step.move_dst] = column[step.move_src]
+            filled -= len(step.take) - step.refill
+        return batch, filled
+
+
+def id_reader(pieces: np.ndarray, start_piece: int = 0, offset: int = 0):
+    """A ``read`` function for :class:`SlotBuffer` that yields row ids only (no I/O); also reports its
+    position (piece index, offset inside the piece) so the data path can continue from there."""
+    state = {"piece": start_piece, "offset": offset}
+
+    def read(n: int) -> list[dict[str, np.ndarray]]:
+        out = []
+        while n > 0:
+            lo, hi = pieces[state["piece"]]
+            take = min(n, hi - lo - state["offset"])
+            start = lo + state["offset"]
+            out.append({"index": np.arange(start, start + take, dtype=np.int64)})
+            n -= take
+            state["offset"] += take
+            if state["offset"] == hi - lo:
+                state["piece"] += 1
+                state["offset"] = 0
+        return out
+
+    read.state = state
+    return read
+
+
+def simulate(pieces: np.ndarray, batch_sizes: np.ndarray, *, capacity: int, warmup_rows: int,
+             rng: np.random.Generator | None) -> list[np.ndarray]:
+    """The row ids of every batch one worker yields, computed without reading any data."""
+    rows = int((pieces[:, 1] - pieces[:, 0]).sum()) if len(pieces) else 0
+    buf = SlotBuffer(max(capacity, int(max(batch_sizes, default=1))) if rng is not None else 0,
+                     {"index": ((), np.dtype(np.int64))})
+    read, filled, out = id_reader(pieces), 0, []
+    for step in schedule(batch_sizes, rows, capacity=capacity, warmup_rows=warmup_rows, rng=rng):
+        batch, filled = buf.apply(step, read, filled)
+        out.append(batch["index"])
+    return out

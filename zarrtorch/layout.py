@@ -1,0 +1,96 @@
+"""Check that a set of Zarr arrays can be streamed row by row: one first-axis layout shared by all.
+
+The loader distributes whole chunks, so every array must be chunked along the first axis only, and all
+arrays must have the same number of rows and the same chunk length (otherwise chunk ``i`` of one array
+holds other rows than chunk ``i`` of another, and samples would be paired with the wrong targets).
+``prepare_zarr`` writes stores that pass; the loader runs the same check before reading anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import zarr
+
+FIX_HINT = "rewrite it with zarrtorch.prepare_zarr(...), which chunks along the first axis only"
+
+
+class LayoutError(ValueError):
+    """The arrays cannot be streamed as they are; the message names the array and the fix."""
+
+
+@dataclass(frozen=True)
+class FirstAxisLayout:
+    """What the partitioning needs to know: rows, the length of a read unit, and whether it is a shard."""
+
+    rows: int
+    chunk_rows: int
+    sharded: bool = False
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.rows // self.chunk_rows)
+
+
+def _read_unit(name: str, arr: zarr.Array, allow_shards: bool) -> tuple[tuple[int, ...], bool]:
+    """The block the loader reads at once: the chunk, or the shard for sharded arrays."""
+    shards = getattr(arr, "shards", None)
+    if shards is None:
+        return tuple(arr.chunks), False
+    if not allow_shards:
+        raise LayoutError(
+            f"array {name!r} is sharded (shards {tuple(shards)}, inner chunks {tuple(arr.chunks)}). "
+            "zarrtorch can distribute whole shards: pass allow_shards=True to make the shard the unit of "
+            "reading and distribution (shuffling then mixes shards, not inner chunks), or "
+            + FIX_HINT
+            + " without sharding."
+        )
+    return tuple(shards), True
+
+
+def check_first_axis_layout(arrays: Mapping[str, zarr.Array], *, allow_shards: bool = False) -> FirstAxisLayout:
+    """Return the shared layout of ``arrays`` or raise :class:`LayoutError` saying what is wrong and how to fix it."""
+    if not arrays:
+        raise LayoutError("no arrays to load: give at least one array name (or a group that holds arrays)")
+    layouts: dict[str, tuple[int, int, bool]] = {}
+    for name, arr in arrays.items():
+        if not isinstance(arr, zarr.Array):
+            raise TypeError(
+                f"{name!r} is a {type(arr).__name__}, not a zarr.Array: open it with zarr.open_array(...) "
+                "or write it to a store with zarrtorch.prepare_zarr(...)"
+            )
+        if arr.ndim == 0:
+            raise LayoutError(f"array {name!r} is a scalar (shape ()): samples need at least one axis")
+        unit, sharded = _read_unit(name, arr, allow_shards)
+        for axis in range(1, arr.ndim):
+            if unit[axis] != arr.shape[axis]:
+                what = "shards" if sharded else "chunks"
+                raise LayoutError(
+                    f"array {name!r} is chunked along axis {axis} ({what} {unit} for shape {tuple(arr.shape)}): "
+                    f"training needs {what} along the first axis only, i.e. ({unit[0]}, "
+                    + ", ".join(str(s) for s in arr.shape[1:])
+                    + f"); {FIX_HINT}"
+                )
+        if arr.shape[0] == 0:
+            raise LayoutError(f"array {name!r} has zero rows (shape {tuple(arr.shape)}): there is nothing to load")
+        layouts[name] = (int(arr.shape[0]), int(unit[0]), sharded)
+
+    first_name, (rows, chunk_rows, sharded) = next(iter(layouts.items()))
+    for name, (r, c, s) in layouts.items():
+        if r != rows:
+            raise LayoutError(
+                f"arrays have different first-axis lengths: {first_name!r} has {rows} rows, {name!r} has {r}. "
+                "Every array must hold one row per sample; select arrays of the same length."
+            )
+        if c != chunk_rows:
+            raise LayoutError(
+                f"arrays have different chunk lengths along the first axis: {first_name!r} uses {chunk_rows} rows "
+                f"per chunk, {name!r} uses {c}. Chunk i would hold different samples in each array; "
+                f"{FIX_HINT} with one chunk_rows for all arrays."
+            )
+        if s != sharded:
+            raise LayoutError(
+                f"{first_name!r} and {name!r} differ in sharding: shard all arrays the same way or none of them"
+            )
+    return FirstAxisLayout(rows=rows, chunk_rows=chunk_rows, sharded=sharded)

@@ -1,0 +1,180 @@
+"""``ZarrDataLoader``: a DataLoader that gives every rank the same number of batches, every epoch.
+
+It reads the rank and world size from ``torch.distributed`` in the process that creates the iterator
+(workers started by spawn or forkserver have no process group), and publishes them, with the epoch and
+the resume point, in a shared-memory tensor that every worker reads when it starts an epoch. Lightning
+calls ``set_epoch`` on a loader's sampler, so the sampler forwards it here: no
+``use_distributed_sampler=False`` and no ``reload_dataloaders_every_n_epochs`` are needed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _InfiniteConstantSampler
+
+from zarrtorch.dataset import (CTX_EPOCH, CTX_RANK, CTX_SET, CTX_SKIP, CTX_WORLD, LoaderConfig,
+                               ZarrIterableDataset, distributed_topology)
+
+_STATE_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "seed", "shuffle", "buffer_chunks",
+               "rows", "chunk_rows", "cache")
+
+
+class _EpochSampler(_InfiniteConstantSampler):
+    """The sampler an iterable-style DataLoader needs anyway, plus ``set_epoch`` for Lightning."""
+
+    def __init__(self, loader: "ZarrDataLoader"):
+        super().__init__()
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+
+class _CountingIterator:
+    """Counts the batches handed out, for ``state_dict``; everything else goes to the DataLoader iterator."""
+
+    def __init__(self, inner, loader: "ZarrDataLoader"):
+        self._inner = inner
+        self._loader = loader
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._loader._finished_epoch()
+            raise
+        self._loader._batches_seen += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._loader) - self._loader._resume_skip
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ZarrDataLoader(DataLoader):
+    """DataLoader over a :class:`ZarrIterableDataset`; batches are dicts of tensors.
+
+    ``batch_size`` and ``drop_last`` apply to the whole rank: with ``drop_last=True`` every rank yields
+    ``rows // (world_size * batch_size)`` full batches; with ``drop_last=False`` every row is read once,
+    plus fewer than ``world_size`` rows repeated so that all ranks yield the same number of batches.
+    ``rank``/``world_size`` override ``torch.distributed`` (to simulate ranks in one process). Other
+    DataLoader arguments (``pin_memory``, ``prefetch_factor``, ``persistent_workers``,
+    ``multiprocessing_context``...) pass through.
+    """
+
+    def __init__(self, dataset: ZarrIterableDataset, batch_size: int = 1, drop_last: bool = False,
+                 num_workers: int = 0, *, rank: int | None = None, world_size: int | None = None, **kwargs):
+        if not isinstance(dataset, ZarrIterableDataset):
+            raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        for name in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(name) not in (None, False):
+                raise ValueError(f"{name}= is not used by ZarrDataLoader: order and shuffling are set on the "
+                                 "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)")
+            kwargs.pop(name, None)
+        if kwargs.get("in_order", True) is False:
+            raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
+        if (rank is None) != (world_size is None):
+            raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
+        if world_size is not None and not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if dataset.cache and num_workers > 0 and not kwargs.get("persistent_workers", False):
+            raise ValueError("cache=True keeps rows in the worker processes: also pass persistent_workers=True")
+        ctx = torch.zeros(5, dtype=torch.int64).share_memory_()
+        bound = dataset.for_loader(LoaderConfig(batch_size, bool(drop_last), int(num_workers)), ctx)
+        super().__init__(bound, batch_size=None, num_workers=num_workers, **kwargs)
+        object.__setattr__(self, "sampler", _EpochSampler(self))  # Lightning's set_epoch lands here
+        self._zt_batch_size = batch_size
+        self._zt_drop_last = bool(drop_last)
+        self._fixed_topology = None if rank is None else (int(rank), int(world_size))
+        self._ctx = ctx
+        self._epoch = 0
+        self._resume_skip = 0
+        self._batches_seen = 0
+        self._epoch_done = False
+        self._epoch_set_since_last = True
+        self._pending_state: dict | None = None
+
+    # -- epochs and topology ------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch``: a new chunk order and new partition on every rank. Call it every epoch."""
+        epoch = int(epoch)
+        if epoch != self._epoch:
+            self._resume_skip = 0
+        self._epoch = epoch
+        self._epoch_set_since_last = True
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def topology(self) -> tuple[int, int]:
+        """(rank, world size) this loader uses now."""
+        return self._fixed_topology or distributed_topology()
+
+    def __len__(self) -> int:
+        """Exact number of batches this rank yields per epoch (the same on every rank)."""
+        rank, world = self.topology()
+        return self.dataset.plan(epoch=self._epoch, rank=rank, world_size=world).batches
+
+    def __iter__(self):
+        rank, world = self.topology()
+        if self._pending_state is not None:
+            self._check_state(self._pending_state, world)
+            self._pending_state = None
+        if self._epoch_done and not self._epoch_set_since_last:
+            warnings.warn(f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
+                          "loader.set_epoch(epoch) before each epoch to get a new shuffle", stacklevel=2)
+        self._epoch_done = False
+        self._epoch_set_since_last = False
+        self.dataset.plan(epoch=self._epoch, rank=rank, world_size=world)  # raise here, not in a worker
+        ctx = self._ctx
+        ctx[CTX_EPOCH], ctx[CTX_SKIP], ctx[CTX_RANK], ctx[CTX_WORLD], ctx[CTX_SET] = (
+            self._epoch, self._resume_skip, rank, world, 1)
+        self._batches_seen = self._resume_skip
+        return _CountingIterator(super().__iter__(), self)
+
+    def _finished_epoch(self) -> None:
+        self._epoch_done = True
+        self._resume_skip = 0
+
+    # -- checkpointing ------------------------------------------------------------------------------
+    def _signature(self, world: int) -> dict:
+        ds = self.dataset
+        return {"world_size": world, "num_workers": self.num_workers, "batch_size": self._zt_batch_size,
+                "drop_last": self._zt_drop_last, "seed": ds.seed, "shuffle": ds.shuffle,
+                "buffer_chunks": ds.buffer_chunks, "rows": ds.rows, "chunk_rows": ds.chunk_rows, "cache": ds.cache}
+
+    def state_dict(self) -> dict:
+        """Where this rank is: epoch, batches already yielded, and the topology it was run on."""
+        rank, world = self.topology()
+        return {"epoch": self._epoch, "batches_seen": self._batches_seen, "rank": rank, **self._signature(world)}
+
+    def _check_state(self, state: dict, world: int) -> None:
+        expected = self._signature(world)
+        diff = [f"{k}: saved {state.get(k)!r}, now {expected[k]!r}" for k in _STATE_KEYS if state.get(k) != expected[k]]
+        if diff:
+            raise ValueError("cannot resume this loader: the state was saved on another topology or data ("
+                             + "; ".join(diff) + "). Resume on the same set-up, or start the epoch afresh "
+                             "with loader.set_epoch(epoch) instead of load_state_dict.")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after ``state['batches_seen']`` batches of ``state['epoch']`` with the same topology."""
+        if self._fixed_topology is not None or torch.distributed.is_initialized():
+            self._check_state(state, self.topology()[1])
+        else:
+            self._pending_state = dict(state)  # checked once the process group exists (first iteration)
+        self._epoch = int(state["epoch"])
+        self._resume_skip = int(state["batches_seen"])
+        self._batches_seen = self._resume_skip
+        self._epoch_set_since_last = True

@@ -1,0 +1,189 @@
+"""The partitioning algorithm: which rows each DDP rank and DataLoader worker reads in an epoch.
+
+Pure NumPy and no I/O: every process evaluates the same function with the same arguments and gets a
+bit-identical answer, so no process ever has to tell another what it reads.
+
+1. **Chunk order.** A permutation of the chunks drawn from ``(seed, epoch)``: new every epoch, the same
+   in every process. Laying the chunks end to end in that order gives the epoch's *stream* of rows.
+2. **Row budget per rank.** Training (``drop_last=True``): every rank gets ``rows // (world*batch)``
+   whole batches; the stream's tail is left out: fewer than ``world*batch`` rows, and other rows every
+   epoch since the chunk order changes. Evaluation (``drop_last=False``): every row is read; the stream is
+   padded by repeating its first ``padding`` rows (< world size) so that every rank has
+   ``ceil(rows/world)`` rows and the same number of batches (the last one may be partial).
+3. **Contiguous slices.** Rank ``r`` takes the ``r``-th slice of the stream, so it reads whole chunks
+   except at most one at each end. Inside a rank, the batches are split into contiguous runs, one per
+   DataLoader worker (lower workers take one more when they do not divide evenly), and the DataLoader
+   collects them round-robin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def rng_for(seed: int, epoch: int, *stream: int) -> np.random.Generator:
+    """A generator that depends only on (seed, epoch, stream...): identical in every process."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), *map(int, stream)]))
+
+
+def chunk_order(n_chunks: int, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's global chunk order (a permutation of ``range(n_chunks)``)."""
+    if not shuffle:
+        return np.arange(n_chunks, dtype=np.int64)
+    return rng_for(seed, epoch, 0).permutation(n_chunks).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class RowBudget:
+    """How many rows and batches every rank gets; identical on all ranks by construction."""
+
+    rows_per_rank: int
+    batches_per_rank: int
+    last_batch_size: int
+    dropped_rows: int  # rows left out of the epoch (drop_last=True), < world_size * batch_size
+    padding_rows: int  # rows read twice to even out ranks (drop_last=False), < world_size
+
+
+def row_budget(rows: int, *, world_size: int, batch_size: int, drop_last: bool) -> RowBudget:
+    """Rows and batches per rank; raises (identically on every rank) when a rank would get no batch."""
+    if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rows < 1:
+        raise ValueError("there are no rows to distribute")
+    if drop_last:
+        batches = rows // (world_size * batch_size)
+        if batches == 0:
+            raise ValueError(
+                f"{rows} rows cannot give every one of {world_size} rank(s) a full batch of {batch_size} "
+                f"(needs {world_size * batch_size} rows with drop_last=True): use a smaller batch_size, "
+                "fewer ranks, or drop_last=False"
+            )
+        per_rank = batches * batch_size
+        return RowBudget(per_rank, batches, batch_size, rows - world_size * per_rank, 0)
+    per_rank = -(-rows // world_size)
+    batches = -(-per_rank // batch_size)
+    return RowBudget(per_rank, batches, per_rank - (batches - 1) * batch_size, 0, world_size * per_rank - rows)
+
+
+def worker_batch_ranges(n_batches: int, num_workers: int) -> list[tuple[int, int]]:
+    """Split a rank's batches into contiguous runs, one per worker; lower workers take the extra ones
+    (which matches the DataLoader's round-robin, so resuming can map a batch count back to workers)."""
+    streams = max(1, num_workers)
+    base, extra = divmod(n_batches, streams)
+    bounds = np.cumsum([0] + [base + (w < extra) for w in range(streams)])
+    return [(int(bounds[w]), int(bounds[w + 1])) for w in range(streams)]
+
+
+def round_robin_order(counts: list[int]) -> np.ndarray:
+    """The worker index of each batch in the order a DataLoader yields them: one batch from each worker
+    still holding some, worker 0 first, round after round."""
+    counts = np.asarray(counts, dtype=np.int64)
+    rounds = int(counts.max(initial=0))
+    grid = np.arange(rounds)[:, None] < counts[None, :]  # [round, worker] -> worker has a batch this round
+    return np.nonzero(grid)[1]
+
+
+def batches_consumed_per_worker(counts: list[int], consumed: int) -> list[int]:
+    """How many batches each worker had produced when the loader had yielded ``consumed`` batches."""
+    order = round_robin_order(counts)[:consumed]
+    return np.bincount(order, minlength=len(counts)).astype(int).tolist()
+
+
+def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
+    """Rows at stream positions ``[start, stop)`` as ``(k, 2)`` half-open global row ranges, each inside
+    one chunk. Positions past ``rows`` wrap around to the start of the stream (evaluation padding)."""
+    pieces = []
+    while start < stop:
+        end = min(stop, (start // rows + 1) * rows)  # stay within one pass over the stream
+        a, b = start % rows, end - (start // rows) * rows
+        lengths = np.minimum(chunk_rows, rows - order * chunk_rows)  # the last chunk may be partial
+        ends = np.cumsum(lengths)
+        begins = ends - lengths
+        first = int(np.searchsorted(ends, a, side="right"))
+        last = int(np.searchsorted(begins, b, side="left"))
+        sel = slice(first, last)
+        lo = np.maximum(begins[sel], a) - begins[sel] + order[sel] * chunk_rows
+        hi = np.minimum(ends[sel], b) - begins[sel] + order[sel] * chunk_rows
+        pieces.append(np.stack([lo, hi], axis=1))
+        start = end
+    if not pieces:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.concatenate(pieces).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker's share of a rank's epoch: the row ranges it reads, in order, and its batch sizes."""
+
+    worker: int
+    first_batch: int  # index of its first batch among the rank's batches
+    pieces: np.ndarray = field(repr=False)  # (k, 2) [start, stop) global rows, in stream order
+    batch_sizes: np.ndarray = field(repr=False)
+
+    @property
+    def rows(self) -> int:
+        return int((self.pieces[:, 1] - self.pieces[:, 0]).sum())
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything one rank reads in one epoch, split by DataLoader worker."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    batch_size: int
+    budget: RowBudget
+    workers: list[WorkerPlan]
+
+    @property
+    def batches(self) -> int:
+        return self.budget.batches_per_rank
+
+
+def epoch_plan(
+    rows: int,
+    chunk_rows: int,
+    *,
+    seed: int,
+    epoch: int,
+    batch_size: int,
+    drop_last: bool,
+    world_size: int = 1,
+    rank: int = 0,
+    num_workers: int = 0,
+    shuffle: bool = True,
+    freeze_partition: bool = False,
+) -> RankPlan:
+    """The plan of ``rank`` for ``epoch``: a pure function of its arguments.
+
+    ``freeze_partition`` (the cached mode) keeps epoch 0's chunk-to-rank assignment in every epoch, so a
+    process can keep the rows it read in memory; the order of its pieces still changes every epoch.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    budget = row_budget(rows, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+    n_chunks = -(-rows // chunk_rows)
+    order = chunk_order(n_chunks, seed=seed, epoch=0 if freeze_partition else epoch, shuffle=shuffle)
+    rank_start = rank * budget.rows_per_rank
+    workers = []
+    for w, (b0, b1) in enumerate(worker_batch_ranges(budget.batches_per_rank, num_workers)):
+        start = rank_start + b0 * batch_size
+        stop = rank_start + min(b1 * batch_size, budget.rows_per_rank)
+        pieces = stream_pieces(order, rows, chunk_rows, start, stop)
+        if freeze_partition and shuffle and len(pieces):
+            pieces = pieces[rng_for(seed, epoch, 1, rank, w).permutation(len(pieces))]
+        sizes = np.full(b1 - b0, batch_size, dtype=np.int64)
+        if b1 == budget.batches_per_rank and b1 > b0:
+            sizes[-1] = budget.last_batch_size
+        workers.append(WorkerPlan(worker=w, first_batch=b0, pieces=pieces, batch_sizes=sizes))
+    return RankPlan(epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget,
+                    workers=workers)

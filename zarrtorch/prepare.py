@@ -1,0 +1,204 @@
+"""Write training stores: Zarr v3 arrays chunked along the first (sample) axis only.
+
+Training reads whole chunks and shuffles at chunk granularity, so a chunk must hold complete samples
+(every variable, every grid point) for a run of consecutive rows. Archives are usually chunked the other
+way (by variable, by tile); ``prepare_zarr`` rechunks them block by block, so memory stays bounded by
+``max_memory_mb`` whatever the dataset's size, and keeps xarray coordinates and attributes so the store
+still opens with ``xarray.open_zarr``.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import zarr
+from tqdm.auto import tqdm
+
+from zarrtorch.layout import LayoutError, check_first_axis_layout
+
+CODECS = ("zstd", "blosc-zstd", "blosc-lz4", "none")
+
+
+def make_codec(codec: str | Any | None = "zstd", level: int = 3) -> list:
+    """Zarr v3 compressors for a codec name (``zstd`` default, ``blosc-zstd``, ``blosc-lz4``, ``none``)
+    or a codec object used as is."""
+    if codec is None or codec == "none":
+        return []
+    if not isinstance(codec, str):
+        return [codec]
+    if codec == "zstd":
+        return [zarr.codecs.ZstdCodec(level=level)]
+    if codec in ("blosc-zstd", "blosc-lz4"):
+        return [zarr.codecs.BloscCodec(cname=codec.split("-")[1], clevel=level, shuffle="shuffle")]
+    raise ValueError(f"unknown codec {codec!r}: choose one of {', '.join(CODECS)} or pass a zarr codec object")
+
+
+def rows_for_chunk_mb(row_bytes: int, chunk_mb: float) -> int:
+    """Chunk length giving chunks of about ``chunk_mb`` MiB, counting one row of every array together
+    (the unit the loader reads at once)."""
+    if chunk_mb <= 0:
+        raise ValueError(f"chunk_mb must be > 0, got {chunk_mb}")
+    return max(1, int(chunk_mb * 2**20 // max(1, row_bytes)))
+
+
+def _row_bytes(arrays: Mapping[str, Any]) -> int:
+    return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
+
+
+def _resolve_chunk_rows(rows: int, row_bytes: int, chunk_rows: int | None, chunk_mb: float | None) -> int:
+    if chunk_rows is not None and chunk_mb is not None:
+        raise ValueError("give chunk_rows or chunk_mb, not both")
+    if chunk_rows is None:
+        chunk_rows = rows_for_chunk_mb(row_bytes, 8.0 if chunk_mb is None else chunk_mb)
+    if int(chunk_rows) < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    return min(int(chunk_rows), rows)
+
+
+def _block_rows(chunk_rows: int, row_bytes: int, max_memory_mb: float) -> int:
+    """Rows computed and written at once: whole chunks, as many as fit in the memory budget (at least one)."""
+    per_chunk = chunk_rows * max(1, row_bytes)
+    return chunk_rows * max(1, int(max_memory_mb * 2**20 // per_chunk))
+
+
+def _prepare_output(store: str | Path, overwrite: bool) -> None:
+    path = Path(store)
+    if path.exists():
+        if not overwrite:
+            raise FileExistsError(f"{path} exists: pass overwrite=True to replace it, or choose another path")
+        shutil.rmtree(path)
+
+
+def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
+    names = list(ds.data_vars) if variables is None else list(variables)
+    if not names:
+        raise LayoutError("the dataset has no data variables to write")
+    missing = [n for n in names if n not in ds.data_vars]
+    if missing:
+        raise KeyError(f"unknown data variable(s) {missing}: the dataset has {list(ds.data_vars)}")
+    dim = ds[names[0]].dims[0] if ds[names[0]].ndim else None
+    others = [n for n in names if not ds[n].dims or ds[n].dims[0] != dim]
+    if dim is None or others:
+        raise LayoutError(
+            f"data variables {others or names[:1]} do not have {dim!r} as their first dimension: every array "
+            "written for training needs the sample dimension first. Select variables with variables=[...], "
+            "transpose them (ds.transpose(dim, ...)) or turn static fields into coordinates (ds.set_coords(...))."
+        )
+    return dim, names
+
+
+def prepare_zarr(
+    source,
+    store: str | Path,
+    *,
+    chunk_rows: int | None = None,
+    chunk_mb: float | None = None,
+    codec: str | Any | None = "zstd",
+    level: int = 3,
+    variables: list[str] | None = None,
+    overwrite: bool = False,
+    max_memory_mb: float = 256,
+    progress: bool = True,
+) -> zarr.Group:
+    """Write ``source`` to ``store`` as Zarr v3 chunked only along the first axis and return the group (read-only).
+
+    ``source``: an ``xarray.Dataset`` (its data variables sharing the first dimension, or ``variables``)
+    or a mapping name -> array (NumPy, dask, or anything sliceable with ``shape``/``dtype``).
+    The chunk length is ``chunk_rows``, or derived from ``chunk_mb`` (one row of every array counted
+    together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a time.
+    """
+    import xarray as xr
+
+    if isinstance(source, xr.Dataset):
+        _prepare_xarray(source, store, chunk_rows, chunk_mb, codec, level, variables, overwrite, max_memory_mb, progress)
+    elif isinstance(source, Mapping):
+        _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress)
+    else:
+        raise TypeError(
+            f"prepare_zarr takes an xarray.Dataset or a mapping name -> array, got {type(source).__name__}"
+        )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(str(store))  # lets xarray.open_zarr open the store without a warning
+    group = zarr.open_group(str(store), mode="r")
+    names = group.attrs["zarrtorch"]["variables"]
+    check_first_axis_layout({n: group[n] for n in names})
+    return group
+
+
+def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, overwrite, max_memory_mb, progress):
+    dim, names = _sample_dim(ds, variables)
+    ds = ds[names]
+    rows = ds.sizes[dim]
+    if rows == 0:
+        raise LayoutError(f"dimension {dim!r} has zero rows: there is nothing to write")
+    arrays = {n: ds[n] for n in names}
+    row_bytes = _row_bytes(arrays)
+    chunk_rows = _resolve_chunk_rows(rows, row_bytes, chunk_rows, chunk_mb)
+    compressors = make_codec(codec, level)
+
+    target = ds.chunk({d: (chunk_rows if d == dim else -1) for d in ds.dims})
+    encoding = {}
+    for n in names:
+        target[n].encoding = {}
+        encoding[n] = {"chunks": (chunk_rows, *ds[n].shape[1:]), "compressors": compressors}
+    for c in target.coords:
+        target[c].encoding = {k: v for k, v in target[c].encoding.items() if k in ("units", "calendar", "dtype")}
+    target.attrs = {**ds.attrs, "zarrtorch": {"dim": dim, "variables": names, "chunk_rows": chunk_rows}}
+
+    _prepare_output(store, overwrite)
+    # Metadata and coordinates first; the data variables are then filled block by block.
+    with warnings.catch_warnings():
+        # string coordinate labels (e.g. variable names) have no frozen Zarr v3 spec yet; they are only labels
+        warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
+        target.to_zarr(str(store), mode="w", compute=False, zarr_format=3, consolidated=False, encoding=encoding,
+                       write_empty_chunks=True)
+    along_dim = [n for n in target.variables if dim in target[n].dims]
+    step = _block_rows(chunk_rows, row_bytes, max_memory_mb)
+    with tqdm(total=rows, desc=f"prepare {Path(store).name}", unit="row", disable=not progress) as bar:
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            block = target[along_dim].isel({dim: slice(start, stop)}).compute()
+            block = block.drop_vars([v for v in block.variables if dim not in block[v].dims])
+            block.to_zarr(str(store), region={dim: slice(start, stop)}, zarr_format=3, consolidated=False,
+                          write_empty_chunks=True)
+            bar.update(stop - start)
+
+
+def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress):
+    names = list(source)
+    if not names:
+        raise LayoutError("the mapping holds no arrays to write")
+    for n, a in source.items():
+        if not hasattr(a, "shape") or not hasattr(a, "dtype") or len(a.shape) == 0:
+            raise TypeError(f"{n!r} is not an array with a first axis (got {type(a).__name__})")
+    rows = int(source[names[0]].shape[0])
+    for n, a in source.items():
+        if int(a.shape[0]) != rows:
+            raise LayoutError(f"arrays have different first-axis lengths: {names[0]!r} has {rows}, {n!r} has {a.shape[0]}")
+    if rows == 0:
+        raise LayoutError(f"array {names[0]!r} has zero rows: there is nothing to write")
+    row_bytes = _row_bytes(source)
+    chunk_rows = _resolve_chunk_rows(rows, row_bytes, chunk_rows, chunk_mb)
+    compressors = make_codec(codec, level)
+    _prepare_output(store, overwrite)
+    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    group.attrs["zarrtorch"] = {"dim": "row", "variables": names, "chunk_rows": chunk_rows}
+    out = {
+        n: group.create_array(n, shape=a.shape, chunks=(chunk_rows, *a.shape[1:]), dtype=a.dtype,
+                              compressors=compressors, config={"write_empty_chunks": True})
+        for n, a in source.items()
+    }
+    step = _block_rows(chunk_rows, row_bytes, max_memory_mb)
+    with tqdm(total=rows, desc=f"prepare {Path(store).name}", unit="row", disable=not progress) as bar:
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            for n, a in source.items():
+                block = a[start:stop]
+                out[n][start:stop] = np.asarray(block.compute() if hasattr(block, "compute") else block)
+            bar.update(stop - start)

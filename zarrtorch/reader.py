@@ -1,0 +1,104 @@
+"""Read a worker's pieces (row ranges inside one chunk) ahead of use, in threads.
+
+Decoding (zstd, blosc) releases the GIL, so a few threads per process keep several cores busy without
+moving data between processes. A missing chunk would silently read as the fill value and a corrupt one
+fails with a codec message that names nothing; both become :class:`ChunkReadError` naming the array,
+the chunk and the store key.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync
+
+
+class ChunkReadError(RuntimeError):
+    """A chunk could not be read; the message names the array, chunk index, rows and store key."""
+
+
+class PieceReader:
+    """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead, in ``threads`` threads."""
+
+    def __init__(self, arrays: dict[str, zarr.Array], chunk_rows: int, *, threads: int = 1, prefetch: int = 2,
+                 check_missing: bool = True, cache: dict | None = None):
+        self.arrays = arrays
+        self.chunk_rows = chunk_rows
+        self.threads = max(1, threads)
+        self.prefetch = max(1, prefetch)
+        self.check_missing = check_missing
+        self.cache = cache
+
+    def _chunk_key(self, arr: zarr.Array, chunk: int) -> str:
+        coords = (chunk,) + (0,) * (arr.ndim - 1)
+        return f"{arr.store_path.path}/{arr.metadata.encode_chunk_key(coords)}".lstrip("/")
+
+    def _where(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
+        return (f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {self._chunk_key(arr, chunk)!r} "
+                f"in store {arr.store_path.store}")
+
+    def read_piece(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """The rows ``[start, stop)`` of every array (they lie in one chunk)."""
+        key = (int(start), int(stop))
+        if self.cache is not None and key in self.cache:
+            return self.cache[key]
+        chunk = int(start) // self.chunk_rows
+        out = {}
+        for name, arr in self.arrays.items():
+            if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
+                raise ChunkReadError(
+                    f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value. "
+                    "Rewrite the store (zarrtorch.prepare_zarr writes every chunk), or pass check_chunks=False "
+                    "if it was written with write_empty_chunks=False and the chunk is legitimately empty."
+                )
+            try:
+                out[name] = arr[int(start):int(stop)]
+            except Exception as exc:
+                raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        if self.cache is not None:
+            self.cache[key] = out
+        return out
+
+    def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
+        """Yield the pieces' data in order while the next ones are decoded in the background."""
+        if len(pieces) == 0:
+            return
+        if self.threads == 1 and self.prefetch <= 1:
+            for start, stop in pieces:
+                yield self.read_piece(start, stop)
+            return
+        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="zarrtorch-read")
+        pending: deque = deque()
+        try:
+            todo = iter(pieces)
+            for start, stop in todo:
+                pending.append(pool.submit(self.read_piece, start, stop))
+                if len(pending) >= self.prefetch:
+                    break
+            while pending:
+                data = pending.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
+                yield data
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def read_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Arbitrary rows (sorted order), used to rebuild a shuffle buffer when resuming mid-epoch."""
+        order = np.argsort(rows, kind="stable")
+        sorted_rows = rows[order]
+        out = {}
+        for name, arr in self.arrays.items():
+            data = arr.get_orthogonal_selection((sorted_rows,) + (slice(None),) * (arr.ndim - 1))
+            restored = np.empty_like(data)
+            restored[order] = data
+            out[name] = restored
+        return out
