@@ -113,6 +113,17 @@ class ZarrIterableDataset(IterableDataset):
     def buffer_rows(self) -> int:
         return self.buffer_chunks * self.chunk_rows
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of every array together (decoded)."""
+        return sum(int(np.dtype(a.dtype).itemsize * np.prod(a.shape[1:], dtype=np.int64)) for a in self.arrays.values())
+
+    def worker_memory_bytes(self, decode_threads: int = 1) -> int:
+        """Decoded data one worker holds at most: the buffer, the chunks being decoded ahead, and one
+        batch-sized chunk being consumed (see ``buffer_chunks``)."""
+        held_chunks = (self.buffer_chunks if self.shuffle else 0) + decode_threads + 2
+        return held_chunks * self.chunk_rows * self.row_bytes
+
     def _require_config(self) -> LoaderConfig:
         if self.config is None:
             raise TypeError(
