@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch.buffer import SlotBuffer, id_reader, schedule, simulate
-from zarrtorch.layout import check_first_axis_layout
+from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout
 from zarrtorch.plan import RankPlan, epoch_plan, rng_for, round_robin_order
 from zarrtorch.reader import PieceReader
 from zarrtorch.source import open_arrays
@@ -66,12 +66,16 @@ class ZarrIterableDataset(IterableDataset):
             de-duplicate evaluation padding).
         transform: a picklable callable applied to each batch dict inside the worker.
         check_chunks: raise if a chunk is missing from the store instead of reading the fill value.
+        row_range: ``(start, stop)``: use only these rows, e.g. a training period and a validation
+            period of one store, without copying. ``start`` must fall on a chunk boundary, and so must
+            ``stop`` unless it is the end. Row numbers (``return_index``) stay those of the store.
     """
 
     def __init__(self, source, *, arrays: Sequence[str] | None = None, shuffle: bool = True, seed: int = 0,
                  buffer_chunks: int = 8, decode_threads: int | None = None, cache: bool = False,
                  allow_shards: bool = False, return_index: bool = False,
-                 transform: Callable[[dict], dict] | None = None, check_chunks: bool = True):
+                 transform: Callable[[dict], dict] | None = None, check_chunks: bool = True,
+                 row_range: tuple[int, int] | None = None):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int shared by every process, got {seed!r}")
         if buffer_chunks < 1:
@@ -80,6 +84,9 @@ class ZarrIterableDataset(IterableDataset):
             raise ValueError(f"decode_threads must be >= 1, got {decode_threads}")
         self.arrays = open_arrays(source, arrays)
         self.layout = check_first_axis_layout(self.arrays, allow_shards=allow_shards)
+        self.row_offset = 0
+        if row_range is not None:
+            self.row_offset, self.layout = restrict_rows(self.layout, row_range)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.buffer_chunks = int(buffer_chunks)
@@ -169,7 +176,7 @@ class ZarrIterableDataset(IterableDataset):
         taken = [0] * len(per_worker)
         out = []
         for w in round_robin_order([len(b) for b in per_worker]):
-            out.append(per_worker[w][taken[w]])
+            out.append(per_worker[w][taken[w]] + self.row_offset)
             taken[w] += 1
         return out
 
@@ -203,7 +210,7 @@ class ZarrIterableDataset(IterableDataset):
         return cols
 
     def _stream(self, reader: PieceReader, wplan, rng, skip: int) -> Iterator[dict[str, torch.Tensor]]:
-        pieces, sizes = wplan.pieces, wplan.batch_sizes
+        pieces, sizes = wplan.pieces + self.row_offset, wplan.batch_sizes
         capacity = max(self.buffer_rows, int(max(sizes, default=1))) if rng is not None else 0
         steps = schedule(sizes, wplan.rows, capacity=self.buffer_rows, warmup_rows=self.chunk_rows, rng=rng)
         buf = SlotBuffer(capacity, self._columns())
@@ -256,6 +263,18 @@ class ZarrIterableDataset(IterableDataset):
                 continue
             out[name] = torch.from_numpy(arr.copy() if copy_arrays else arr)
         return self.transform(out) if self.transform is not None else out
+
+
+def restrict_rows(layout: FirstAxisLayout, row_range: tuple[int, int]) -> tuple[int, FirstAxisLayout]:
+    """Offset and layout of a chunk-aligned row window (a split that keeps whole chunks)."""
+    start, stop = (int(v) for v in row_range)
+    c = layout.chunk_rows
+    if not 0 <= start < stop <= layout.rows:
+        raise ValueError(f"row_range {row_range} must satisfy 0 <= start < stop <= {layout.rows} (the rows)")
+    if start % c or (stop % c and stop != layout.rows):
+        raise ValueError(f"row_range {row_range} must start on a chunk boundary (a multiple of {c}) and end on one "
+                         f"or at the last row ({layout.rows}), so that chunks are not shared between splits")
+    return start, FirstAxisLayout(rows=stop - start, chunk_rows=c, sharded=layout.sharded)
 
 
 def distributed_topology() -> tuple[int, int]:
