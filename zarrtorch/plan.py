@@ -12,8 +12,8 @@ bit-identical answer, so no process ever has to tell another what it reads.
    ``ceil(rows/world)`` rows and the same number of batches (the last one may be partial).
 3. **Contiguous slices.** Rank ``r`` takes the ``r``-th slice of the stream, so it reads whole chunks
    except at most one at each end. Inside a rank, the batches are split into contiguous runs, one per
-   DataLoader worker (lower workers take one more when they do not divide evenly), and the DataLoader
-   collects them round-robin.
+   DataLoader worker (higher workers take one more when they do not divide evenly, so that the partial
+   batch comes last), and the DataLoader collects them round-robin.
 """
 
 from __future__ import annotations
@@ -70,11 +70,12 @@ def row_budget(rows: int, *, world_size: int, batch_size: int, drop_last: bool) 
 
 
 def worker_batch_ranges(n_batches: int, num_workers: int) -> list[tuple[int, int]]:
-    """Split a rank's batches into contiguous runs, one per worker; lower workers take the extra ones
-    (which matches the DataLoader's round-robin, so resuming can map a batch count back to workers)."""
+    """Split a rank's batches into contiguous runs, one per worker; higher workers take the extra ones.
+    The DataLoader's round-robin then yields the last worker's last batch last, so a partial batch (the
+    stream's end, drop_last=False) is the rank's last batch, as with any DataLoader."""
     streams = max(1, num_workers)
     base, extra = divmod(n_batches, streams)
-    bounds = np.cumsum([0] + [base + (w < extra) for w in range(streams)])
+    bounds = np.cumsum([0] + [base + (w >= streams - extra) for w in range(streams)])
     return [(int(bounds[w]), int(bounds[w + 1])) for w in range(streams)]
 
 
