@@ -144,7 +144,7 @@ def test_sample_latency_structure(arrays, tmp_path):
 
 
 def test_sweep_and_compare_structures(arrays, tmp_path):
-    sweep = layouts.chunk_length_sweep(arrays, tmp_path / "sweep", [4, 16, 64], latency_samples=5)
+    sweep = layouts.chunk_length_sweep(arrays, tmp_path / "sweep", [4, 16, 64], latency_samples=5, repeats=2)
     assert [r["chunk_rows"] for r in sweep] == [4, 16, 50]
     assert [r["n_chunks"] for r in sweep] == [13, 4, 1]
     for r in sweep:
@@ -152,7 +152,7 @@ def test_sweep_and_compare_structures(arrays, tmp_path):
         assert all(np.isfinite(v) and v > 0 for v in r.values())
     assert not any((tmp_path / "sweep").glob("*.zarr"))  # stores removed
 
-    table = layouts.compare_layouts(arrays, tmp_path / "cmp", chunk_rows=16, latency_samples=5, keep=True)
+    table = layouts.compare_layouts(arrays, tmp_path / "cmp", chunk_rows=16, latency_samples=5, repeats=2, keep=True)
     assert [r["layout"] for r in table] == [v[0] for v in layouts.DEFAULT_VARIANTS]
     raw_mb = 50 * layouts.row_nbytes(arrays) / layouts.MB
     for r in table:

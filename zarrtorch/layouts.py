@@ -389,19 +389,21 @@ def chunk_length_sweep(
     level: int = 3,
     latency_samples: int = 50,
     seed: int = 0,
+    repeats: int = 1,
     keep: bool = False,
 ) -> list[dict]:
     """For each chunk length: write a Zarr store, read every chunk once in random order, read single rows.
 
     One dict per chunk length: ``chunk_rows``, ``n_chunks``, ``chunk_mb`` (uncompressed), ``write_s``,
-    ``random_mb_per_s``, ``sample_ms`` (mean single-row latency). Stores are deleted unless ``keep``.
+    ``random_mb_per_s`` (best of ``repeats`` passes), ``sample_ms`` (median single-row latency). Stores are
+    deleted unless ``keep``.
     """
     folder = Path(folder)
     out = []
     for c in chunk_rows:
         store = folder / f"sweep_{int(c)}.zarr"
         w = write_zarr(arrays, store, chunk_rows=int(c), codec=codec, level=level)
-        t = read_throughput(store, order="random", seed=seed)
+        t = read_throughput(store, order="random", seed=seed, repeats=repeats)
         s = sample_latency(store, n=latency_samples, seed=seed)
         out.append({
             "chunk_rows": w["chunk_rows"],
@@ -409,7 +411,7 @@ def chunk_length_sweep(
             "chunk_mb": w["chunk_rows"] * row_nbytes(arrays) / MB,
             "write_s": w["write_s"],
             "random_mb_per_s": t["mb_per_s"],
-            "sample_ms": s["mean_ms"],
+            "sample_ms": s["median_ms"],
         })
         if not keep:
             shutil.rmtree(store)
@@ -433,11 +435,13 @@ def compare_layouts(
     variants=DEFAULT_VARIANTS,
     latency_samples: int = 100,
     seed: int = 0,
+    repeats: int = 1,
     keep: bool = False,
 ) -> list[dict]:
     """Write ``arrays`` once per layout variant ``(label, layout, writer kwargs)`` with the same chunk length
     and measure each: ``files``, ``disk_mb``, ``ratio`` (uncompressed / on disk), ``write_s``,
-    ``seq_mb_per_s``, ``random_mb_per_s``, ``sample_ms``. Written data are deleted unless ``keep``."""
+    ``seq_mb_per_s`` and ``random_mb_per_s`` (best of ``repeats`` passes), ``sample_ms`` (median single-row
+    latency). Written data are deleted unless ``keep``."""
     writers = {"zarr": write_zarr, "npy": write_npy_stack, "hdf5": write_hdf5}
     folder = Path(folder)
     suffix = {"zarr": ".zarr", "npy": ".npy-stack", "hdf5": ".h5"}
@@ -447,8 +451,8 @@ def compare_layouts(
             raise ValueError(f"unknown layout {layout!r}: one of {LAYOUTS}")
         target = folder / f"compare_{k}_{layout}{suffix[layout]}"
         w = writers[layout](arrays, target, chunk_rows=chunk_rows, **kwargs)
-        seq = read_throughput(target, order="sequential", seed=seed)
-        rnd = read_throughput(target, order="random", seed=seed)
+        seq = read_throughput(target, order="sequential", seed=seed, repeats=repeats)
+        rnd = read_throughput(target, order="random", seed=seed, repeats=repeats)
         lat = sample_latency(target, n=latency_samples, seed=seed)
         out.append({
             "layout": label,
@@ -458,7 +462,7 @@ def compare_layouts(
             "write_s": w["write_s"],
             "seq_mb_per_s": seq["mb_per_s"],
             "random_mb_per_s": rnd["mb_per_s"],
-            "sample_ms": lat["mean_ms"],
+            "sample_ms": lat["median_ms"],
         })
         if not keep:
             _fresh(target)
