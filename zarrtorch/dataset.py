@@ -98,6 +98,7 @@ class ZarrIterableDataset(IterableDataset):
         self.config: LoaderConfig | None = None
         self._ctx: torch.Tensor | None = None
         self._cache_store: dict | None = None
+        self._cache_owner: int | None = None
 
     # -- set-up by ZarrDataLoader -------------------------------------------------------------------
     def for_loader(self, config: LoaderConfig, ctx: torch.Tensor) -> "ZarrIterableDataset":
@@ -194,15 +195,19 @@ class ZarrIterableDataset(IterableDataset):
         if n_workers != cfg.num_workers:
             raise RuntimeError(f"the loader was configured for {cfg.num_workers} workers but runs {n_workers}")
         plan = self.plan(epoch=epoch, rank=rank, world_size=world, num_workers=n_workers)
-        wplan = plan.workers[worker]
         counts = [len(w.batch_sizes) for w in plan.workers]
-        worker_skip = int(np.sum(round_robin_order(counts)[:skip] == worker))
+        order = round_robin_order(counts)
+        # Resuming mid-round: the DataLoader asks worker 0 first again, so worker ``w`` plays the plan's
+        # worker ``w + rotate``, the one whose batch came next in the uninterrupted run.
+        rotate = int(order[skip - 1] + 1) % len(counts) if skip else 0
+        logical = (worker + rotate) % len(counts)
+        worker_skip = int(np.sum(order[:skip] == logical))
         threads = self.decode_threads or max(1, available_cpus() // max(1, n_workers))
-        if self.cache and self._cache_store is None:
-            self._cache_store = {}
+        if self.cache and (self._cache_store is None or self._cache_owner != logical):
+            self._cache_store, self._cache_owner = {}, logical  # rows of another share would never be reused
         reader = PieceReader(self.arrays, self.chunk_rows, threads=threads, prefetch=threads + 1,
                              check_missing=self.check_chunks, cache=self._cache_store if self.cache else None)
-        return self._stream(reader, wplan, self._buffer_rng(epoch, rank, worker), worker_skip)
+        return self._stream(reader, plan.workers[logical], self._buffer_rng(epoch, rank, logical), worker_skip)
 
     def _columns(self):
         cols = {"index": ((), np.dtype(np.int64))}

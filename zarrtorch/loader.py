@@ -10,6 +10,7 @@ calls ``set_epoch`` on a loader's sampler, so the sampler forwards it here: no
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -24,14 +25,20 @@ _STATE_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "seed", "
 
 
 class _EpochSampler(_InfiniteConstantSampler):
-    """The sampler an iterable-style DataLoader needs anyway, plus ``set_epoch`` for Lightning."""
+    """The sampler an iterable-style DataLoader needs anyway, plus ``set_epoch`` for Lightning.
+
+    It holds the loader by weak reference: a loader -> sampler -> loader cycle would leave the workers'
+    queues to the cyclic garbage collector, which closes them before the iterator can tell persistent
+    workers to stop, and every shutdown then waits out DataLoader's 5 s join timeout per worker."""
 
     def __init__(self, loader: "ZarrDataLoader"):
         super().__init__()
-        self._loader = loader
+        self._loader = weakref.ref(loader)
 
     def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)
 
 
 class _CountingIterator:
