@@ -1,0 +1,207 @@
+"""A small forecast model for the course: next-step temperature from the current fields.
+
+* :func:`channel_stats` estimates per-variable mean and spread from a few chunks spread over a store
+  (reading a handful of chunks is enough for normalisation; reading the whole store is not needed).
+* :class:`ForecastCNN` is a compact convolutional network on the lat/lon grid, periodic in longitude.
+* :class:`ForecastModule` (a ``LightningModule``) predicts ``persistence + tendency``: the network only
+  learns the change over one step, so an untrained model *is* the persistence forecast (skill 0) and
+  any positive skill is learned. It logs ``train_loss``, ``val_loss`` and ``val_skill`` = 1 - MSE(model) /
+  MSE(persistence) on the validation rows, and keeps a per-epoch ``history``.
+
+Losses are mean squared errors of the tendency in units of its standard deviation, so the persistence
+forecast scores about 1 and a perfect forecast 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lightning as L
+
+from zarrtorch.layout import check_first_axis_layout
+from zarrtorch.source import open_arrays
+
+
+def channel_stats(source, *, fields: str = "fields", target: str = "target", persistence_channel: int = 0,
+                  chunks: Sequence[int] | None = None, n_chunks: int = 4, stop_row: int | None = None) -> dict:
+    """Per-channel mean/std of ``fields`` (channel axis 1) and the std of the one-step tendency
+    ``target - fields[:, persistence_channel]``, from ``n_chunks`` chunks spread evenly over the rows
+    ``[0, stop_row)`` (default: the whole store), or from the chunk numbers ``chunks``.
+
+    Returns plain lists (JSON- and checkpoint-friendly): ``mean``, ``std``, ``tendency_std``, the chunk
+    numbers read and ``persistence_channel``.
+    """
+    arrays = open_arrays(source, [fields, target])
+    layout = check_first_axis_layout(arrays)
+    stop = layout.rows if stop_row is None else int(stop_row)
+    available = -(-stop // layout.chunk_rows)
+    if chunks is None:
+        chunks = sorted({int(round(c)) for c in np.linspace(0, available - 1, min(n_chunks, available))})
+    sums = None
+    count = 0
+    tend_sq, tend_n = 0.0, 0
+    for c in chunks:
+        a, b = c * layout.chunk_rows, min(stop, (c + 1) * layout.chunk_rows)
+        x = np.asarray(arrays[fields][a:b], dtype=np.float64)
+        y = np.asarray(arrays[target][a:b], dtype=np.float64)
+        axes = (0,) + tuple(range(2, x.ndim))
+        n = x.size // x.shape[1]
+        s1, s2 = x.sum(axis=axes), (x * x).sum(axis=axes)
+        sums = (s1, s2) if sums is None else (sums[0] + s1, sums[1] + s2)
+        count += n
+        tend = y - x[:, persistence_channel]
+        tend_sq += float((tend * tend).sum())
+        tend_n += tend.size
+    mean = sums[0] / count
+    std = np.sqrt(np.maximum(sums[1] / count - mean**2, 1e-12))
+    return {"mean": mean.tolist(), "std": std.tolist(), "tendency_std": math.sqrt(tend_sq / tend_n),
+            "persistence_channel": int(persistence_channel), "chunks": [int(c) for c in chunks]}
+
+
+class PeriodicConv2d(nn.Module):
+    """A convolution on a lat/lon grid: wraps around in longitude (last axis), repeats the edge in latitude."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3):
+        super().__init__()
+        self.pad = kernel_size // 2
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.pad
+        x = F.pad(x, (p, p, 0, 0), mode="circular")
+        x = F.pad(x, (0, 0, p, p), mode="replicate")
+        return self.conv(x)
+
+
+class ForecastCNN(nn.Module):
+    """``depth`` periodic 3x3 convolutions with GELU; the last layer starts at zero (predicts no change)."""
+
+    def __init__(self, in_channels: int = 4, hidden: int = 32, depth: int = 3, kernel_size: int = 3):
+        super().__init__()
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        layers: list[nn.Module] = []
+        c = in_channels
+        for _ in range(depth - 1):
+            layers += [PeriodicConv2d(c, hidden, kernel_size), nn.GELU()]
+            c = hidden
+        last = PeriodicConv2d(c, 1, kernel_size)
+        nn.init.zeros_(last.conv.weight)
+        nn.init.zeros_(last.conv.bias)
+        layers.append(last)
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(1)
+
+
+class ForecastModule(L.LightningModule):
+    """Lightning wrapper: MSE on the normalised tendency, skill against persistence on validation.
+
+    Args:
+        stats: output of :func:`channel_stats` (saved with the checkpoint).
+        hidden, depth: size of :class:`ForecastCNN`.
+        lr, weight_decay: AdamW settings.
+        fields, target: batch keys of the inputs and of the field to predict.
+    """
+
+    def __init__(self, stats: dict, hidden: int = 32, depth: int = 3, lr: float = 3e-3, weight_decay: float = 0.0,
+                 fields: str = "fields", target: str = "target"):
+        super().__init__()
+        self.save_hyperparameters()
+        n_channels = len(stats["mean"])
+        self.register_buffer("in_mean", torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("in_std", torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1))
+        self.tendency_std = float(stats["tendency_std"])
+        self.persistence_channel = int(stats["persistence_channel"])
+        self.net = ForecastCNN(n_channels, hidden=hidden, depth=depth)
+        self.history: list[dict] = []
+        self._reset_val()
+        self._train_sum = torch.zeros(2, dtype=torch.float64)
+        self._train_t0: float | None = None
+        self._train_t1: float | None = None
+        self._last_val: dict = {}
+
+    # -- the forecast ------------------------------------------------------------------------------
+    def persistence(self, fields: torch.Tensor) -> torch.Tensor:
+        return fields[:, self.persistence_channel]
+
+    def forward(self, fields: torch.Tensor) -> torch.Tensor:
+        """The predicted target field (physical units) from the input fields ``(batch, channel, lat, lon)``."""
+        x = (fields - self.in_mean) / self.in_std
+        return self.persistence(fields) + self.tendency_std * self.net(x)
+
+    def _errors(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        fields, target = batch[self.hparams.fields], batch[self.hparams.target]
+        return self(fields) - target, self.persistence(fields) - target
+
+    # -- training ----------------------------------------------------------------------------------
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        err, _ = self._errors(batch)
+        loss = err.pow(2).mean() / self.tendency_std**2
+        n = err.shape[0]
+        self._train_sum += torch.tensor([float(loss.detach()) * n, n], dtype=torch.float64)
+        self.log("train_loss", loss, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._train_sum.zero_()
+        self._train_t0 = time.perf_counter()
+        self._train_t1 = None
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self._train_t1 = time.perf_counter()
+
+    def on_train_epoch_end(self) -> None:
+        total = self._sum_over_ranks(self._train_sum.clone())
+        seconds = (self._train_t1 or time.perf_counter()) - (self._train_t0 or time.perf_counter())
+        samples = int(total[1])
+        row = {"epoch": int(self.current_epoch), "train_loss": float(total[0] / max(total[1], 1)),
+               "train_samples": samples, "train_seconds": seconds,
+               "samples_per_s": samples / seconds if seconds > 0 else float("nan")}
+        self.log("train_loss_epoch", row["train_loss"], sync_dist=False)  # already summed over ranks
+        if self._last_val.get("epoch") == self.current_epoch:
+            row.update({k: v for k, v in self._last_val.items() if k != "epoch"})
+        self.history.append(row)
+
+    # -- validation --------------------------------------------------------------------------------
+    def _reset_val(self) -> None:
+        self._val_sum = torch.zeros(3, dtype=torch.float64)  # sse model, sse persistence, values
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset_val()
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        err, err_p = self._errors(batch)
+        self._val_sum += torch.tensor([float(err.double().pow(2).sum()), float(err_p.double().pow(2).sum()),
+                                       err.numel()], dtype=torch.float64)
+
+    def on_validation_epoch_end(self) -> None:
+        sse, sse_p, n = (float(v) for v in self._sum_over_ranks(self._val_sum.clone()))
+        if n == 0:
+            return
+        metrics = {"val_loss": sse / n / self.tendency_std**2, "val_mse": sse / n, "persistence_mse": sse_p / n,
+                   "val_skill": 1.0 - sse / sse_p if sse_p > 0 else float("nan")}
+        for k, v in metrics.items():
+            self.log(k, v, prog_bar=k in ("val_loss", "val_skill"), sync_dist=False)  # already summed over ranks
+        if not self.trainer.sanity_checking:
+            self._last_val = {"epoch": int(self.current_epoch), **metrics}
+
+    def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a small CPU tensor over DDP ranks (identity in one process)."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None or trainer.world_size == 1:
+            return t
+        dev = self.device
+        out = trainer.strategy.reduce(t.to(dev), reduce_op="sum")
+        return out.cpu()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
