@@ -46,7 +46,13 @@ class PieceReader:
         key = (int(start), int(stop))
         if self.cache is not None and key in self.cache:
             return self.cache[key]
-        chunk = int(start) // self.chunk_rows
+        out = self._read_checked(*key)
+        if self.cache is not None:
+            self.cache[key] = out
+        return out
+
+    def _read_checked(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        chunk = start // self.chunk_rows
         out = {}
         for name, arr in self.arrays.items():
             if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
@@ -60,8 +66,6 @@ class PieceReader:
             except Exception as exc:
                 raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: "
                                      f"{type(exc).__name__}: {exc}") from exc
-        if self.cache is not None:
-            self.cache[key] = out
         return out
 
     def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
@@ -92,13 +96,16 @@ class PieceReader:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def read_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Arbitrary rows (sorted order), used to rebuild a shuffle buffer when resuming mid-epoch."""
-        order = np.argsort(rows, kind="stable")
-        sorted_rows = rows[order]
-        out = {}
-        for name, arr in self.arrays.items():
-            data = arr.get_orthogonal_selection((sorted_rows,) + (slice(None),) * (arr.ndim - 1))
-            restored = np.empty_like(data)
-            restored[order] = data
-            out[name] = restored
+        """Arbitrary rows, used to rebuild a shuffle buffer when resuming mid-epoch. Read chunk by chunk
+        with the same checks as pieces (a missing chunk must not become fill values here either), one
+        chunk in memory at a time, and not cached (these ranges are not the plan's pieces)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        chunks = rows // self.chunk_rows
+        out = {n: np.empty((len(rows), *a.shape[1:]), dtype=a.dtype) for n, a in self.arrays.items()}
+        for chunk in np.unique(chunks):
+            sel = np.nonzero(chunks == chunk)[0]
+            lo = int(rows[sel].min())
+            data = self._read_checked(lo, int(rows[sel].max()) + 1)
+            for name, column in out.items():
+                column[sel] = data[name][rows[sel] - lo]
         return out
