@@ -249,3 +249,10 @@ def test_custom_preset_needs_root():
         make_data(SMALL, progress=False)
     with pytest.raises(ValueError):
         synthetic_dataset("huge")
+
+
+def test_write_archive_numpy_backed_input(tmp_path):
+    ds = synthetic_dataset(SMALL, seed=1).compute()  # no dask: chunked by attrs["time_chunk"] and variable
+    path = write_archive(ds, tmp_path / "np.zarr", progress=False)
+    assert zarr.open_group(str(path), mode="r")["fields"].chunks == (12, 1, 8, 16)
+    xr.testing.assert_identical(xr.open_zarr(path).compute(), ds)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -365,7 +366,7 @@ def synthetic_dataset(size: str | Preset = "tiny", seed: int = 0):
         },
         coords={
             "time": ("time", time.values.astype("datetime64[ns]")),
-            "variable": ("variable", np.array(VARIABLES)),
+            "variable": ("variable", np.array(VARIABLES, dtype=object)),  # variable-length strings in Zarr v3
             "lat": ("lat", model.lat.astype(np.float32)),
             "lon": ("lon", model.lon.astype(np.float32)),
         },
@@ -408,40 +409,54 @@ def write_archive(ds, path, *, progress: bool = True) -> Path:
     """Write ``ds`` as a Zarr v3 store in its dask chunking, one time block at a time (bounded memory).
 
     Metadata and coordinates first (``to_zarr(compute=False)``), then each block of ``time_chunk`` steps is
-    computed and written whole into the arrays. ``xarray.open_zarr(path)`` reads it back.
+    computed and written whole into the arrays (empty chunks written too), then the metadata are
+    consolidated. An existing store at ``path`` is replaced. ``xarray.open_zarr(path)`` reads it back.
     """
     import dask
     import zarr
     from tqdm.auto import tqdm
 
     path = Path(path)
+    if "time" not in ds.dims:
+        raise ValueError("write_archive needs a dataset with a `time` dimension")
+    time_vars = [n for n, v in ds.data_vars.items() if "time" in v.dims]
+    other_vars = [n for n in ds.data_vars if n not in time_vars]
+    for n in time_vars:
+        if ds[n].dims[0] != "time":
+            raise ValueError(f"{n}: time must be the first dimension, got {ds[n].dims}")
+    if "time" not in ds.chunksizes:  # NumPy-backed: the archive layout, monthly blocks and one variable a chunk
+        chunks = {"time": int(ds.attrs.get("time_chunk", 124))}
+        ds = ds.chunk(chunks | ({"variable": 1} if "variable" in ds.dims else {}))
+    bounds = np.cumsum((0,) + tuple(ds.chunksizes["time"])).tolist()
+
     if path.exists():
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # every variable with a time dimension is written below; clear encodings that could change the chunking
     ds = ds.copy()
-    for v in ds.variables.values():
+    for v in ds.variables.values():  # stale encodings (e.g. from an opened store) could change the chunking
         v.encoding = {}
+    # metadata, coordinates (and any NumPy-backed variable); dask-backed variables are written below
     ds.to_zarr(path, mode="w", compute=False, zarr_format=3, consolidated=False)
 
-    data_vars = [n for n, v in ds.data_vars.items() if "time" in v.dims]
-    bounds = np.cumsum((0,) + ds[data_vars[0]].chunksizes["time"]) if data_vars else np.array([0])
     with zarr.config.set({"array.write_empty_chunks": True}):
         group = zarr.open_group(str(path), mode="r+", zarr_format=3)
-        arrays = {n: group[n] for n in data_vars}
-        for axis_name in data_vars:
-            if ds[axis_name].dims[0] != "time":
-                raise ValueError(f"{axis_name}: time must be the first dimension")
-        bar = tqdm(total=int(bounds[-1]), desc=f"writing {path.name}", unit="step", disable=not progress)
+        for n in other_vars:
+            group[n][...] = ds[n].values
+        arrays = {n: group[n] for n in time_vars}
+        bar = tqdm(total=bounds[-1], desc=f"writing {path.name}", unit="step", disable=not progress)
         try:
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                block = ds[data_vars].isel(time=slice(a, b))
-                values = dask.compute(*(block[n].data for n in data_vars))
-                for n, vals in zip(data_vars, values):
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                block = ds[time_vars].isel(time=slice(a, b))
+                values = dask.compute(*(block[n].data for n in time_vars))  # this block only
+                for n, vals in zip(time_vars, values):
                     arrays[n][a:b] = vals
                 bar.update(b - a)
         finally:
             bar.close()
+    # consolidated metadata last, so `xarray.open_zarr(path)` opens it without a fallback warning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(str(path))
     return path
 
 
