@@ -341,11 +341,13 @@ def _touch(batch) -> None:
         batch = batch[ARRAY]
     elif isinstance(batch, (list, tuple)):
         batch = batch[0]
-    float(batch.view(-1)[:: 1024].sum())  # one float per 4 KiB page: makes every page resident
+    float(batch.numpy().reshape(-1)[::1024].sum())  # one float per 4 KiB page (numpy: no torch threads)
 
 
-def time_pass(loader, *, max_batches: int | None = None, touch: bool = False) -> dict:
-    """Iterate once: samples, seconds (from ``iter()`` to the end), time to first batch."""
+def time_pass(loader, *, max_batches: int | None = None, max_seconds: float | None = None,
+              touch: bool = False) -> dict:
+    """Iterate once: samples, seconds (from ``iter()`` to the end), time to first batch. Stops early after
+    ``max_batches`` batches, or after ``max_seconds`` (once at least 2 batches are in)."""
     t0 = time.perf_counter()
     it = iter(loader)
     n = batches = 0
@@ -360,6 +362,8 @@ def time_pass(loader, *, max_batches: int | None = None, touch: bool = False) ->
             batches += 1
             del batch
             if max_batches is not None and batches >= max_batches:
+                break
+            if max_seconds is not None and batches >= 2 and time.perf_counter() - t0 > max_seconds:
                 break
     finally:
         seconds = time.perf_counter() - t0
@@ -449,7 +453,7 @@ def run_reference(spec: dict, sampler: MemorySampler) -> dict:
 
 def run_naive(spec: dict, sampler: MemorySampler) -> dict:
     """zarrtorch.baselines.RowByRowDataset in a standard DataLoader (shuffle=True): each row decodes
-    its whole chunk. Bounded to ``batches`` batches."""
+    its whole chunk. Bounded to ``batches`` batches (or ``max_seconds``)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -460,7 +464,8 @@ def run_naive(spec: dict, sampler: MemorySampler) -> dict:
                         generator=torch.Generator().manual_seed(0), drop_last=True)
     out = {"epoch": 1}
     with sampler.phase(out):
-        out.update(time_pass(loader, max_batches=spec["batches"], touch=spec.get("touch", False)))
+        out.update(time_pass(loader, max_batches=spec["batches"], max_seconds=spec.get("max_seconds"),
+                             touch=spec.get("touch", False)))
     return {"epochs": [out]}
 
 

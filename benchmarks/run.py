@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk-rows", type=int, default=128, help="rows per chunk (default 128 = 8 MiB)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--naive-batches", type=int, default=20, help="batches timed for the row-by-row loader")
+    p.add_argument("--naive-seconds", type=float, default=30,
+                   help="... or fewer: it stops after this many seconds (at least 2 batches)")
     p.add_argument("--epochs", type=int, default=2, help="epochs per run for zarrtorch and the reference")
     p.add_argument("--only", default="", help="comma list of kinds: l0,zarrtorch,reference,naive,numpy")
     p.add_argument("--cache", choices=("warm", "cold"), default="warm",
@@ -127,7 +129,8 @@ def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
         specs += [{"kind": "zarrtorch", "workers": w, "epochs": args.epochs, **base, **store} for w in (0, 2)]
         specs += [{"kind": "reference", "workers": w, "epochs": args.epochs, **base, **store} for w in (0, 2)]
         if first:
-            specs += [{"kind": "naive", "workers": w, "batches": args.naive_batches, **base, **store} for w in (0, 2)]
+            specs += [{"kind": "naive", "workers": w, "batches": args.naive_batches,
+                       "max_seconds": args.naive_seconds, **base, **store} for w in (0, 2)]
             specs += [{"kind": "numpy", "workers": w, **base, **store} for w in (0, 2)]
     return [s for s in specs if not kinds or s["kind"] in kinds]
 
