@@ -57,6 +57,7 @@ PAGE = """<!doctype html>
 .reveal table th, .reveal table td {{ padding: 0.25em 0.6em; }}
 .reveal ul, .reveal ol {{ display: block; margin-left: 1.2em; }}
 .reveal li {{ margin: 0.15em 0; }}
+.reveal :not(pre) > code {{ font-size: 0.85em; }}
 .reveal .small {{ font-size: 0.65em; color: #555; }}
 .reveal .source {{ font-size: 0.5em; color: #666; margin-top: 0.6em; }}
 .reveal .cols {{ display: flex; gap: 1.2em; align-items: flex-start; text-align: left; }}

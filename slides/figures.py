@@ -191,6 +191,10 @@ def fig_partition(out: Path) -> tuple[str, dict]:
     fig.legend(handles=handles, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.22), frameon=False)
     budget = row_budget(rows, world_size=W, batch_size=B, drop_last=True)
     pad = row_budget(rows, world_size=W, batch_size=B, drop_last=False)
+    from zarrtorch.ddp_demo import naive_batch_counts  # chunks dealt round-robin to ranks, the usual first try
+
+    naive = naive_batch_counts(rows, chunk_rows, world_size=W, batch_size=B, drop_last=False)
+    naive_dl = naive_batch_counts(rows, chunk_rows, world_size=W, batch_size=B, drop_last=True)
     values = {
         "part_rows": f"{rows:,}", "part_chunk_rows": str(chunk_rows), "part_n_chunks": str(-(-rows // chunk_rows)),
         "part_last_chunk_rows": str(rows - chunk_rows * (rows // chunk_rows)),
@@ -200,6 +204,7 @@ def fig_partition(out: Path) -> tuple[str, dict]:
         "part_eval_batches": str(pad.batches_per_rank), "part_eval_padding": str(pad.padding_rows),
         "part_eval_last_batch": str(pad.last_batch_size), "part_eval_rows_per_rank": str(pad.rows_per_rank),
         "part_worker_batches": ", ".join(str(batches[(0, w)]) for w in range(NW)),
+        "naive_counts": " vs ".join(map(str, naive)), "naive_counts_drop_last": " vs ".join(map(str, naive_dl)),
     }
     return _save(fig, out, "partition.png"), values
 
@@ -510,6 +515,26 @@ def fig_throughput(out: Path, bench_json: Path | None = BENCH_JSON) -> tuple[str
     return _save(fig, out, "throughput.png"), values
 
 
+SLURM_TEMPLATE = REPO / "slurm" / "generic_multinode.sbatch"
+
+
+def slurm_facts(path: Path = SLURM_TEMPLATE) -> dict:
+    """The shape of the course's generic Slurm template, quoted from the file itself: its ``#SBATCH`` lines
+    and its ``srun`` command, so the slide shows what ``sbatch`` really submits."""
+    if not path.exists():
+        return {"slurm_excerpt": f"# {path.relative_to(REPO)} is not in this checkout yet", "slurm_template": "slurm/"}
+    lines = path.read_text().splitlines()
+    keep = [line for line in lines if line.startswith("#SBATCH") and "--output" not in line and "--error" not in line]
+    srun, i = [], 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("srun ") or srun:
+            srun.append(lines[i].rstrip())
+            if not lines[i].rstrip().endswith("\\"):
+                break
+        i += 1
+    return {"slurm_excerpt": "\n".join(keep + ["..."] + srun), "slurm_template": str(path.relative_to(REPO))}
+
+
 def memory_facts() -> dict:
     """Decoded memory one worker holds, from the loader's own formula, for the workshop dataset."""
     from zarrtorch import ZarrIterableDataset
@@ -538,7 +563,7 @@ def make_all(out: Path, *, bench_json: Path | None = BENCH_JSON, log=print) -> d
              ("partition", lambda: fig_partition(out)), ("stream order", lambda: fig_stream_order(out)),
              ("shuffle quality", lambda: fig_shuffle_quality(out)),
              ("chunk trade-off (writes 6 stores)", lambda: fig_chunk_tradeoff(out)),
-             ("throughput", lambda: fig_throughput(out, bench_json)), ("memory", lambda: (None, memory_facts()))]
+             ("throughput", lambda: fig_throughput(out, bench_json)), ("memory", lambda: (None, memory_facts())), ("slurm", lambda: (None, slurm_facts()))]
     for label, step in steps:
         t = time.perf_counter()
         name, v = step()
