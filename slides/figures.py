@@ -532,6 +532,13 @@ def slurm_facts(path: Path = SLURM_TEMPLATE) -> dict:
             if not lines[i].rstrip().endswith("\\"):
                 break
         i += 1
+    # the same command, re-wrapped to fit a slide (the words are the file's)
+    import textwrap
+
+    command = " ".join(part.rstrip("\\").strip() for part in srun)
+    wrapped = textwrap.wrap(command, width=84, break_long_words=False, break_on_hyphens=False,
+                            subsequent_indent="    ")
+    srun = [line + " \\" for line in wrapped[:-1]] + wrapped[-1:]
     return {"slurm_excerpt": "\n".join(keep + ["..."] + srun), "slurm_template": str(path.relative_to(REPO))}
 
 

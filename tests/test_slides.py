@@ -212,24 +212,29 @@ def test_deck_in_headless_chromium(deck, served, browser):
     assert len(images) == len(summary["figures"]), images
     assert all(width > 0 for _, width in images), f"images that did not load: {[s for s, w in images if not w]}"
 
-    # visit every slide: nothing overflows the 1280 x 720 slide; screenshots of a few
+    # visit every slide: nothing overflows the 1280 x 720 slide, no code block is cut; screenshots of a few
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("slide-*.png"):
         old.unlink()
-    wanted = {0} | {s["i"] for s in slides if s["images"]} | {len(slides) - 2}
+    wanted = ({0} | {s["i"] for s in slides if s["images"] or "slurm" in s["title"].lower()}
+              | {len(slides) - 2})
     overflow = []
     for s in slides:
         browser.evaluate(session, f"Reveal.slide({s['i']})")
         browser.wait_for(session, f"Reveal.getIndices().h === {s['i']}", timeout=10)
         height = browser.evaluate(session, "Reveal.getCurrentSlide().scrollHeight")
         if height > HEIGHT + 4:
-            overflow.append((s["i"] + 1, s["title"], height))
+            overflow.append((s["i"] + 1, s["title"], f"{height} px high"))
+        wide = browser.evaluate(session, """Array.from(Reveal.getCurrentSlide().querySelectorAll('pre code'))
+            .filter(c => c.scrollWidth > c.clientWidth + 2).length""")
+        if wide:
+            overflow.append((s["i"] + 1, s["title"], f"{wide} code block(s) wider than the slide"))
         if s["i"] in wanted:
             time.sleep(0.3)
             shot = browser.send("Page.captureScreenshot", {"format": "png"}, session)["data"]
             slug = re.sub(r"[^a-z0-9]+", "-", s["title"].lower()).strip("-")[:40] or "slide"
             (SCREENSHOTS / f"slide-{s['i'] + 1:02d}-{slug}.png").write_bytes(base64.b64decode(shot))
-    assert not overflow, f"slides taller than {HEIGHT} px (number, title, height): {overflow}"
+    assert not overflow, f"slides that do not fit {WIDTH} x {HEIGHT} (number, title, what): {overflow}"
 
     # nothing left the machine, nothing failed
     events = browser.events
