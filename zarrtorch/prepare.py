@@ -143,6 +143,10 @@ def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, ov
     compressors = make_codec(codec, level)
 
     target = ds.chunk({d: (chunk_rows if d == dim else -1) for d in ds.dims})
+    # Coordinates without the sample dimension (a static field, cell areas) are not in the block-by-block
+    # writes below: load them so that the metadata write stores their values, not just their fill value.
+    static = [c for c in target.coords if dim not in target[c].dims and c not in target.xindexes]
+    target = target.assign_coords({c: target[c].compute() for c in static})
     encoding = {}
     for n in names:
         target[n].encoding = {}

@@ -1,0 +1,68 @@
+"""check_first_axis_layout: accepts arrays sharing one first-axis chunking, refuses everything else with a
+message naming the array and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from zarr.storage import MemoryStore
+
+from zarrtorch import FirstAxisLayout, LayoutError, check_first_axis_layout
+
+
+def arr(shape, chunks, shards=None, dtype="f4"):
+    return zarr.create_array(store=MemoryStore(), shape=shape, chunks=chunks, shards=shards, dtype=dtype)
+
+
+def test_accepts_a_shared_first_axis_layout():
+    layout = check_first_axis_layout({"x": arr((95, 3, 4), (10, 3, 4)), "y": arr((95,), (10,))})
+    assert layout == FirstAxisLayout(rows=95, chunk_rows=10, sharded=False)
+    assert layout.n_chunks == 10
+    assert check_first_axis_layout({"x": arr((7, 2), (20, 2))}).chunk_rows == 20  # chunk longer than the array
+
+
+def test_other_axis_chunking():
+    with pytest.raises(LayoutError) as err:
+        check_first_axis_layout({"y": arr((100,), (10,)), "x": arr((100, 8, 4), (10, 8, 2))})
+    msg = str(err.value)
+    assert "array 'x'" in msg and "axis 2" in msg and "(10, 8, 4)" in msg and "prepare_zarr" in msg
+
+
+def test_different_lengths():
+    with pytest.raises(LayoutError, match="different first-axis lengths: 'x' has 100 rows, 'y' has 99"):
+        check_first_axis_layout({"x": arr((100, 2), (10, 2)), "y": arr((99,), (10,))})
+
+
+def test_different_chunk_lengths_with_equal_chunk_counts():
+    x, y = arr((100, 2), (10, 2)), arr((100,), (11,))
+    assert x.nchunks == y.nchunks == 10
+    with pytest.raises(LayoutError, match="'x' uses 10 rows per chunk, 'y' uses 11") as err:
+        check_first_axis_layout({"x": x, "y": y})
+    assert "chunk_rows" in str(err.value)
+
+
+def test_zero_rows():
+    with pytest.raises(LayoutError, match=r"array 'x' has zero rows \(shape \(0, 3\)\)"):
+        check_first_axis_layout({"x": arr((0, 3), (10, 3))})
+
+
+def test_sharded_needs_allow_shards():
+    sharded = {"x": arr((100, 4), (5, 4), shards=(20, 4)), "y": arr((100,), (5,), shards=(20,))}
+    with pytest.raises(LayoutError) as err:
+        check_first_axis_layout(sharded)
+    msg = str(err.value)
+    assert "array 'x' is sharded" in msg and "allow_shards=True" in msg and "prepare_zarr" in msg
+    layout = check_first_axis_layout(sharded, allow_shards=True)
+    assert layout == FirstAxisLayout(rows=100, chunk_rows=20, sharded=True)  # the shard is the unit
+    with pytest.raises(LayoutError, match="axis 1"):  # shards along another axis
+        check_first_axis_layout({"x": arr((100, 4), (5, 2), shards=(20, 2))}, allow_shards=True)
+    with pytest.raises(LayoutError, match="differ in sharding"):
+        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (20,))}, allow_shards=True)
+
+
+def test_not_arrays():
+    with pytest.raises(LayoutError, match="no arrays"):
+        check_first_axis_layout({})
+    with pytest.raises(TypeError, match="'x' is a ndarray, not a zarr.Array.*prepare_zarr"):
+        check_first_axis_layout({"x": np.zeros((10, 2))})
