@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import zarr
-from tqdm.auto import tqdm
+from tqdm import tqdm  # tqdm.auto warns in Jupyter without ipywidgets
 
 from zarrtorch.layout import LayoutError, check_first_axis_layout
 
@@ -75,7 +75,8 @@ def _prepare_output(store: str | Path, overwrite: bool) -> None:
 
 
 def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
-    names = list(ds.data_vars) if variables is None else list(variables)
+    # sorted: a store opened with xarray lists its variables in file-system order, which varies by machine
+    names = sorted(ds.data_vars) if variables is None else list(variables)
     if not names:
         raise LayoutError("the dataset has no data variables to write")
     missing = [n for n in names if n not in ds.data_vars]

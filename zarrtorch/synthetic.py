@@ -414,7 +414,7 @@ def write_archive(ds, path, *, progress: bool = True) -> Path:
     """
     import dask
     import zarr
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     path = Path(path)
     if "time" not in ds.dims:
