@@ -464,6 +464,8 @@ def write_archive(ds, path, *, progress: bool = True) -> Path:
 # The course's entry points
 # ---------------------------------------------------------------------------------------------------------
 MARKER = ".complete"
+# Bump when the generator or the training-store layout changes, so existing data folders are regenerated.
+DATA_FORMAT = 2
 
 
 def _paths(size_name: str, root) -> tuple[Path, Path, Path]:
@@ -500,7 +502,7 @@ def make_data(
         raise ValueError("a custom Preset needs an explicit root= folder")
     folder, archive, train = _paths(name, root)
     marker = folder / MARKER
-    wanted = {"size": name, "seed": seed, "preset": asdict(preset)}
+    wanted = {"size": name, "seed": seed, "preset": asdict(preset), "format": DATA_FORMAT}
     result = {"archive": archive, "train": train}
     if not overwrite and marker.exists() and archive.exists() and train.exists():
         try:
@@ -519,6 +521,7 @@ def make_data(
     prepare_zarr(
         xr.open_zarr(archive),
         train,
+        variables=["fields", "target"],
         chunk_rows=TRAIN_CHUNK_ROWS.get(name, 64),
         overwrite=True,
         progress=progress,
