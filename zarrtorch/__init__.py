@@ -9,6 +9,7 @@ _warnings.filterwarnings("ignore", message="Consolidated metadata is currently n
 
 __version__ = "0.1.0"
 
+from zarrtorch import paths, plan, quality, synthetic  # noqa: E402  (zt.synthetic.ensure_data() in notebooks)
 from zarrtorch.dataset import ZarrIterableDataset  # noqa: E402
 from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout  # noqa: E402
 from zarrtorch.loader import ZarrDataLoader  # noqa: E402
