@@ -24,7 +24,11 @@ Variants (monkeypatches in this process and its forked workers only; the package
   returns (numcodecs, ``out=``), bypassing zarr's async pipeline and its extra 8 MiB copy per chunk;
 - ``shm``: in a DataLoader worker, the buffer's gather writes the batch straight into a shared-memory
   tensor (as torch's default_collate does), so the queue feeder no longer copies it again;
-- ``nocheck``: check_chunks=False (no ``exists`` round trip through zarr's event loop per piece).
+- ``nocheck``: check_chunks=False (no ``exists`` round trip through zarr's event loop per piece);
+- ``fs``: torch's ``file_system`` sharing strategy (no file-descriptor passing per batch);
+- ``ring``: batches cross the process boundary through a ring of shared-memory slots allocated once
+  before the workers fork (pages already faulted); a worker gathers into its next free slot and sends
+  (worker, slot, rows); the main process copies the rows out into ordinary memory and frees the slot.
 """
 
 from __future__ import annotations
@@ -229,6 +233,78 @@ def patch_shm_gather() -> None:
     zdataset.ZarrIterableDataset._to_torch = to_torch
 
 
+RING_SLOTS = 4  # per worker: > prefetch_factor (2) batches in the queue + the one the main process copies
+
+
+def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32):
+    """Batches cross the process boundary through a ring of shared-memory slots allocated (and touched)
+    once before the workers fork: a worker gathers the batch into its next free slot and sends only
+    (worker, slot, rows); the main process copies the rows out into ordinary memory and frees the slot.
+    Returns the function the main process applies to each batch."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    from zarrtorch import buffer as zbuffer
+    from zarrtorch import dataset as zdataset
+
+    ring = torch.zeros((workers, RING_SLOTS, batch_size, *row_shape), dtype=torch.float32).share_memory_()
+    busy = torch.zeros((workers, RING_SLOTS), dtype=torch.int32).share_memory_()
+    ring_np, busy_np = ring.numpy(), busy.numpy()
+    state = {"next": 0}
+    original_apply = zbuffer.SlotBuffer.apply
+
+    def gather(column, take):
+        info = get_worker_info()
+        if info is None or column.dtype != dtype:
+            return column[take]
+        w, slot = info.id, state["next"] % RING_SLOTS
+        state["next"] += 1
+        while busy_np[w, slot]:  # the main process has not copied this slot out yet
+            time.sleep(0.0005)
+        busy_np[w, slot] = 1
+        np.take(column, take, axis=0, out=ring_np[w, slot, :len(take)], mode="clip")
+        return (w, slot, len(take))
+
+    def apply(self, step, read, filled):
+        if step.direct:
+            return original_apply(self, step, read, filled)
+        if step.append:
+            self._write(slice(filled, filled + step.append), read(step.append))
+            filled += step.append
+        batch = {name: gather(column, step.take) for name, column in self.slots.items()}
+        if step.refill:
+            self._write(step.take[:step.refill], read(step.refill))
+        if step.move_dst is not None:
+            for column in self.slots.values():
+                column[step.move_dst] = column[step.move_src]
+            filled -= len(step.take) - step.refill
+        return batch, filled
+
+    def to_torch(self, batch, copy_arrays):
+        out = {}
+        for name, arr in batch.items():
+            if name == "index" and not self.return_index:
+                continue
+            out[name] = arr if isinstance(arr, tuple) else torch.from_numpy(arr.copy() if copy_arrays else arr)
+        return self.transform(out) if self.transform is not None else out
+
+    zbuffer.SlotBuffer.apply = apply
+    zdataset.ZarrIterableDataset._to_torch = to_torch
+
+    def receive(batch: dict) -> dict:
+        out = {}
+        for name, v in batch.items():
+            if isinstance(v, (tuple, list)) and len(v) == 3:
+                w, slot, n = (int(x) for x in v)
+                out[name] = torch.from_numpy(ring_np[w, slot, :n].copy())
+                busy_np[w, slot] = 0
+            else:
+                out[name] = v
+        return out
+
+    return receive
+
+
 def _worker_init(_):
     _set_os_thread_name("worker-main")
 
@@ -237,7 +313,8 @@ def _worker_init(_):
 # Runs
 # --------------------------------------------------------------------------------------------------
 def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile: bool, top: int) -> dict:
-    import torch  # noqa: F401
+    import torch
+    import torch.multiprocessing
 
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
@@ -246,13 +323,18 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
         patch_direct_decode()
     if "shm" in parts:
         patch_shm_gather()
+    if "fs" in parts:
+        torch.multiprocessing.set_sharing_strategy("file_system")
+    receive = (lambda b: b)
+    if "ring" in parts and workers > 0:
+        receive = patch_ring(workers, 64, tuple(harness.SAMPLE_SHAPE))
     ds = ZarrIterableDataset(store, shuffle=True, seed=0, check_chunks="nocheck" not in parts)
     kwargs = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
     loader = ZarrDataLoader(ds, batch_size=64, num_workers=workers, drop_last=True, **kwargs)
     # Epoch 0 untimed: worker start-up and first touches of the buffer are not the steady state.
     loader.set_epoch(0)
-    for _ in loader:
-        pass
+    for b in loader:
+        receive(b)
     prof = cProfile.Profile(time.thread_time) if cprofile else None  # CPU time of the main thread
     samples = 0
     with ThreadCPU() as cpu:
@@ -262,6 +344,7 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
         for e in range(1, epochs + 1):
             loader.set_epoch(e)
             for b in loader:
+                b = receive(b)
                 samples += b["x"].shape[0]
         if prof:
             prof.disable()
