@@ -330,7 +330,8 @@ def test_xarray_written_store(tmp_path, zarr_format):
     ds = xr.Dataset(
         {"temp": (("time", "lat", "lon"), temp),
          "rain": (("time", "lat", "lon"), -temp),
-         "orography": (("lat", "lon"), np.ones((ny, nx), np.float32))},  # static: another first dimension
+         # static, larger than the data, first dimension lat: it must not make lat the sample axis
+         "orography": (("lat", "lon", "level"), np.ones((ny, nx, 400), np.float64))},
         coords={"time": t.astype("i8"), "lat": np.arange(ny, dtype="f8"), "lon": np.arange(nx, dtype="f8"),
                 "station": ("time", t * 10), "area": (("lat", "lon"), np.ones((ny, nx)))},
         attrs={"title": "test"},
@@ -406,3 +407,12 @@ def test_persistent_workers_stop_cleanly(store):
     finally:
         gc.enable()
     assert [w.exitcode for w in workers] == [0, 0]
+
+
+def test_sampler_forwards_set_epoch(store):
+    """Lightning calls set_epoch on ``loader.sampler``: it must reach the loader."""
+    ds = ZarrIterableDataset(store, seed=21, buffer_chunks=2)
+    loader = ZarrDataLoader(ds, batch_size=32)
+    loader.sampler.set_epoch(4)
+    assert loader.epoch == 4
+    assert same(epoch_rows(loader), ds.batch_row_ids(epoch=4, batch_size=32, drop_last=False))

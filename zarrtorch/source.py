@@ -36,7 +36,10 @@ def _open_path(path: str | os.PathLike):
 
 def _data_variables(group: zarr.Group) -> list[str]:
     """The arrays to stream from a group: those listed by ``prepare_zarr``, else (a store written by
-    xarray) the data variables sharing the first dimension of the largest one, else every array."""
+    xarray) the data variables sharing the sample dimension, else every array. The sample dimension is a
+    first dimension that is never an inner one (a static ``(lat, lon, level)`` field larger than the
+    ``(time, lat, lon)`` data must not make ``lat`` the sample axis), shared by the most variables, then
+    holding the most bytes."""
     meta = group.attrs.get("zarrtorch")
     if isinstance(meta, Mapping) and "variables" in meta:
         return list(meta["variables"])
@@ -50,8 +53,11 @@ def _data_variables(group: zarr.Group) -> list[str]:
     candidates = {n: d for n, d in dims.items() if d and n not in coords | dimension_coords}
     if not candidates:
         return sorted(arrays)
-    largest = max(candidates, key=lambda n: arrays[n].nbytes)
-    sample_dim = candidates[largest][0]
+    inner = {d for dims_ in candidates.values() for d in dims_[1:]}
+    firsts = {d[0] for d in candidates.values()}
+    firsts = {d for d in firsts if d not in inner} or firsts
+    by_dim = {d: [n for n, dd in candidates.items() if dd[0] == d] for d in firsts}
+    sample_dim = max(sorted(by_dim), key=lambda d: (len(by_dim[d]), sum(arrays[n].nbytes for n in by_dim[d])))
     return sorted(n for n, d in candidates.items() if d[0] == sample_dim)
 
 
