@@ -20,7 +20,7 @@ from zarr.storage import MemoryStore
 
 from zarrtorch import ZarrIterableDataset, epoch_plan
 from zarrtorch.buffer import SlotBuffer, id_reader, schedule, simulate
-from zarrtorch.plan import (batches_consumed_per_worker, chunk_order, round_robin_order, row_budget,
+from zarrtorch.plan import (batches_consumed_per_worker, chunk_order, resume_roles, round_robin_order, row_budget,
                             stream_pieces, worker_batch_ranges)
 
 EXAMPLES = 300
@@ -196,6 +196,23 @@ def test_worker_batch_ranges_and_round_robin(n_batches, num_workers):
     assert order.tolist() == dataloader_order(counts)
     for k in range(n_batches + 1):
         assert batches_consumed_per_worker(counts, k) == np.bincount(order[:k], minlength=len(counts)).tolist()
+
+
+@SETTINGS
+@given(st.integers(1, 200), st.integers(0, 8), st.data())
+def test_resume_roles_continue_the_run(n_batches, num_workers, data):
+    """Resuming after ``skip`` batches, a fresh DataLoader (round-robin from worker 0, over what each worker
+    has left) yields the plan's batches exactly in the order the uninterrupted run would have."""
+    counts = [b - a for a, b in worker_batch_ranges(n_batches, num_workers)]
+    order = round_robin_order(counts)
+    skip = data.draw(st.integers(0, n_batches))
+    roles = resume_roles(counts, skip)
+    assert sorted(role for role, _ in roles) == list(range(len(counts)))  # every share played once
+    left = [counts[role] - skipped for role, skipped in roles]
+    resumed = [roles[w][0] for w in dataloader_order(left)]
+    assert resumed == order[skip:].tolist()
+    for role, skipped in roles:
+        assert skipped == int(np.sum(order[:skip] == role))
 
 
 @SETTINGS

@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch.buffer import SlotBuffer, id_reader, schedule, simulate
 from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout
-from zarrtorch.plan import RankPlan, epoch_plan, rng_for, round_robin_order
+from zarrtorch.plan import RankPlan, epoch_plan, resume_roles, rng_for, round_robin_order
 from zarrtorch.reader import PieceReader
 from zarrtorch.source import open_arrays
 
@@ -195,13 +195,7 @@ class ZarrIterableDataset(IterableDataset):
         if n_workers != cfg.num_workers:
             raise RuntimeError(f"the loader was configured for {cfg.num_workers} workers but runs {n_workers}")
         plan = self.plan(epoch=epoch, rank=rank, world_size=world, num_workers=n_workers)
-        counts = [len(w.batch_sizes) for w in plan.workers]
-        order = round_robin_order(counts)
-        # Resuming mid-round: the DataLoader asks worker 0 first again, so worker ``w`` plays the plan's
-        # worker ``w + rotate``, the one whose batch came next in the uninterrupted run.
-        rotate = int(order[skip - 1] + 1) % len(counts) if skip else 0
-        logical = (worker + rotate) % len(counts)
-        worker_skip = int(np.sum(order[:skip] == logical))
+        logical, worker_skip = resume_roles([len(w.batch_sizes) for w in plan.workers], skip)[worker]
         threads = self.decode_threads or max(1, available_cpus() // max(1, n_workers))
         if self.cache and (self._cache_store is None or self._cache_owner != logical):
             self._cache_store, self._cache_owner = {}, logical  # rows of another share would never be reused

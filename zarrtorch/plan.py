@@ -94,6 +94,17 @@ def batches_consumed_per_worker(counts: list[int], consumed: int) -> list[int]:
     return np.bincount(order, minlength=len(counts)).astype(int).tolist()
 
 
+def resume_roles(counts: list[int], skip: int) -> list[tuple[int, int]]:
+    """For each DataLoader worker resuming after ``skip`` batches: (the plan's worker it plays, batches
+    of that worker to skip). The resumed DataLoader asks worker 0 first again, so mid-round worker ``w``
+    plays worker ``w + rotate``, the one whose batch came next in the uninterrupted run."""
+    order = round_robin_order(counts)
+    streams = len(counts)
+    rotate = int(order[skip - 1] + 1) % streams if skip else 0
+    roles = [(w + rotate) % streams for w in range(streams)]
+    return [(role, int(np.sum(order[:skip] == role))) for role in roles]
+
+
 def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
     """Rows at stream positions ``[start, stop)`` as ``(k, 2)`` half-open global row ranges, each inside
     one chunk. Positions past ``rows`` wrap around to the start of the stream (evaluation padding)."""
