@@ -82,7 +82,12 @@ def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
     missing = [n for n in names if n not in ds.data_vars]
     if missing:
         raise KeyError(f"unknown data variable(s) {missing}: the dataset has {list(ds.data_vars)}")
-    dim = ds[names[0]].dims[0] if ds[names[0]].ndim else None
+    # the sample dimension: the first dimension of most variables, never an inner one, so that the error
+    # below names the odd variable (a static field), not the data
+    firsts = [ds[n].dims[0] for n in names if ds[n].ndim]
+    inner = {d for n in names for d in ds[n].dims[1:]}
+    pool = [d for d in firsts if d not in inner] or firsts
+    dim = max(sorted(set(pool)), key=pool.count) if pool else None
     others = [n for n in names if not ds[n].dims or ds[n].dims[0] != dim]
     if dim is None or others:
         raise LayoutError(
