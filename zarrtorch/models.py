@@ -6,7 +6,8 @@
 * :class:`ForecastModule` (a ``LightningModule``) predicts ``persistence + tendency``: the network only
   learns the change over one step, so an untrained model *is* the persistence forecast (skill 0) and
   any positive skill is learned. It logs ``train_loss``, ``val_loss`` and ``val_skill`` = 1 - MSE(model) /
-  MSE(persistence) on the validation rows, and keeps a per-epoch ``history``.
+  MSE(persistence) on the validation rows, and keeps a per-epoch ``history`` and a ``val_history`` (one entry
+  per validation run).
 
 Losses are mean squared errors of the tendency in units of its standard deviation, so the persistence
 forecast scores about 1 and a perfect forecast 0.
@@ -109,12 +110,15 @@ class ForecastModule(L.LightningModule):
         stats: output of :func:`channel_stats` (saved with the checkpoint).
         hidden, depth: size of :class:`ForecastCNN`.
         lr, weight_decay: AdamW settings.
+        schedule: ``"cosine"`` (the learning rate decays to 2% of ``lr`` over the run) or ``"constant"``.
         fields, target: batch keys of the inputs and of the field to predict.
     """
 
-    def __init__(self, stats: dict, hidden: int = 32, depth: int = 3, lr: float = 3e-3, weight_decay: float = 0.0,
-                 fields: str = "fields", target: str = "target"):
+    def __init__(self, stats: dict, hidden: int = 16, depth: int = 3, lr: float = 3e-3, weight_decay: float = 0.0,
+                 schedule: str = "cosine", fields: str = "fields", target: str = "target"):
         super().__init__()
+        if schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
         self.save_hyperparameters()
         n_channels = len(stats["mean"])
         self.register_buffer("in_mean", torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1))
@@ -122,7 +126,9 @@ class ForecastModule(L.LightningModule):
         self.tendency_std = float(stats["tendency_std"])
         self.persistence_channel = int(stats["persistence_channel"])
         self.net = ForecastCNN(n_channels, hidden=hidden, depth=depth)
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # one entry per training epoch
+        self.val_history: list[dict] = []  # one entry per validation run (several per epoch with val_check_interval)
+        self._last_batch_rows = 0
         self._reset_val()
         self._train_sum = torch.zeros(2, dtype=torch.float64)
         self._train_t0: float | None = None
@@ -147,6 +153,7 @@ class ForecastModule(L.LightningModule):
         err, _ = self._errors(batch)
         loss = err.pow(2).mean() / self.tendency_std**2
         n = err.shape[0]
+        self._last_batch_rows = n
         self._train_sum += torch.tensor([float(loss.detach()) * n, n], dtype=torch.float64)
         self.log("train_loss", loss, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
         return loss
@@ -193,6 +200,12 @@ class ForecastModule(L.LightningModule):
             self.log(k, v, prog_bar=k in ("val_loss", "val_skill"), sync_dist=False)  # already summed over ranks
         if not self.trainer.sanity_checking:
             self._last_val = {"epoch": int(self.current_epoch), **metrics}
+            self.val_history.append({"epoch": int(self.current_epoch), "step": int(self.global_step),
+                                     "samples": int(self.global_step) * self._global_batch(), **metrics})
+
+    def _global_batch(self) -> int:
+        """Training rows per optimizer step, all ranks together (from the last training batch)."""
+        return self._last_batch_rows * (self.trainer.world_size if self._trainer is not None else 1)
 
     def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
         """Sum a small CPU tensor over DDP ranks (identity in one process)."""
@@ -204,4 +217,9 @@ class ForecastModule(L.LightningModule):
         return out.cpu()
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        if self.hparams.schedule == "constant":
+            return opt
+        steps = max(1, int(self.trainer.estimated_stepping_batches))
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=self.hparams.lr * 0.02)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

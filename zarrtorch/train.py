@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data: {dm.describe()}", flush=True)
         print(f"processes: {trainer.world_size} ({trainer.num_nodes} node(s) x {trainer.num_devices} device(s), "
               f"{type(trainer.accelerator).__name__.replace('Accelerator', '')}, {type(trainer.strategy).__name__}"
+              f", {type(getattr(trainer.strategy, 'cluster_environment', None)).__name__}"
               f"{', launched by ' + topo['launcher'] if topo['launcher'] else ''}); {threads} CPU thread(s) per "
               f"process; model: {n_params} parameters; batch {args.batch_size} per process, shuffle {args.shuffle}",
               flush=True)
