@@ -193,6 +193,26 @@ def test_missing_chunk(store, num_workers):
     assert (x[(idx >= 60) & (idx < 80)] == 0).all() and (x[idx >= 80] != 0).any()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_stop_after_an_error(store, persistent):
+    """A worker's error stops the workers at once (exit code 0), not whenever the garbage collector
+    reaches the iterator; a persistent loader works again once the chunk is repaired."""
+    path = _chunk_file(store, "x", 4)
+    good = path.read_bytes()
+    path.unlink()
+    loader = ZarrDataLoader(ZarrIterableDataset(store, seed=1), batch_size=16, num_workers=2, timeout=120,
+                            persistent_workers=persistent)
+    it = iter(loader)
+    workers = list(it._workers)
+    with pytest.raises(ChunkReadError, match="missing chunk 4"):
+        for _ in it:
+            pass
+    assert [w.exitcode for w in workers] == [0, 0]
+    path.write_bytes(good)
+    assert sum(len(b["y"]) for b in loader) == 230
+
+
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_corrupt_chunk(store, num_workers):
     _chunk_file(store, "y", 5).write_bytes(b"this is not zstd data" * 3)
