@@ -386,3 +386,22 @@ def test_batch_row_ids_without_shuffle_in_order(setup):
     for r in range(world):
         got = np.concatenate(ds.batch_row_ids(epoch=epoch, rank=r, **kw))
         np.testing.assert_array_equal(got, np.arange(r * per_rank, (r + 1) * per_rank) % rows)
+
+
+@SETTINGS
+@given(setups(max_rows=900), st.data())
+def test_row_range_is_a_shifted_store(setup, data):
+    """A chunk-aligned row window behaves exactly like a store holding only those rows, shifted."""
+    rows, chunk, world, workers, batch, seed, epoch, drop_last = setup
+    n_chunks = -(-rows // chunk)
+    first = data.draw(st.integers(0, n_chunks - 1))
+    last = data.draw(st.integers(first + 1, n_chunks))
+    start, stop = first * chunk, min(rows, last * chunk)
+    assume(fits(stop - start, world, batch, drop_last))
+    arr = zarr.create_array(store=MemoryStore(), shape=(rows,), chunks=(chunk,), dtype="i1")
+    window = ZarrIterableDataset({"x": arr}, seed=seed, buffer_chunks=2, row_range=(start, stop))
+    alone = metadata_dataset(stop - start, chunk, seed, 2)
+    kw = dict(epoch=epoch, world_size=world, batch_size=batch, drop_last=drop_last, num_workers=workers)
+    for r in range(world):
+        got, ref = window.batch_row_ids(rank=r, **kw), alone.batch_row_ids(rank=r, **kw)
+        assert all(np.array_equal(a, b + start) for a, b in zip(got, ref, strict=True))
