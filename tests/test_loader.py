@@ -417,3 +417,13 @@ def test_sampler_forwards_set_epoch(store):
     loader.sampler.set_epoch(4)
     assert loader.epoch == 4
     assert same(epoch_rows(loader), ds.batch_row_ids(epoch=4, batch_size=32, drop_last=False))
+
+
+def test_no_warning_without_shuffle(store):
+    """Iterating again without set_epoch only warns when there is a shuffle to repeat (not for evaluation)."""
+    import warnings
+
+    loader = ZarrDataLoader(ZarrIterableDataset(store, shuffle=False), batch_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert same(epoch_rows(loader), epoch_rows(loader))

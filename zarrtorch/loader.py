@@ -152,7 +152,7 @@ class ZarrDataLoader(DataLoader):
         if self._pending_state is not None:
             self._check_state(self._pending_state, world)
             self._pending_state = None
-        if self._epoch_done and not self._epoch_set_since_last:
+        if self._epoch_done and not self._epoch_set_since_last and self.dataset.shuffle:
             warnings.warn(f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
                           "loader.set_epoch(epoch) before each epoch to get a new shuffle", stacklevel=2)
         self._epoch_done = False
