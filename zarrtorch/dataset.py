@@ -56,7 +56,7 @@ class ZarrIterableDataset(IterableDataset):
         shuffle: shuffle the chunk order every epoch (shared seed) and rows in the buffer.
         seed: the seed every process shares; together with the epoch it fixes the whole epoch's order.
         buffer_chunks: shuffle-buffer size per worker, in chunks; memory per worker is about
-            ``(buffer_chunks + decode_threads + 1) x chunk bytes``.
+            ``(buffer_chunks + decode_threads + 2) x chunk bytes`` (see ``worker_memory_bytes``).
         decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
         cache: keep the rows a process reads in RAM and reuse them in later epochs; the chunk-to-rank
             assignment is then frozen at epoch 0's (the order inside each process still changes).
