@@ -17,7 +17,8 @@ course: setup
 
 ## (b) the tests: package tests + every notebook under nbval (on the tiny data)
 test: setup
-	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny
+	@bash scripts/install_browser.sh
+	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny --no-progress
 	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 $(PYTEST_ARGS)
 
