@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -155,6 +156,24 @@ class ZarrDataModule(L.LightningDataModule):
         return text
 
 
+def quiet_lightning() -> None:
+    """Silence Lightning's start-up notices and the warnings that do not apply to a ``ZarrDataLoader``.
+
+    Hidden: the GPU/TPU availability lines and tips (information, not warnings); "IterableDataset has
+    ``__len__``" (the loader's length is exact: every worker knows its own share); "does not have many
+    workers" (``num_workers=0`` is a choice here: decoding runs in threads of the main process); a
+    deprecation inside Lightning itself. Real warnings still show.
+    """
+    import logging
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*`IterableDataset` has `__len__` defined.*")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*no `val_dataloader`.*")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Callbacks
 # ---------------------------------------------------------------------------------------------------------
@@ -186,16 +205,11 @@ class RowRecorder(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         local = np.concatenate(self._rows) if self._rows else np.zeros(0, dtype=np.int64)
         batches = len(self._rows)
-        if trainer.world_size > 1:
-            dev = pl_module.device
-            counts = trainer.strategy.all_gather(torch.tensor([local.size, batches], device=dev)).cpu().numpy()
-            counts = counts.reshape(trainer.world_size, 2)
-            padded = np.full(int(counts[:, 0].max()), -1, dtype=np.int64)
-            padded[:local.size] = local
-            gathered = trainer.strategy.all_gather(torch.from_numpy(padded).to(dev)).cpu().numpy()
-            gathered = gathered.reshape(trainer.world_size, -1)
-            rows = [gathered[r, :counts[r, 0]].tolist() for r in range(trainer.world_size)]
-            batch_counts = counts[:, 1].tolist()
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            gathered: list = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, (local.tolist(), batches))
+            rows = [r for r, _ in gathered]
+            batch_counts = [b for _, b in gathered]
         else:
             rows, batch_counts = [local.tolist()], [batches]
         self.epochs.append({"epoch": int(trainer.current_epoch), "loader_epoch": self._loader_epoch,

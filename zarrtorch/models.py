@@ -66,6 +66,15 @@ def channel_stats(source, *, fields: str = "fields", target: str = "target", per
             "persistence_channel": int(persistence_channel), "chunks": [int(c) for c in chunks]}
 
 
+def format_epoch(row: dict) -> str:
+    """One line for an entry of :attr:`ForecastModule.history`."""
+    parts = [f"epoch {row['epoch']}", f"train_loss {row['train_loss']:.4f}"]
+    if "val_loss" in row:
+        parts += [f"val_loss {row['val_loss']:.4f}", f"skill {row['val_skill']:.3f}"]
+    parts.append(f"{row['samples_per_s']:.0f} samples/s ({row['train_samples']} rows in {row['train_seconds']:.1f} s)")
+    return " | ".join(parts)
+
+
 class PeriodicConv2d(nn.Module):
     """A convolution on a lat/lon grid: wraps around in longitude (last axis), repeats the edge in latitude."""
 
@@ -112,10 +121,11 @@ class ForecastModule(L.LightningModule):
         lr, weight_decay: AdamW settings.
         schedule: ``"cosine"`` (the learning rate decays to 2% of ``lr`` over the run) or ``"constant"``.
         fields, target: batch keys of the inputs and of the field to predict.
+        print_epochs: rank 0 prints one line per epoch (:func:`format_epoch`).
     """
 
     def __init__(self, stats: dict, hidden: int = 16, depth: int = 3, lr: float = 3e-3, weight_decay: float = 0.0,
-                 schedule: str = "cosine", fields: str = "fields", target: str = "target"):
+                 schedule: str = "cosine", fields: str = "fields", target: str = "target", print_epochs: bool = False):
         super().__init__()
         if schedule not in ("cosine", "constant"):
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
@@ -173,10 +183,13 @@ class ForecastModule(L.LightningModule):
         row = {"epoch": int(self.current_epoch), "train_loss": float(total[0] / max(total[1], 1)),
                "train_samples": samples, "train_seconds": seconds,
                "samples_per_s": samples / seconds if seconds > 0 else float("nan")}
-        self.log("train_loss_epoch", row["train_loss"], sync_dist=False)  # already summed over ranks
+        # identical on every rank (summed over ranks above): sync_dist only keeps Lightning from warning
+        self.log("train_loss_epoch", row["train_loss"], sync_dist=True)
         if self._last_val.get("epoch") == self.current_epoch:
             row.update({k: v for k, v in self._last_val.items() if k != "epoch"})
         self.history.append(row)
+        if self.hparams.print_epochs and self.trainer.is_global_zero:
+            print(format_epoch(row), flush=True)
 
     # -- validation --------------------------------------------------------------------------------
     def _reset_val(self) -> None:
@@ -197,7 +210,8 @@ class ForecastModule(L.LightningModule):
         metrics = {"val_loss": sse / n / self.tendency_std**2, "val_mse": sse / n, "persistence_mse": sse_p / n,
                    "val_skill": 1.0 - sse / sse_p if sse_p > 0 else float("nan")}
         for k, v in metrics.items():
-            self.log(k, v, prog_bar=k in ("val_loss", "val_skill"), sync_dist=False)  # already summed over ranks
+            # identical on every rank (sums reduced above): averaging over ranks changes nothing
+            self.log(k, v, prog_bar=k in ("val_loss", "val_skill"), sync_dist=True)
         if not self.trainer.sanity_checking:
             self._last_val = {"epoch": int(self.current_epoch), **metrics}
             self.val_history.append({"epoch": int(self.current_epoch), "step": int(self.global_step),

@@ -21,7 +21,6 @@ import os
 import re
 import sys
 import time
-import warnings
 from pathlib import Path
 
 EPILOG = """\
@@ -159,43 +158,16 @@ def _local_processes(devices, topo) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------
-def _quiet() -> None:
-    import logging
-
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
-                 "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
-    warnings.filterwarnings("ignore", message=".*litlogger.*")
-
-
-def _epoch_printer():
-    import lightning as L
-
-    class EpochPrinter(L.Callback):
-        def on_train_epoch_end(self, trainer, pl_module) -> None:
-            if trainer.is_global_zero and getattr(pl_module, "history", None):
-                h = pl_module.history[-1]
-                parts = [f"epoch {h['epoch']}", f"train_loss {h['train_loss']:.4f}"]
-                if "val_loss" in h:
-                    parts += [f"val_loss {h['val_loss']:.4f}", f"skill {h['val_skill']:.3f}"]
-                parts.append(f"{h['samples_per_s']:.0f} samples/s ({h['train_samples']} rows in {h['train_seconds']:.1f} s)")
-                print(" | ".join(parts), flush=True)
-
-    return EpochPrinter()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    _quiet()
 
     import torch
     import lightning as L
 
     from zarrtorch.dataset import available_cpus
-    from zarrtorch.lightning import HistoryWriter, RowRecorder, ZarrDataModule, summarize_rows
+    from zarrtorch.lightning import HistoryWriter, RowRecorder, ZarrDataModule, quiet_lightning, summarize_rows
+
+    quiet_lightning()
     from zarrtorch.models import ForecastModule
     from zarrtorch.paths import course_size, train_store_path
 
@@ -227,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     L.seed_everything(args.seed, workers=True, verbose=False)
 
     out = args.out
-    callbacks = [_epoch_printer(), HistoryWriter(out / "history.json")]
+    callbacks = [HistoryWriter(out / "history.json")]
     recorder = RowRecorder() if args.record_rows else None
     if recorder is not None:
         callbacks.append(recorder)
@@ -242,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         max_epochs=args.epochs, max_steps=args.max_steps, deterministic=args.deterministic or None,
         enable_progress_bar=args.progress, enable_model_summary=False, logger=CSVLogger(out, name="logs"),
         callbacks=callbacks, enable_checkpointing=not args.no_checkpoint, default_root_dir=out,
-        num_sanity_val_steps=0, log_every_n_steps=10,
+        num_sanity_val_steps=0,
+        log_every_n_steps=min(10, args.limit_train_batches) if isinstance(args.limit_train_batches, int) else 10,
     )
     if args.precision:
         trainer_kwargs["precision"] = args.precision
@@ -253,13 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     trainer = L.Trainer(**trainer_kwargs)
 
     stats = dm.channel_stats()
-    model = ForecastModule(stats, hidden=args.hidden, depth=args.depth, lr=args.lr)
+    model = ForecastModule(stats, hidden=args.hidden, depth=args.depth, lr=args.lr, print_epochs=True)
     if trainer.is_global_zero:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"data: {dm.describe()}", flush=True)
         print(f"processes: {trainer.world_size} ({trainer.num_nodes} node(s) x {trainer.num_devices} device(s), "
               f"{type(trainer.accelerator).__name__.replace('Accelerator', '')}, {type(trainer.strategy).__name__}"
-              f", {type(getattr(trainer.strategy, 'cluster_environment', None)).__name__}"
+              f"{', ' + type(env).__name__ if (env := getattr(trainer.strategy, 'cluster_environment', None)) else ''}"
               f"{', launched by ' + topo['launcher'] if topo['launcher'] else ''}); {threads} CPU thread(s) per "
               f"process; model: {n_params} parameters; batch {args.batch_size} per process, shuffle {args.shuffle}",
               flush=True)
