@@ -196,21 +196,33 @@ def test_missing_chunk(store, num_workers):
 @pytest.mark.slow
 @pytest.mark.parametrize("persistent", [False, True])
 def test_workers_stop_after_an_error(store, persistent):
-    """A worker's error stops the workers at once, not whenever the garbage collector
-    reaches the iterator; a persistent loader works again once the chunk is repaired."""
-    path = _chunk_file(store, "x", 4)
-    good = path.read_bytes()
-    path.unlink()
-    loader = ZarrDataLoader(ZarrIterableDataset(store, seed=1), batch_size=16, num_workers=2, timeout=120,
-                            persistent_workers=persistent)
-    it = iter(loader)
-    workers = list(it._workers)
-    with pytest.raises(ChunkReadError, match="missing chunk 4"):
-        for _ in it:
-            pass
-    assert [w.exitcode is not None for w in workers] == [True, True]  # stopped already (normally: 0)
-    path.write_bytes(good)
-    assert sum(len(b["y"]) for b in loader) == 230
+    """A worker's error stops the workers at once, not whenever the garbage collector reaches the
+    iterator; a persistent loader works again once the chunk is repaired, and is then freed as usual."""
+    import gc
+    import weakref
+
+    def run():
+        path = _chunk_file(store, "x", 4)
+        good = path.read_bytes()
+        path.unlink()
+        loader = ZarrDataLoader(ZarrIterableDataset(store, seed=1), batch_size=16, num_workers=2, timeout=120,
+                                persistent_workers=persistent)
+        it = iter(loader)
+        workers = list(it._workers)
+        with pytest.raises(ChunkReadError, match="missing chunk 4"):
+            for _ in it:
+                pass
+        assert [w.exitcode is not None for w in workers] == [True, True]  # stopped already (normally: 0)
+        path.write_bytes(good)
+        assert sum(len(b["y"]) for b in loader) == 230
+        return weakref.ref(loader)
+
+    gc.disable()
+    try:
+        ref = run()
+        assert ref() is None  # no reference cycle through the error keeps the loader and its new workers
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])

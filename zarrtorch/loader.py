@@ -57,21 +57,27 @@ class _CountingIterator:
         except StopIteration:
             self._loader._finished_epoch()
             raise
-        except Exception:
-            self._stop_workers()
+        except Exception as exc:
+            if self._stop_workers():
+                # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
+                # would keep this loader and its next workers for the garbage collector); the message
+                # already carries the worker's traceback
+                raise exc.with_traceback(None)
             raise
         self._loader._batches_seen += 1
         return batch
 
-    def _stop_workers(self) -> None:
-        """After an error (a bad chunk in a worker), stop the workers now: the traceback keeps this iterator
-        in a reference cycle, and the garbage collector would close its queues first, so that DataLoader
-        later waits 5 s per worker and kills it. A persistent loader then starts fresh workers."""
+    def _stop_workers(self) -> bool:
+        """After an error (a bad chunk in a worker), stop the workers now rather than when the garbage
+        collector reaches them: it closes their queues first, so DataLoader then waits 5 s per worker and
+        kills it. A persistent loader then starts fresh workers."""
         shutdown = getattr(self._inner, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-            if getattr(self._loader, "_iterator", None) is self._inner:
-                self._loader._iterator = None
+        if shutdown is None:
+            return False
+        shutdown()
+        if getattr(self._loader, "_iterator", None) is self._inner:
+            self._loader._iterator = None
+        return True
 
     def __len__(self) -> int:
         return len(self._loader) - self._loader._resume_skip
