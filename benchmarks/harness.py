@@ -345,7 +345,7 @@ def _touch(batch) -> None:
 
 
 def time_pass(loader, *, max_batches: int | None = None, max_seconds: float | None = None,
-              touch: bool = False) -> dict:
+              touch: bool = False, receive=None) -> dict:
     """Iterate once: samples, seconds (from ``iter()`` to the end), time to first batch. Stops early after
     ``max_batches`` batches, or after ``max_seconds`` (once at least 2 batches are in)."""
     t0 = time.perf_counter()
@@ -354,6 +354,8 @@ def time_pass(loader, *, max_batches: int | None = None, max_seconds: float | No
     ttfb = None
     try:
         for batch in it:
+            if receive is not None:
+                batch = receive(batch)
             if ttfb is None:
                 ttfb = time.perf_counter() - t0
             if touch:
@@ -429,6 +431,34 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     del loader
     return {"epochs": epochs, "decode_threads": spec.get("decode_threads") or max(1, _cpus() // max(1, w)),
             "buffer_chunks": ds.buffer_chunks, "persistent_workers": w > 0}
+
+
+def run_prototype(spec: dict, sampler: MemorySampler) -> dict:
+    """zarrtorch with the monkeypatched prototypes of profile_stream.py (``spec['variant']``, e.g.
+    ``direct`` or ``direct+ring``): the proposals measured under the same conditions as the rest."""
+    import profile_stream
+
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+
+    w = spec["workers"]
+    parts = set(spec["variant"].split("+"))
+    if "direct" in parts:
+        profile_stream.patch_direct_decode()
+    receive = None
+    if "ring" in parts and w > 0:
+        receive = profile_stream.patch_ring(w, spec["batch_size"], SAMPLE_SHAPE)
+    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
+    kwargs = {"persistent_workers": True} if w > 0 else {}
+    loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
+    epochs = []
+    for e in range(spec["epochs"]):
+        loader.set_epoch(e)
+        out = {"epoch": e + 1}
+        with sampler.phase(out):
+            out.update(time_pass(loader, touch=spec.get("touch", False), receive=receive))
+        epochs.append(out)
+    del loader
+    return {"epochs": epochs, "variant": spec["variant"]}
 
 
 def run_reference(spec: dict, sampler: MemorySampler) -> dict:
@@ -512,7 +542,7 @@ def run_numpy(spec: dict, sampler: MemorySampler) -> dict:
 
 
 RUNNERS = {"l0": run_l0, "zarrtorch": run_zarrtorch, "reference": run_reference, "naive": run_naive,
-           "numpy": run_numpy}
+           "numpy": run_numpy, "prototype": run_prototype}
 
 
 def _cpus() -> int:
