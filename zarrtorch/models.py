@@ -75,6 +75,11 @@ def format_epoch(row: dict) -> str:
     return " | ".join(parts)
 
 
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    """float64 for sums of squared errors, except on Apple's MPS, which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 class PeriodicConv2d(nn.Module):
     """A convolution on a lat/lon grid: wraps around in longitude (last axis), repeats the edge in latitude."""
 
@@ -140,7 +145,7 @@ class ForecastModule(L.LightningModule):
         self.val_history: list[dict] = []  # one entry per validation run (several per epoch with val_check_interval)
         self._last_batch_rows = 0
         self._reset_val()
-        self._train_sum = torch.zeros(2, dtype=torch.float64)
+        self._train_sum: torch.Tensor | None = None  # loss x rows, rows (on the model's device: no sync per step)
         self._train_t0: float | None = None
         self._train_t1: float | None = None
         self._last_val: dict = {}
@@ -164,12 +169,12 @@ class ForecastModule(L.LightningModule):
         loss = err.pow(2).mean() / self.tendency_std**2
         n = err.shape[0]
         self._last_batch_rows = n
-        self._train_sum += torch.tensor([float(loss.detach()) * n, n], dtype=torch.float64)
+        self._train_sum = self._accumulate(self._train_sum, loss.detach().to(_sum_dtype(loss.device)) * n, n)
         self.log("train_loss", loss, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
         return loss
 
     def on_train_epoch_start(self) -> None:
-        self._train_sum.zero_()
+        self._train_sum = None
         self._train_t0 = time.perf_counter()
         self._train_t1 = None
 
@@ -177,7 +182,7 @@ class ForecastModule(L.LightningModule):
         self._train_t1 = time.perf_counter()
 
     def on_train_epoch_end(self) -> None:
-        total = self._sum_over_ranks(self._train_sum.clone())
+        total = self._sum_over_ranks(self._train_sum if self._train_sum is not None else torch.zeros(2))
         seconds = (self._train_t1 or time.perf_counter()) - (self._train_t0 or time.perf_counter())
         samples = int(total[1])
         row = {"epoch": int(self.current_epoch), "train_loss": float(total[0] / max(total[1], 1)),
@@ -193,18 +198,21 @@ class ForecastModule(L.LightningModule):
 
     # -- validation --------------------------------------------------------------------------------
     def _reset_val(self) -> None:
-        self._val_sum = torch.zeros(3, dtype=torch.float64)  # sse model, sse persistence, values
+        self._val_sum: torch.Tensor | None = None  # sse model, sse persistence, values (on the model's device)
 
     def on_validation_epoch_start(self) -> None:
         self._reset_val()
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         err, err_p = self._errors(batch)
-        self._val_sum += torch.tensor([float(err.double().pow(2).sum()), float(err_p.double().pow(2).sum()),
-                                       err.numel()], dtype=torch.float64)
+        dtype = _sum_dtype(err.device)
+        self._val_sum = self._accumulate(self._val_sum, err.to(dtype).pow(2).sum(), err_p.to(dtype).pow(2).sum(),
+                                         err.numel())
 
     def on_validation_epoch_end(self) -> None:
-        sse, sse_p, n = (float(v) for v in self._sum_over_ranks(self._val_sum.clone()))
+        if self._val_sum is None:
+            return
+        sse, sse_p, n = (float(v) for v in self._sum_over_ranks(self._val_sum))
         if n == 0:
             return
         metrics = {"val_loss": sse / n / self.tendency_std**2, "val_mse": sse / n, "persistence_mse": sse_p / n,
@@ -221,13 +229,21 @@ class ForecastModule(L.LightningModule):
         """Training rows per optimizer step, all ranks together (from the last training batch)."""
         return self._last_batch_rows * (self.trainer.world_size if self._trainer is not None else 1)
 
+    @staticmethod
+    def _accumulate(acc: torch.Tensor | None, *values) -> torch.Tensor:
+        """Add values to an accumulator kept on the device of the first tensor value (no GPU sync per step)."""
+        device = next(v.device for v in values if isinstance(v, torch.Tensor))
+        dtype = _sum_dtype(device)
+        step = torch.stack([v.to(dtype) if isinstance(v, torch.Tensor)
+                            else torch.tensor(float(v), dtype=dtype, device=device) for v in values])
+        return step if acc is None else acc + step
+
     def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum a small CPU tensor over DDP ranks (identity in one process)."""
+        """Sum a small tensor over DDP ranks (a copy on the CPU; identity in one process)."""
         trainer = getattr(self, "_trainer", None)
         if trainer is None or trainer.world_size == 1:
-            return t
-        dev = self.device
-        out = trainer.strategy.reduce(t.to(dev), reduce_op="sum")
+            return t.detach().cpu().clone()
+        out = trainer.strategy.reduce(t.detach().to(self.device).clone(), reduce_op="sum")
         return out.cpu()
 
     def configure_optimizers(self):
