@@ -447,6 +447,8 @@ def run_prototype(spec: dict, sampler: MemorySampler) -> dict:
     receive = None
     if "ring" in parts and w > 0:
         receive = profile_stream.patch_ring(w, spec["batch_size"], SAMPLE_SHAPE)
+    if "lazyrefill" in parts:  # last: it wraps the apply the other patches installed
+        profile_stream.patch_lazy_refill()
     ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
     kwargs = {"persistent_workers": True} if w > 0 else {}
     loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)

@@ -25,6 +25,8 @@ Variants (monkeypatches in this process and its forked workers only; the package
 - ``shm``: in a DataLoader worker, the buffer's gather writes the batch straight into a shared-memory
   tensor (as torch's default_collate does), so the queue feeder no longer copies it again;
 - ``nocheck``: check_chunks=False (no ``exists`` round trip through zarr's event loop per piece);
+- ``lazyrefill``: the buffer refills the slots a batch freed when the next batch starts, not before
+  returning it (the first batch then needs one chunk, not two);
 - ``fs``: torch's ``file_system`` sharing strategy (no file-descriptor passing per batch);
 - ``ring``: batches cross the process boundary through a ring of shared-memory slots allocated once
   before the workers fork (pages already faulted); a worker gathers into its next free slot and sends
@@ -305,6 +307,41 @@ def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32
     return receive
 
 
+def patch_lazy_refill() -> None:
+    """SlotBuffer.apply returns batch j before refilling the slots it freed: the refill (and the moves
+    that close holes when draining) run at the start of step j+1. The batches are identical (a batch is
+    a copy taken before its refill, and the pending refill still reads the stream before the next
+    append), but the first batch no longer waits for a second chunk. Must be applied before any other
+    SlotBuffer patch that replaces ``apply`` (it wraps whatever ``apply`` is installed)."""
+    from zarrtorch import buffer as zbuffer
+
+    inner = zbuffer.SlotBuffer.apply
+
+    def flush(self):
+        pending = self.__dict__.pop("_pending", None)
+        if pending is None:
+            return
+        take, refill, move_dst, move_src, read = pending
+        if refill:
+            self._write(take[:refill], read(refill))
+        if move_dst is not None:
+            for column in self.slots.values():
+                column[move_dst] = column[move_src]
+
+    def apply(self, step, read, filled):
+        flush(self)
+        if step.direct or (not step.refill and step.move_dst is None):
+            return inner(self, step, read, filled)
+        batch, _ = inner(self, type(step)(append=step.append, take=step.take), read, filled)
+        self._pending = (step.take, step.refill, step.move_dst, step.move_src, read)
+        new_filled = filled + step.append
+        if step.move_dst is not None:
+            new_filled -= len(step.take) - step.refill
+        return batch, new_filled
+
+    zbuffer.SlotBuffer.apply = apply
+
+
 def _worker_init(_):
     _set_os_thread_name("worker-main")
 
@@ -328,6 +365,8 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
     receive = (lambda b: b)
     if "ring" in parts and workers > 0:
         receive = patch_ring(workers, 64, tuple(harness.SAMPLE_SHAPE))
+    if "lazyrefill" in parts:  # last: it wraps the apply the other patches installed
+        patch_lazy_refill()
     ds = ZarrIterableDataset(store, shuffle=True, seed=0, check_chunks="nocheck" not in parts)
     kwargs = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
     loader = ZarrDataLoader(ds, batch_size=64, num_workers=workers, drop_last=True, **kwargs)

@@ -30,9 +30,11 @@ sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402  (light at import: numpy only; the heavy imports happen in the runs)
 
-PRELOAD = ["harness", "profile_stream", "numpy", "torch", "torch.utils.data", "zarr", "zarrtorch", "zarrtorch.baselines",
+PRELOAD = ["harness", "profile_stream", "numpy", "numpy.random", "torch", "torch.utils.data", "zarr", "zarrtorch", "zarrtorch.baselines",
            "zarrdataset", "psutil"]
 MiB = 2**20
+# --prototypes: the monkeypatched proposals of profile_stream.py run per number of workers
+PROTOTYPES = {0: "direct+lazyrefill", 2: "direct+ring+lazyrefill"}
 
 # Targets (information only, never a test): thresholds and tolerances.
 TARGET_L0_RATIO = 0.9        # zarrtorch, every epoch, best configuration, vs L0 with 2 threads
@@ -66,8 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="warm: read the store before each run (default); cold: drop the OS page cache (root)")
     p.add_argument("--touch", action="store_true", help="the consumer reads one float per page of every batch")
     p.add_argument("--prototypes", action="store_true",
-                   help="also run zarrtorch with the prototypes of profile_stream.py: direct decode (0 workers), "
-                        "direct decode + shared-memory ring transfer (2 workers)")
+                   help="also run zarrtorch with the prototypes of profile_stream.py (monkeypatched, the package "
+                        "is not changed): direct decode + lazy refill (0 workers), + shared-memory ring (2 workers)")
     p.add_argument("--data-dir", default=str(ROOT / "data" / "bench"))
     p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     p.add_argument("--seed", type=int, default=0, help="seed of the generated data")
@@ -133,7 +135,7 @@ def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
         specs += [{"kind": "reference", "workers": w, "epochs": args.epochs, **base, **store} for w in (0, 2)]
         if args.prototypes:
             specs += [{"kind": "prototype", "workers": w, "variant": v, "epochs": args.epochs, **base, **store}
-                      for w, v in ((0, "direct"), (2, "direct+ring"))]
+                      for w, v in PROTOTYPES.items()]
         if first:
             specs += [{"kind": "naive", "workers": w, "batches": args.naive_batches,
                        "max_seconds": args.naive_seconds, **base, **store} for w in (0, 2)]
@@ -152,7 +154,7 @@ def label_of(kind: str, par: int) -> str:
         "reference": f"reference 0.0.9, {par} workers",
         "naive": f"naive row-by-row, {par} workers",
         "numpy": f"numpy in RAM, {par} workers",
-        "prototype": f"proto: zarrtorch+{'direct' if par == 0 else 'direct+ring'}, {par} workers",
+        "prototype": f"proto: zarrtorch+{PROTOTYPES.get(par)}, {par} workers",
     }[kind]
 
 
