@@ -167,6 +167,7 @@ DDP_SCRIPT = textwrap.dedent(
     warnings.filterwarnings("ignore")
     import torch
     import lightning as L
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset
     from zarrtorch.lightning import HistoryWriter, RowRecorder, ZarrDataModule
     from zarrtorch.models import ForecastModule
 
@@ -180,7 +181,15 @@ DDP_SCRIPT = textwrap.dedent(
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             callbacks=[RowRecorder(out + "/rows.json"), HistoryWriter(out + "/history.json")])
         trainer.fit(model, datamodule=dm)
-        print("rank", trainer.global_rank, "done", flush=True)
+        open(f"{out}/done-fit-{trainer.global_rank}", "w").close()
+        # the same processes, a bare ZarrDataLoader over the whole store (partial last chunk) for training
+        loader = ZarrDataLoader(ZarrIterableDataset(store, seed=12, buffer_chunks=2, return_index=True),
+                                batch_size=8, drop_last=True)
+        bare = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, callbacks=[RowRecorder(out + "/rows_bare.json")])
+        bare.fit(ForecastModule(dm.channel_stats(n_chunks=2), hidden=4, depth=2), train_dataloaders=loader)
+        open(f"{out}/done-bare-{bare.global_rank}", "w").close()
     """
 )
 
@@ -195,7 +204,7 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
     proc = subprocess.run([sys.executable, str(script), str(store), str(tmp_path)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    assert (tmp_path / "done-fit-0").exists() and (tmp_path / "done-fit-1").exists()
     record = json.loads((tmp_path / "rows.json").read_text())
     assert record["world_size"] == 2
     epochs = record["epochs"]
@@ -220,4 +229,21 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
             np.testing.assert_array_equal(e["rows"][rank], expected)
     history = json.loads((tmp_path / "history.json").read_text())
     assert history["world_size"] == 2 and len(history["history"]) == 2
-    assert all("val_skill" in h for h in history["history"])
+    assert all("val_skill" in h for h in history["history"])  # validation: partial chunk, padded across ranks
+
+    # training over the partial last chunk itself
+    assert (tmp_path / "done-bare-0").exists() and (tmp_path / "done-bare-1").exists()
+    bare = json.loads((tmp_path / "rows_bare.json").read_text())["epochs"]
+    ds = ZarrIterableDataset(store, seed=12, buffer_chunks=2, return_index=True)
+    planner = ZarrDataLoader(ds, batch_size=8, drop_last=True, rank=0, world_size=2).dataset
+    per_rank = ROWS // (2 * 8)
+    for e in bare:
+        assert e["batches"] == [per_rank, per_rank]
+        assert not set(e["rows"][0]) & set(e["rows"][1])
+        for rank in (0, 1):
+            expected = np.concatenate(planner.batch_row_ids(epoch=e["epoch"], rank=rank, world_size=2))
+            np.testing.assert_array_equal(e["rows"][rank], expected)
+    assert [e["loader_epoch"] for e in bare] == [0, 1]
+    assert any(r >= 9 * CHUNK for e in bare for rows in e["rows"] for r in rows)  # the partial chunk is read
+    for rank in (0, 1):
+        assert set(bare[0]["rows"][rank]) != set(bare[1]["rows"][rank])

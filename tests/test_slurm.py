@@ -119,3 +119,12 @@ def test_launcher_topology_from_environment():
     gpus_only = {"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "4"}
     assert launcher_topology(gpus_only)["devices"] == 4
     assert launcher_topology({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})["launcher"] is None  # plain sbatch step
+
+
+def test_the_check_catches_a_wrong_option(tmp_path):
+    bad = tmp_path / "bad.sbatch"
+    bad.write_text('#!/bin/bash\nsrun python -m zarrtorch train --data "$DATA" --gpus-per-rank 4 \\\n    --epochs 2\n')
+    (argv,) = train_commands(bad)
+    assert argv == ["--data", PLAUSIBLE["DATA"], "--gpus-per-rank", "4", "--epochs", "2"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
