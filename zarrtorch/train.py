@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--depth", type=int, default=3, help="CNN convolution layers (default 3)")
     t.add_argument("--deterministic", action="store_true", help="deterministic algorithms (reproducible, slower on GPU)")
     o = p.add_argument_group("output")
-    o.add_argument("--out", type=Path, default=Path("runs/train"), help="folder for metrics.json, logs and the "
-                   "checkpoint (default runs/train)")
+    o.add_argument("--out", type=Path, default=Path("lightning_logs/zarrtorch-train"), help="folder for "
+                   "metrics.json, CSV logs and the checkpoint (default lightning_logs/zarrtorch-train)")
     o.add_argument("--record-rows", action="store_true", help="record the rows each process trained on, every "
                    "epoch, in metrics.json (checks the partition: disjoint ranks, new rows every epoch)")
     o.add_argument("--no-checkpoint", action="store_true", help="do not save a checkpoint")
