@@ -49,3 +49,16 @@ def archive_path(size: str | None = None) -> Path:
 def train_store_path(size: str | None = None) -> Path:
     """The generated data prepared for training: Zarr v3, chunked along the first (time) axis only."""
     return data_dir(size) / "train.zarr"
+
+
+def scratch_dir(size: str | None = None) -> Path:
+    """Where lessons write their own stores: ``$ZARRTORCH_SCRATCH_DIR/<size>`` or ``data/<size>/scratch``.
+
+    On a hub whose shared data folder is read-only, each attendee points ``ZARRTORCH_SCRATCH_DIR`` at a
+    folder of their own (e.g. ``~/zarrtorch-scratch``); the shared stores are only read.
+    """
+    env = os.environ.get("ZARRTORCH_SCRATCH_DIR")
+    base = Path(env).expanduser().resolve() if env else data_dir(size) / "scratch"
+    folder = base / course_size(size) if env else base
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
