@@ -58,6 +58,9 @@ class _MemorySampler:
         self.peak_rss_per_worker = 0  # largest single worker
         self.peak_uss_per_worker = 0
         self.pids: set[int] = set()
+        # processes that existed before the measurement (a forkserver, an earlier loader's workers) are
+        # not this loader's workers
+        self._ignore = {c.pid for c in self.me.children(recursive=True)}
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="zarrtorch-measure", daemon=True)
@@ -73,6 +76,8 @@ class _MemorySampler:
         max_rss = max_uss = 0
         pids = set()
         for child in children:
+            if child.pid in self._ignore:
+                continue
             try:
                 info = child.memory_full_info()
             except (ps.Error, OSError):  # exited meanwhile
