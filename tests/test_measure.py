@@ -50,3 +50,17 @@ def test_sees_dataloader_workers():
     assert stats["workers_seen"] >= 2
     assert stats["peak_rss_workers"] >= stats["peak_rss_per_worker"] > 0
     assert 0 < stats["peak_uss_per_worker"] <= stats["peak_rss_per_worker"]
+
+
+def test_ignores_processes_started_before():
+    import multiprocessing
+    import time
+
+    older = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    older.start()
+    try:
+        stats = measure_loader([np.zeros((10, 2))] * 3)
+    finally:
+        older.terminate()
+        older.join()
+    assert stats["workers_seen"] == 0 and stats["peak_rss_workers"] == 0
