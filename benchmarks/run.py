@@ -406,16 +406,22 @@ def main(argv=None) -> int:
         stores[size] = info
 
     specs = make_specs(args, stores, kinds)
-    runs = []
+    runs, failures = [], []
     n = len(specs) * args.repeats
     for rep in range(args.repeats):  # repetitions outermost: slow drifts of the machine hit every configuration
         for spec in specs:
             spec = {**spec, "repeat": rep}
             cache = prepare_cache(spec["store"], args.cache)
             t0 = time.perf_counter()
-            result = run(spec)
+            try:
+                result = run(spec)
+            except (RuntimeError, TimeoutError) as exc:  # report, go on with the other configurations
+                failures.append({"spec": spec, "error": str(exc)})
+                print(f"FAILED {spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}:\n{exc}",
+                      file=sys.stderr, flush=True)
+                continue
             runs.append({"spec": spec, "cache": cache, "result": result})
-            print(f"[{len(runs)}/{n}] {spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}: "
+            print(f"[{len(runs) + len(failures)}/{n}] {spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}: "
                   f"{short(result)}  ({time.perf_counter() - t0:.1f} s)", flush=True)
 
     summary = summarize(runs)
@@ -453,11 +459,15 @@ def main(argv=None) -> int:
         "summary": summary,
         "targets": goals,
         "runs": runs,
+        "failures": failures,
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1, default=float))
     print(f"\nwrote {path}")
+    if failures:
+        print(f"{len(failures)} run(s) failed: see 'failures' in the JSON", file=sys.stderr)
+        return 1
     return 0
 
 
