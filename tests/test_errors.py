@@ -116,8 +116,10 @@ def test_bad_loader_arguments(store, kwargs, needle):
 def test_bad_dataset_arguments(store):
     with pytest.raises(TypeError, match="seed must be an int"):
         ZarrIterableDataset(store, seed=1.5)
-    with pytest.raises(ValueError, match="buffer_chunks must be >= 1"):
-        ZarrIterableDataset(store, buffer_chunks=0)
+    with pytest.raises(ValueError, match="buffer_chunks must be an integer >= 0"):
+        ZarrIterableDataset(store, buffer_chunks=-1)
+    with pytest.raises(ValueError, match="buffer_chunks must be an integer >= 0"):
+        ZarrIterableDataset(store, buffer_chunks=1.5)
     with pytest.raises(ValueError, match="decode_threads must be >= 1"):
         ZarrIterableDataset(store, decode_threads=0)
     with pytest.raises(TypeError, match="needs a zarrtorch.ZarrIterableDataset"):

@@ -1,5 +1,6 @@
-"""Lightning integration: the split stores, the model, the epoch reaching the loader with Lightning's default
-settings (data module and bare loader), and a real 2-process DDP fit on CPU (gloo)."""
+"""Lightning integration: the time split (two row windows of one store), the model, the epoch reaching the
+loader with Lightning's default settings (data module and bare loader), and a real 2-process DDP fit on CPU
+(gloo)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ import zarr
 import lightning as L
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.lightning import RowRecorder, ZarrDataModule, summarize_rows
+from zarrtorch.lightning import RowRecorder, ZarrDataModule, plan_split, summarize_rows
 from zarrtorch.models import ForecastModule, channel_stats
-from zarrtorch.split import plan_split, split_store
 
 CHUNK = 16
 ROWS = 9 * CHUNK + 5  # a partial last chunk
@@ -71,31 +71,42 @@ def test_plan_split_by_whole_chunks():
         plan_split(100, 10, 1.0)
 
 
-def test_split_store_copies_head_and_tail_once(tmp_path):
+def test_datamodule_splits_by_row_windows_without_copying(tmp_path):
     src = make_store(tmp_path / "train.zarr")
-    fit, val = split_store(src, 0.2)
-    assert fit.parent == src.parent and fit.exists() and val.exists()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    dm = ZarrDataModule(src, batch_size=8, shuffle="none", return_index=True)
+    dm.setup("fit")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written next to the store
+    assert dm.split_plan.fit_range == (0, 8 * CHUNK) and dm.split_plan.val_range == (8 * CHUNK, ROWS)
+    fit, val = dm.train_dataset, dm.val_dataset
+    assert (fit.row_offset, fit.rows, val.row_offset, val.rows) == (0, 8 * CHUNK, 8 * CHUNK, ROWS - 8 * CHUNK)
     orig = zarr.open_group(str(src), mode="r")
-    f, v = zarr.open_group(str(fit), mode="r"), zarr.open_group(str(val), mode="r")
-    for name in ("fields", "target"):
-        assert f[name].chunks[0] == v[name].chunks[0] == CHUNK
-        np.testing.assert_array_equal(f[name][:], orig[name][:8 * CHUNK])
-        np.testing.assert_array_equal(v[name][:], orig[name][8 * CHUNK:])
-    assert v["target"].shape[0] == 2 * CHUNK - (CHUNK - 5)  # keeps the partial last chunk
-    stamp = (fit / "zarr.json").stat().st_mtime_ns
-    assert split_store(src, 0.2) == (fit, val)
-    assert (fit / "zarr.json").stat().st_mtime_ns == stamp  # reused, not rewritten
-    # the original is regenerated: the parts are cut again
-    import shutil
-
-    shutil.rmtree(src)
-    make_store(src, seed=1)
-    fit2, _ = split_store(src, 0.2)
-    np.testing.assert_array_equal(zarr.open_group(str(fit2), mode="r")["target"][:],
-                                  zarr.open_group(str(src), mode="r")["target"][:8 * CHUNK])
+    # validation: every row of the last chunks (partial last chunk included), in time order, store row numbers
+    batches = list(dm.val_dataloader())
+    index = np.concatenate([b["index"].numpy() for b in batches])
+    np.testing.assert_array_equal(index, np.arange(8 * CHUNK, ROWS))
+    np.testing.assert_array_equal(np.concatenate([b["target"].numpy() for b in batches]), orig["target"][8 * CHUNK:])
+    # training: fitting rows only
+    rows = np.concatenate([b["index"].numpy() for b in dm.train_dataloader()])
+    assert rows.max() < 8 * CHUNK and len(rows) == 8 * CHUNK
+    assert "fit on rows [0, 128)" in dm.describe()
 
 
-def test_split_keeps_xarray_coordinates(tmp_path):
+def test_datamodule_shuffle_modes(tmp_path):
+    src = make_store(tmp_path / "train.zarr")
+    options = {mode: ZarrDataModule(src, shuffle=mode, buffer_chunks=3)._dataset_options()
+               for mode in ("none", "chunks", "full")}
+    assert options == {"none": (False, 1), "chunks": (True, 0), "full": (True, 3)}
+    dm = ZarrDataModule(src, batch_size=8, shuffle="chunks", return_index=True, seed=2)
+    rows = np.concatenate([b["index"].numpy() for b in dm.train_dataloader()])
+    chunks = rows // CHUNK
+    starts = np.r_[0, np.nonzero(np.diff(chunks))[0] + 1]
+    assert len(starts) == 8 and not np.array_equal(chunks[starts], np.arange(8))  # whole chunks, shuffled
+    for a, b in zip(starts, np.r_[starts[1:], len(rows)]):
+        np.testing.assert_array_equal(rows[a:b], np.arange(rows[a], rows[a] + CHUNK))  # rows in order
+
+
+def test_split_of_an_xarray_store_keeps_dates(tmp_path):
     import pandas as pd
     import xarray as xr
 
@@ -105,10 +116,12 @@ def test_split_keeps_xarray_coordinates(tmp_path):
                     coords={"time": pd.date_range("2000-01-01", periods=rows, freq="6h")})
     src = tmp_path / "train.zarr"
     prepare_zarr(ds, src, chunk_rows=CHUNK, progress=False)
-    fit, val = split_store(src, 0.25)
-    back = xr.open_zarr(val)
-    np.testing.assert_array_equal(back["time"].values, ds["time"].values[3 * CHUNK:])
-    assert ZarrIterableDataset(fit).rows == 3 * CHUNK
+    dm = ZarrDataModule(src, val_fraction=0.25)
+    assert dm.split_plan.split_row == 3 * CHUNK
+    dm.setup("fit")
+    assert dm.train_dataset.rows == 3 * CHUNK and dm.val_dataset.rows == 3
+    day = str(ds["time"].values[3 * CHUNK])[:10]
+    assert f"validate {day}" in dm.describe()
 
 
 # -- model ---------------------------------------------------------------------------------------------------
@@ -126,7 +139,7 @@ def test_channel_stats_and_untrained_model_is_persistence(store):
 # -- the epoch reaches the loader with Lightning's default settings ---------------------------------------------
 def test_datamodule_epochs_reach_the_loader(store, tmp_path):
     L.seed_everything(0, verbose=False)
-    dm = ZarrDataModule(store, batch_size=8, return_index=True, seed=3, split_dir=tmp_path)
+    dm = ZarrDataModule(store, batch_size=8, return_index=True, seed=3)
     rec = RowRecorder()
     model = ForecastModule(dm.channel_stats(n_chunks=2), hidden=4, depth=2)
     quiet_trainer(max_epochs=3, callbacks=[rec]).fit(model, datamodule=dm)
@@ -221,7 +234,7 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
         assert epochs[0]["rows"][rank] != epochs[1]["rows"][rank]
         assert set(epochs[0]["rows"][rank]) != set(epochs[1]["rows"][rank]), "the partition must change per epoch"
     # the rows each rank saw are exactly the plan's (computed here without any process group)
-    ds = ZarrIterableDataset(store.parent / "train.fit-r0-128.zarr", seed=11, buffer_chunks=2, return_index=True)
+    ds = ZarrIterableDataset(store, seed=11, buffer_chunks=2, return_index=True, row_range=(0, fit_rows))
     loader = ZarrDataLoader(ds, batch_size=8, drop_last=True, rank=0, world_size=2)
     for e in epochs:
         for rank in (0, 1):

@@ -230,6 +230,33 @@ def test_resume_refused_on_other_data(store, tmp_path):
         ZarrDataLoader(ZarrIterableDataset(store, seed=14), batch_size=8, rank=0, world_size=1).load_state_dict(state)
 
 
+def test_resume_refused_on_another_row_window(store):
+    """The row window is part of the signature: a state saved on one window does not resume another one of
+    the same length (same rows and chunk_rows, other offset), nor the whole store."""
+    kw = dict(batch_size=8, rank=0, world_size=1)
+    ds = ZarrIterableDataset(store, seed=13, row_range=(2 * CHUNK, 8 * CHUNK))
+    loader = ZarrDataLoader(ds, **kw)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert (state["row_offset"], state["rows"]) == (2 * CHUNK, 6 * CHUNK)
+    shifted = ZarrIterableDataset(store, seed=13, row_range=(4 * CHUNK, 10 * CHUNK))
+    with pytest.raises(ValueError, match=f"row_offset: saved {2 * CHUNK}, now {4 * CHUNK}"):
+        ZarrDataLoader(shifted, **kw).load_state_dict(state)
+    with pytest.raises(ValueError, match=f"rows: saved {6 * CHUNK}, now {ROWS}"):
+        ZarrDataLoader(ZarrIterableDataset(store, seed=13), **kw).load_state_dict(state)
+    same_window = ZarrDataLoader(ZarrIterableDataset(store, seed=13, row_range=(2 * CHUNK, 8 * CHUNK)), **kw)
+    same_window.load_state_dict(state)  # accepted
+    rest = np.concatenate(epoch_rows(same_window))
+    assert rest.min() >= 2 * CHUNK and rest.max() < 8 * CHUNK
+    # a state saved before windows existed (no row_offset key) covered the whole store: offset 0
+    whole = ZarrDataLoader(ZarrIterableDataset(store, seed=13), **kw)
+    old = {k: v for k, v in whole.state_dict().items() if k != "row_offset"}
+    ZarrDataLoader(ZarrIterableDataset(store, seed=13), **kw).load_state_dict(old)
+    with pytest.raises(ValueError, match=f"row_offset: saved 0, now {2 * CHUNK}"):
+        ZarrDataLoader(ZarrIterableDataset(store, seed=13, row_range=(2 * CHUNK, 2 * CHUNK + ROWS - 2 * CHUNK)),
+                       **kw).load_state_dict(old)
+
+
 def test_resume_checked_when_topology_is_known(store):
     """Without a process group, the state is checked when iteration starts (once the topology is known)."""
     ds = ZarrIterableDataset(store, seed=13)
@@ -293,6 +320,88 @@ def test_no_shuffle_with_workers(store):
     for rows in got:  # each batch is a run of consecutive rows
         np.testing.assert_array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
     np.testing.assert_array_equal(np.sort(np.concatenate(got)), np.arange(ROWS))
+
+
+# -- chunk order only (buffer_chunks=0) ---------------------------------------------------------------------
+
+def _runs_inside_chunks(rows: np.ndarray) -> list[np.ndarray]:
+    """Cut a worker's stream at chunk boundaries: every piece must be a run of consecutive rows."""
+    breaks = np.nonzero(rows[1:] // CHUNK != rows[:-1] // CHUNK)[0] + 1
+    runs = np.split(rows, breaks)
+    for run in runs:
+        np.testing.assert_array_equal(run, np.arange(run[0], run[0] + len(run)))  # in order inside the chunk
+    return runs
+
+
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.filterwarnings(
+    "ignore:This DataLoader will create"))])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_chunk_order_only_matches_batch_row_ids(store, num_workers, drop_last):
+    ds = ZarrIterableDataset(store, seed=4, buffer_chunks=0, return_index=True)
+    assert ds.buffer_rows == 0
+    world, batch = 2, 16
+    seen = []
+    for rank in range(world):
+        loader = ZarrDataLoader(ds, batch_size=batch, drop_last=drop_last, num_workers=num_workers, rank=rank,
+                                world_size=world)
+        got = epoch_rows(loader, epoch=2)
+        expected = ds.batch_row_ids(epoch=2, rank=rank, world_size=world, num_workers=num_workers,
+                                    batch_size=batch, drop_last=drop_last)
+        assert same(got, expected) and len(loader) == len(got)
+        # each worker's stream: increasing runs inside chunks, in the plan's chunk order
+        plan = loader.dataset.plan(epoch=2, rank=rank, world_size=world)
+        for w in plan.workers:
+            first = w.first_batch
+            stream = np.concatenate(got[first:first + len(w.batch_sizes)]) if num_workers == 0 else None
+            if stream is None:  # the DataLoader interleaves workers round-robin: take this worker's batches
+                from zarrtorch.plan import round_robin_order
+
+                order = round_robin_order([len(x.batch_sizes) for x in plan.workers])
+                stream = np.concatenate([b for b, owner in zip(got, order) if owner == w.worker])
+            np.testing.assert_array_equal(stream, np.concatenate([np.arange(a, b) for a, b in w.pieces]))
+            runs = _runs_inside_chunks(stream)
+            assert len(runs) >= 2
+        seen.extend(got)
+    seen = np.concatenate(seen)
+    if drop_last:
+        assert len(np.unique(seen)) == len(seen)
+    else:
+        assert set(seen.tolist()) == set(range(ROWS))
+
+
+def test_chunk_order_only_changes_chunk_order_every_epoch(store):
+    ds = ZarrIterableDataset(store, seed=4, buffer_chunks=0)
+    loader = ZarrDataLoader(ds, batch_size=10, drop_last=False)
+    orders = []
+    for epoch in range(3):
+        rows = np.concatenate(epoch_rows(loader, epoch=epoch))
+        runs = _runs_inside_chunks(rows)
+        assert all(len(r) == min(CHUNK, ROWS - r[0]) for r in runs)  # whole chunks, each in time order
+        orders.append(tuple(int(r[0]) // CHUNK for r in runs))
+        assert sorted(orders[-1]) == list(range(-(-ROWS // CHUNK)))
+    assert len(set(orders)) == 3, "a new chunk order every epoch"
+    assert orders[0] != tuple(range(-(-ROWS // CHUNK)))
+    # no buffer memory, unlike buffer_chunks >= 1
+    buffered = ZarrIterableDataset(store, seed=4, buffer_chunks=2)
+    assert buffered.worker_memory_bytes() - ds.worker_memory_bytes() == 2 * CHUNK * ds.row_bytes
+    assert ds.worker_memory_bytes() == ZarrIterableDataset(store, shuffle=False).worker_memory_bytes()
+
+
+def test_chunk_order_only_in_a_row_window_resumes(store):
+    ds = ZarrIterableDataset(store, seed=6, buffer_chunks=0, row_range=(3 * CHUNK, ROWS))
+    kw = dict(batch_size=8, drop_last=True)
+    full = epoch_rows(ZarrDataLoader(ds, **kw), epoch=1)
+    assert np.concatenate(full).min() >= 3 * CHUNK
+    first = ZarrDataLoader(ds, **kw)
+    first.set_epoch(1)
+    head = []
+    for batch in first:
+        head.append(rows_of(batch))
+        if len(head) == 5:
+            break
+    resumed = ZarrDataLoader(ds, **kw)
+    resumed.load_state_dict(first.state_dict())
+    assert same(head + epoch_rows(resumed), full)
 
 
 def _sharded_group(path, rows=ROWS, shard=40, inner=10):

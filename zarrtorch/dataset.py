@@ -57,6 +57,9 @@ class ZarrIterableDataset(IterableDataset):
         seed: the seed every process shares; together with the epoch it fixes the whole epoch's order.
         buffer_chunks: shuffle-buffer size per worker, in chunks; memory per worker is about
             ``(buffer_chunks + decode_threads + 2) x chunk bytes`` (see ``worker_memory_bytes``).
+            ``0`` means *chunk order only*: with ``shuffle=True`` the chunk order still changes every
+            epoch, but there is no row buffer, so each worker streams its rows in order (increasing runs
+            inside each chunk) and holds no buffer memory. Without ``shuffle`` the buffer is not used.
         decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
         cache: keep the rows a process reads in RAM and reuse them in later epochs; the chunk-to-rank
             assignment is then frozen at epoch 0's (the order inside each process still changes).
@@ -78,8 +81,9 @@ class ZarrIterableDataset(IterableDataset):
                  row_range: tuple[int, int] | None = None):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int shared by every process, got {seed!r}")
-        if buffer_chunks < 1:
-            raise ValueError(f"buffer_chunks must be >= 1, got {buffer_chunks}")
+        if isinstance(buffer_chunks, bool) or int(buffer_chunks) != buffer_chunks or buffer_chunks < 0:
+            raise ValueError(f"buffer_chunks must be an integer >= 0 (0: chunk order only, no row buffer), "
+                             f"got {buffer_chunks!r}")
         if decode_threads is not None and decode_threads < 1:
             raise ValueError(f"decode_threads must be >= 1, got {decode_threads}")
         self.arrays = open_arrays(source, arrays)
@@ -128,8 +132,9 @@ class ZarrIterableDataset(IterableDataset):
 
     def worker_memory_bytes(self, decode_threads: int = 1) -> int:
         """Decoded data one worker holds at most: the buffer, the chunks being decoded ahead, and one
-        batch-sized chunk being consumed (see ``buffer_chunks``)."""
-        held_chunks = (self.buffer_chunks if self.shuffle else 0) + decode_threads + 2
+        batch-sized chunk being consumed (see ``buffer_chunks``; no buffer without ``shuffle`` or with
+        ``buffer_chunks=0``)."""
+        held_chunks = (self.buffer_chunks if self._row_shuffle else 0) + decode_threads + 2
         return held_chunks * self.chunk_rows * self.row_bytes
 
     def _require_config(self) -> LoaderConfig:
@@ -163,8 +168,14 @@ class ZarrIterableDataset(IterableDataset):
             shuffle=self.shuffle, freeze_partition=self.cache,
         )
 
+    @property
+    def _row_shuffle(self) -> bool:
+        """Whether rows go through the shuffle buffer (``shuffle`` and ``buffer_chunks >= 1``)."""
+        return self.shuffle and self.buffer_chunks > 0
+
     def _buffer_rng(self, epoch: int, rank: int, worker: int):
-        return rng_for(self.seed, epoch, 2, rank, worker) if self.shuffle else None
+        """The buffer's generator; ``None`` streams the rows in order (no shuffle, or chunk order only)."""
+        return rng_for(self.seed, epoch, 2, rank, worker) if self._row_shuffle else None
 
     def batch_row_ids(self, *, epoch: int, rank: int = 0, world_size: int = 1, num_workers: int | None = None,
                       batch_size: int | None = None, drop_last: bool | None = None) -> list[np.ndarray]:

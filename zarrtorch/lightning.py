@@ -1,7 +1,8 @@
 """Lightning glue: a ``LightningDataModule`` over a prepared store, and callbacks that record what each rank saw.
 
 ``ZarrDataModule`` splits the store along time by whole chunks (the last ``val_fraction`` of the chunks
-validate; see :mod:`zarrtorch.split`) and hands Lightning :class:`zarrtorch.ZarrDataLoader` objects. Those
+validate) without copying anything: the training and the validation datasets are two row windows
+(``row_range=``) of the same store. It hands Lightning :class:`zarrtorch.ZarrDataLoader` objects. Those
 need no special Trainer settings: Lightning's default ``use_distributed_sampler=True`` leaves iterable
 datasets alone, and the ``set_epoch`` Lightning calls on the loader's sampler every epoch reaches the loader,
 so every epoch gets a new chunk order and a new split between ranks.
@@ -9,8 +10,8 @@ so every epoch gets a new chunk order and a new split between ranks.
 Shuffle modes (``shuffle=``):
 
 * ``"none"``: chunks in time order, rows in time order (what reading a file front to back gives);
-* ``"chunks"``: a new random chunk order every epoch, but a one-chunk buffer: a batch still holds
-  neighbouring times (rows only mix within about one chunk);
+* ``"chunks"``: a new random chunk order every epoch, no row buffer (``buffer_chunks=0``): the rows of
+  each chunk stay in time order, so a batch holds consecutive times of one or two chunks;
 * ``"full"``: random chunk order plus a shuffle buffer of ``buffer_chunks`` chunks, so a batch mixes rows
   from several distant periods.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -29,20 +31,69 @@ import torch
 import lightning as L
 
 from zarrtorch.dataset import ZarrIterableDataset
+from zarrtorch.layout import check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
-from zarrtorch.split import planned_split, split_store
+from zarrtorch.source import open_arrays
 
 SHUFFLE_MODES = ("none", "chunks", "full")
 
 
-def _world_size() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1"))
+@dataclass(frozen=True)
+class SplitPlan:
+    """Where the time split falls: rows ``[0, split_row)`` fit, ``[split_row, rows)`` validate."""
+
+    rows: int
+    chunk_rows: int
+    split_row: int
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.rows // self.chunk_rows)
+
+    @property
+    def val_chunks(self) -> int:
+        return self.n_chunks - self.split_row // self.chunk_rows
+
+    @property
+    def fit_rows(self) -> int:
+        return self.split_row
+
+    @property
+    def val_rows(self) -> int:
+        return self.rows - self.split_row
+
+    @property
+    def fit_range(self) -> tuple[int, int]:
+        """``row_range`` of the fitting rows."""
+        return 0, self.split_row
+
+    @property
+    def val_range(self) -> tuple[int, int]:
+        """``row_range`` of the validation rows."""
+        return self.split_row, self.rows
+
+
+def plan_split(rows: int, chunk_rows: int, val_fraction: float) -> SplitPlan:
+    """The last ``round(val_fraction * n_chunks)`` chunks (at least one, and at least one left to fit) validate.
+
+    Validation on the *last* chunks (the most recent times) is the honest split for data that drift in time:
+    the model is scored on a period it has never seen, as it would be in use. Splitting by whole chunks keeps
+    every chunk boundary where it was, so both windows stream exactly like the store.
+    """
+    if not 0.0 < float(val_fraction) < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    n_chunks = -(-int(rows) // int(chunk_rows))
+    if n_chunks < 2:
+        raise ValueError(f"the store has {n_chunks} chunk(s): a split by whole chunks needs at least 2")
+    val_chunks = min(n_chunks - 1, max(1, int(round(val_fraction * n_chunks))))
+    return SplitPlan(int(rows), int(chunk_rows), (n_chunks - val_chunks) * int(chunk_rows))
 
 
 class ZarrDataModule(L.LightningDataModule):
     """Training and validation loaders over one prepared Zarr store, split along time by whole chunks.
+
+    Both datasets read the same store: the training one the rows ``split_plan.fit_range``, the validation
+    one the rows ``split_plan.val_range`` (``row_range=``); nothing is copied or written.
 
     Args:
         store: path of a store written by ``prepare_zarr`` (default: the course's ``train.zarr`` for
@@ -54,16 +105,15 @@ class ZarrDataModule(L.LightningDataModule):
         val_fraction: share of the chunks, taken at the end of the time axis, used for validation.
         shuffle: ``"none"``, ``"chunks"`` or ``"full"`` (see the module docstring).
         arrays: the arrays to load (default: all data arrays of the store).
-        return_index: add ``"index"`` (row numbers within the fitting/validation part) to every batch.
+        return_index: add ``"index"`` (row numbers of the store) to every batch.
         pin_memory: pin batches for fast copies to the GPU (default: when CUDA is available).
-        split_dir: where the fitting/validation parts are written (default: next to ``store``).
     """
 
     def __init__(self, store: str | os.PathLike | None = None, *, batch_size: int = 32, val_batch_size: int | None = None,
                  num_workers: int = 0, buffer_chunks: int = 8, seed: int = 0, val_fraction: float = 0.2,
                  shuffle: str = "full", arrays: Sequence[str] | None = None, return_index: bool = False,
                  pin_memory: bool | None = None, persistent_workers: bool | None = None,
-                 decode_threads: int | None = None, split_dir: str | os.PathLike | None = None):
+                 decode_threads: int | None = None):
         super().__init__()
         if shuffle not in SHUFFLE_MODES:
             raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, got {shuffle!r}")
@@ -84,36 +134,27 @@ class ZarrDataModule(L.LightningDataModule):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else bool(persistent_workers)
         self.decode_threads = decode_threads
-        self.split_dir = split_dir
-        # On a cluster the data live on a file system every node sees: write the split from one process.
-        self.prepare_data_per_node = False
-        self.split_plan, self.fit_path, self.val_path = planned_split(self.store, self.val_fraction, out_dir=split_dir)
+        layout = check_first_axis_layout(open_arrays(self.store, self.arrays))
+        self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction)
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
 
     # -- data ---------------------------------------------------------------------------------------
-    def prepare_data(self) -> None:
-        """Write the fitting and validation parts once (Lightning runs this in one process only)."""
-        split_store(self.store, self.val_fraction, out_dir=self.split_dir)
-
     def _dataset_options(self) -> tuple[bool, int]:
         if self.shuffle == "none":
             return False, 1
         if self.shuffle == "chunks":
-            return True, 1
+            return True, 0  # chunk order only: no row buffer
         return True, self.buffer_chunks
 
     def setup(self, stage: str | None = None) -> None:
-        if not (self.fit_path.exists() and self.val_path.exists()):
-            if _world_size() > 1:
-                raise RuntimeError("the fitting/validation stores are missing: run prepare_data() (Trainer.fit "
-                                   "does) before setup() in a multi-process run")
-            self.prepare_data()
         shuffle, buffer_chunks = self._dataset_options()
         common = dict(arrays=self.arrays, seed=self.seed, return_index=self.return_index,
                       decode_threads=self.decode_threads)
-        self.train_dataset = ZarrIterableDataset(self.fit_path, shuffle=shuffle, buffer_chunks=buffer_chunks, **common)
-        self.val_dataset = ZarrIterableDataset(self.val_path, shuffle=False, **common)
+        self.train_dataset = ZarrIterableDataset(self.store, shuffle=shuffle, buffer_chunks=buffer_chunks,
+                                                 row_range=self.split_plan.fit_range, **common)
+        self.val_dataset = ZarrIterableDataset(self.store, shuffle=False, row_range=self.split_plan.val_range,
+                                               **common)
 
     def _loader_kwargs(self) -> dict:
         kw = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}

@@ -21,7 +21,8 @@ from zarrtorch.dataset import (CTX_EPOCH, CTX_RANK, CTX_SET, CTX_SKIP, CTX_WORLD
                                ZarrIterableDataset, distributed_topology)
 
 _STATE_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "seed", "shuffle", "buffer_chunks",
-               "rows", "chunk_rows", "cache")
+               "row_offset", "rows", "chunk_rows", "cache")
+_STATE_DEFAULTS = {"row_offset": 0}  # states saved before row windows existed covered the whole store
 
 
 class _EpochSampler(_InfiniteConstantSampler):
@@ -179,7 +180,8 @@ class ZarrDataLoader(DataLoader):
         ds = self.dataset
         return {"world_size": world, "num_workers": self.num_workers, "batch_size": self._zt_batch_size,
                 "drop_last": self._zt_drop_last, "seed": ds.seed, "shuffle": ds.shuffle,
-                "buffer_chunks": ds.buffer_chunks, "rows": ds.rows, "chunk_rows": ds.chunk_rows, "cache": ds.cache}
+                "buffer_chunks": ds.buffer_chunks, "row_offset": ds.row_offset, "rows": ds.rows,
+                "chunk_rows": ds.chunk_rows, "cache": ds.cache}
 
     def state_dict(self) -> dict:
         """Where this rank is: epoch, batches already yielded, and the topology it was run on."""
@@ -188,7 +190,8 @@ class ZarrDataLoader(DataLoader):
 
     def _check_state(self, state: dict, world: int) -> None:
         expected = self._signature(world)
-        diff = [f"{k}: saved {state.get(k)!r}, now {expected[k]!r}" for k in _STATE_KEYS if state.get(k) != expected[k]]
+        saved = {**_STATE_DEFAULTS, **state}  # states saved before a key existed
+        diff = [f"{k}: saved {saved.get(k)!r}, now {expected[k]!r}" for k in _STATE_KEYS if saved.get(k) != expected[k]]
         if diff:
             raise ValueError("cannot resume this loader: the state was saved on another topology or data ("
                              + "; ".join(diff) + "). Resume on the same set-up, or start the epoch afresh "

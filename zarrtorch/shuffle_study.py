@@ -30,12 +30,13 @@ def simulate_batches(rows: int, chunk_rows: int, *, batch_size: int, buffer_chun
                      epoch: int = 0, world_size: int = 1, rank: int = 0, num_workers: int = 0,
                      shuffle: bool = True, drop_last: bool = True) -> list[np.ndarray]:
     """Row numbers of every batch ``rank`` yields in ``epoch``, in the DataLoader's order, for a store of
-    ``rows`` rows chunked by ``chunk_rows``, read with zarrtorch's settings (no store needed)."""
+    ``rows`` rows chunked by ``chunk_rows``, read with zarrtorch's settings (no store needed);
+    ``buffer_chunks=0``: chunk order only (rows in stream order)."""
     plan = epoch_plan(rows, chunk_rows, seed=seed, epoch=epoch, batch_size=batch_size, drop_last=drop_last,
                       world_size=world_size, rank=rank, num_workers=num_workers, shuffle=shuffle)
     per_worker = [
         simulate(w.pieces, w.batch_sizes, capacity=buffer_chunks * chunk_rows, warmup_rows=chunk_rows,
-                 rng=rng_for(seed, epoch, 2, rank, w.worker) if shuffle else None)
+                 rng=rng_for(seed, epoch, 2, rank, w.worker) if shuffle and buffer_chunks > 0 else None)
         for w in plan.workers
     ]
     taken = [0] * len(per_worker)

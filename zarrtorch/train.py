@@ -70,10 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--size", choices=SIZES, default=None, help="course dataset size (default: $ZARRTORCH_SIZE or small)")
     d.add_argument("--val-fraction", type=float, default=0.2, help="share of the chunks, at the end in time, "
                    "kept for validation (default 0.2)")
-    d.add_argument("--split-dir", type=Path, default=None, help="where the fit/validation parts are written "
-                   "(default: next to the store)")
-    d.add_argument("--split-only", action="store_true", help="write the fit/validation parts and exit "
-                   "(run it once before a multi-node job)")
     ld = p.add_argument_group("loading")
     ld.add_argument("--batch-size", type=int, default=32, help="rows per batch on each process (default 32)")
     ld.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per training process (default 0)")
@@ -187,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     store = Path(store)
     dm = ZarrDataModule(store, batch_size=args.batch_size, num_workers=args.workers, buffer_chunks=args.buffer_chunks,
                         seed=args.seed, val_fraction=args.val_fraction, shuffle=args.shuffle,
-                        return_index=args.record_rows, split_dir=args.split_dir)
-    if args.split_only:
-        dm.prepare_data()
-        print(dm.describe())
-        return 0
+                        return_index=args.record_rows)
 
     devices, nodes, strategy, topo = _resolve_processes(args)
     threads = args.threads or max(1, available_cpus() // _local_processes(devices, topo))
