@@ -80,6 +80,7 @@ class SlotBuffer:
     def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]):
         self.capacity = capacity
         self.slots = {name: np.empty((capacity, *shape), dtype=dtype) for name, (shape, dtype) in columns.items()}
+        self._pending = None  # the refill and moves of the last step, run at the start of the next
 
     def _write(self, dst, segments) -> None:
         offset = 0
@@ -90,8 +91,25 @@ class SlotBuffer:
                 column[where] = seg[name]
             offset += n
 
+    def flush(self) -> None:
+        """Run the refill and moves deferred from the last step (before looking at the slots directly)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        take, refill, move_src, move_dst, read = pending
+        if refill:
+            self._write(take[:refill], read(refill))
+        if move_dst is not None:
+            for column in self.slots.values():
+                column[move_dst] = column[move_src]
+
     def apply(self, step: Step, read, filled: int) -> tuple[dict[str, np.ndarray], int]:
-        """Run one step; returns the batch (fresh arrays) and the new fill level."""
+        """Run one step; returns the batch (fresh arrays) and the new fill level.
+
+        Refilling the slots a batch freed is deferred to the start of the next step: the batch is already
+        a copy and the stream is read in the same order, so every batch is identical, but a batch never
+        waits for the rows that will replace it (the first batch needs one chunk read, not two)."""
+        self.flush()
         if step.direct:
             segments = read(step.direct)
             if len(segments) == 1:
@@ -101,12 +119,10 @@ class SlotBuffer:
             self._write(slice(filled, filled + step.append), read(step.append))
             filled += step.append
         batch = {name: column[step.take] for name, column in self.slots.items()}
-        if step.refill:
-            self._write(step.take[:step.refill], read(step.refill))
-        if step.move_dst is not None:
-            for column in self.slots.values():
-                column[step.move_dst] = column[step.move_src]
-            filled -= len(step.take) - step.refill
+        if step.refill or step.move_dst is not None:
+            self._pending = (step.take, step.refill, step.move_src, step.move_dst, read)
+            if step.move_dst is not None:
+                filled -= len(step.take) - step.refill
         return batch, filled
 
 

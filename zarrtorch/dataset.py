@@ -230,6 +230,7 @@ class ZarrIterableDataset(IterableDataset):
             id_read = id_reader(pieces)
             for _ in range(skip):
                 _, filled = ids.apply(next(steps), id_read, filled)
+            ids.flush()  # the last step's refill is deferred: run it before reading the buffer's contents
             piece, offset = id_read.state["piece"], id_read.state["offset"]
             if filled:
                 held = ids.slots["index"][:filled]
