@@ -3,7 +3,7 @@
 Decoding (zstd, blosc) releases the GIL, so a few threads per process keep several cores busy without
 moving data between processes. A missing chunk would silently read as the fill value and a corrupt one
 fails with a codec message that names nothing; both become :class:`ChunkReadError` naming the array,
-the chunk and the store key.
+the chunk and the store key. Arrays stored the simple way are decoded by :mod:`zarrtorch.fastpath`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Iterator
 import numpy as np
 import zarr
 from zarr.core.sync import sync
+
+from zarrtorch.fastpath import direct_decoder
 
 
 class ChunkReadError(RuntimeError):
@@ -32,6 +34,7 @@ class PieceReader:
         self.prefetch = max(1, prefetch)
         self.check_missing = check_missing
         self.cache = cache
+        self._direct = {name: direct_decoder(arr) for name, arr in arrays.items()}
 
     def _chunk_key(self, arr: zarr.Array, chunk: int) -> str:
         coords = (chunk,) + (0,) * (arr.ndim - 1)
@@ -40,6 +43,11 @@ class PieceReader:
     def _where(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
         return (f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {self._chunk_key(arr, chunk)!r} "
                 f"in store {arr.store_path.store}")
+
+    def _missing_message(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
+        return (f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value. "
+                "Rewrite the store (zarrtorch.prepare_zarr writes every chunk), or pass check_chunks=False "
+                "if it was written with write_empty_chunks=False and the chunk is legitimately empty.")
 
     def read_piece(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """The rows ``[start, stop)`` of every array (they lie in one chunk)."""
@@ -55,12 +63,20 @@ class PieceReader:
         chunk = start // self.chunk_rows
         out = {}
         for name, arr in self.arrays.items():
+            decode = self._direct[name]
+            if decode is not None:
+                try:
+                    first = chunk * self.chunk_rows
+                    out[name] = decode(self._chunk_key(arr, chunk))[start - first:stop - first]
+                    continue
+                except FileNotFoundError:
+                    if self.check_missing:
+                        raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
+                except Exception as exc:
+                    raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
             if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
-                raise ChunkReadError(
-                    f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value. "
-                    "Rewrite the store (zarrtorch.prepare_zarr writes every chunk), or pass check_chunks=False "
-                    "if it was written with write_empty_chunks=False and the chunk is legitimately empty."
-                )
+                raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop))
             try:
                 out[name] = arr[int(start):int(stop)]
             except Exception as exc:
