@@ -435,20 +435,16 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
 
 def run_prototype(spec: dict, sampler: MemorySampler) -> dict:
     """zarrtorch with the monkeypatched prototypes of profile_stream.py (``spec['variant']``, e.g.
-    ``direct`` or ``direct+ring``): the proposals measured under the same conditions as the rest."""
+    ``ring``): the proposals not adopted yet, measured under the same conditions as the rest."""
     import profile_stream
 
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
     w = spec["workers"]
     parts = set(spec["variant"].split("+"))
-    if "direct" in parts:
-        profile_stream.patch_direct_decode()
     receive = None
     if "ring" in parts and w > 0:
         receive = profile_stream.patch_ring(w, spec["batch_size"], SAMPLE_SHAPE)
-    if "lazyrefill" in parts:  # last: it wraps the apply the other patches installed
-        profile_stream.patch_lazy_refill()
     ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
     kwargs = {"persistent_workers": True} if w > 0 else {}
     loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)

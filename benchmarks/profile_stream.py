@@ -1,8 +1,8 @@
-"""Where zarrtorch's streaming path spends its CPU, and what two prototype changes would save.
+"""Where zarrtorch's streaming path spends its CPU, and what prototype changes would save.
 
     .venv/bin/python benchmarks/profile_stream.py --workers 0            # decode threads in the main process
     .venv/bin/python benchmarks/profile_stream.py --workers 2            # 2 DataLoader workers
-    .venv/bin/python benchmarks/profile_stream.py --workers 2 --variant direct+shm
+    .venv/bin/python benchmarks/profile_stream.py --workers 2 --variant shm
     .venv/bin/python benchmarks/profile_stream.py --micro                # the elementary costs
     perf record -F 499 -g -o /tmp/perf.data -- .venv/bin/python benchmarks/profile_stream.py --workers 2
     perf report -i /tmp/perf.data --no-children --sort comm,dso          # threads are named (see below)
@@ -20,13 +20,13 @@ CPU-seconds per sample much less. Every Python thread gets its OS name set to it
 
 Variants (monkeypatches in this process and its forked workers only; the package is not modified):
 
-- ``direct``: PieceReader.read_piece reads the chunk file and zstd-decodes it straight into the array it
-  returns (numcodecs, ``out=``), bypassing zarr's async pipeline and its extra 8 MiB copy per chunk;
+Two earlier variants are now in the package: ``direct`` (decode the chunk file straight into the returned
+array: ``zarrtorch.fastpath``) and ``lazyrefill`` (refill freed slots when the next batch starts:
+``SlotBuffer.apply``).
+
 - ``shm``: in a DataLoader worker, the buffer's gather writes the batch straight into a shared-memory
   tensor (as torch's default_collate does), so the queue feeder no longer copies it again;
 - ``nocheck``: check_chunks=False (no ``exists`` round trip through zarr's event loop per piece);
-- ``lazyrefill``: the buffer refills the slots a batch freed when the next batch starts, not before
-  returning it (the first batch then needs one chunk, not two);
 - ``fs``: torch's ``file_system`` sharing strategy (no file-descriptor passing per batch);
 - ``ring``: batches cross the process boundary through a ring of shared-memory slots allocated once
   before the workers fork (pages already faulted); a worker gathers into its next free slot and sends
@@ -150,42 +150,6 @@ class ThreadCPU:
 # --------------------------------------------------------------------------------------------------
 # Prototypes (monkeypatches)
 # --------------------------------------------------------------------------------------------------
-def patch_direct_decode() -> None:
-    """PieceReader.read_piece: read the chunk file, decode into the returned array (one copy less)."""
-    import numcodecs
-    import zarr
-
-    from zarrtorch.reader import ChunkReadError, PieceReader
-
-    def read_piece(self, start, stop):
-        key = (int(start), int(stop))
-        if self.cache is not None and key in self.cache:
-            return self.cache[key]
-        chunk = int(start) // self.chunk_rows
-        c0 = chunk * self.chunk_rows
-        out = {}
-        for name, arr in self.arrays.items():
-            codecs = arr.metadata.codecs
-            zstd = [c for c in codecs if isinstance(c, zarr.codecs.ZstdCodec)]
-            assert len(codecs) == 2 and zstd and isinstance(arr.store_path.store, zarr.storage.LocalStore), \
-                "prototype: local store, bytes + zstd only"
-            path = os.path.join(str(arr.store_path.store.root), self._chunk_key(arr, chunk))
-            n = min(self.chunk_rows, arr.shape[0] - c0)
-            data = np.empty((n, *arr.shape[1:]), dtype=arr.dtype)
-            try:
-                with open(path, "rb", buffering=0) as f:
-                    raw = f.read()
-            except FileNotFoundError as exc:
-                raise ChunkReadError(f"missing {self._where(name, arr, chunk, start, stop)}") from exc
-            numcodecs.Zstd(level=zstd[0].level).decode(raw, out=data)
-            out[name] = data[int(start) - c0:int(stop) - c0]
-        if self.cache is not None:
-            self.cache[key] = out
-        return out
-
-    PieceReader.read_piece = read_piece
-
-
 def patch_shm_gather() -> None:
     """In a DataLoader worker, gather each batch straight into a new shared-memory tensor."""
     import torch
@@ -307,41 +271,6 @@ def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32
     return receive
 
 
-def patch_lazy_refill() -> None:
-    """SlotBuffer.apply returns batch j before refilling the slots it freed: the refill (and the moves
-    that close holes when draining) run at the start of step j+1. The batches are identical (a batch is
-    a copy taken before its refill, and the pending refill still reads the stream before the next
-    append), but the first batch no longer waits for a second chunk. Must be applied before any other
-    SlotBuffer patch that replaces ``apply`` (it wraps whatever ``apply`` is installed)."""
-    from zarrtorch import buffer as zbuffer
-
-    inner = zbuffer.SlotBuffer.apply
-
-    def flush(self):
-        pending = self.__dict__.pop("_pending", None)
-        if pending is None:
-            return
-        take, refill, move_dst, move_src, read = pending
-        if refill:
-            self._write(take[:refill], read(refill))
-        if move_dst is not None:
-            for column in self.slots.values():
-                column[move_dst] = column[move_src]
-
-    def apply(self, step, read, filled):
-        flush(self)
-        if step.direct or (not step.refill and step.move_dst is None):
-            return inner(self, step, read, filled)
-        batch, _ = inner(self, type(step)(append=step.append, take=step.take), read, filled)
-        self._pending = (step.take, step.refill, step.move_dst, step.move_src, read)
-        new_filled = filled + step.append
-        if step.move_dst is not None:
-            new_filled -= len(step.take) - step.refill
-        return batch, new_filled
-
-    zbuffer.SlotBuffer.apply = apply
-
-
 def _worker_init(_):
     _set_os_thread_name("worker-main")
 
@@ -356,8 +285,8 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
     parts = set(variant.split("+")) - {"baseline"}
-    if "direct" in parts:
-        patch_direct_decode()
+    if parts & {"direct", "lazyrefill"}:
+        raise SystemExit("direct decode and lazy refill are in the package now (zarrtorch.fastpath, SlotBuffer)")
     if "shm" in parts:
         patch_shm_gather()
     if "fs" in parts:
@@ -365,8 +294,6 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
     receive = (lambda b: b)
     if "ring" in parts and workers > 0:
         receive = patch_ring(workers, 64, tuple(harness.SAMPLE_SHAPE))
-    if "lazyrefill" in parts:  # last: it wraps the apply the other patches installed
-        patch_lazy_refill()
     ds = ZarrIterableDataset(store, shuffle=True, seed=0, check_chunks="nocheck" not in parts)
     kwargs = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
     loader = ZarrDataLoader(ds, batch_size=64, num_workers=workers, drop_last=True, **kwargs)
@@ -513,7 +440,7 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=str(HERE.parent / "data" / "bench"))
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one untimed)")
-    p.add_argument("--variant", default="baseline", help="baseline or a '+' list of: direct, shm, nocheck")
+    p.add_argument("--variant", default="baseline", help="baseline or a '+' list of: shm, nocheck, fs, ring")
     p.add_argument("--cprofile", action="store_true", help="also cProfile the main thread")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--micro", action="store_true", help="elementary costs instead of a loader run")
