@@ -257,7 +257,10 @@ class MemorySampler:
         with self._lock:
             for pid in pids:
                 self._record(pid, "rss", _rss(pid))
-                if with_uss:
+                # USS is costly, so it is sampled less often, but always once for a process new in this
+                # phase: a short-lived worker would otherwise have none
+                new = self._phase is not None and "uss_peak" not in self._phase.get(pid, {})
+                if with_uss or new:
                     self._record(pid, "uss", _uss(pid))
                 if with_cpu and (cpu := _cpu(pid)) is not None:
                     self._cpu_last[pid] = cpu
