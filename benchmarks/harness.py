@@ -416,7 +416,7 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
     return {"epochs": [out]}
 
 
-def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
+def run_zarrtorch(spec: dict, sampler: MemorySampler, receive=None) -> dict:
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
     w = spec["workers"]
@@ -429,7 +429,7 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
         loader.set_epoch(e)
         out = {"epoch": e + 1}
         with sampler.phase(out):
-            out.update(time_pass(loader, touch=spec.get("touch", False)))
+            out.update(time_pass(loader, touch=spec.get("touch", False), receive=receive))
         epochs.append(out)
     del loader
     return {"epochs": epochs, "decode_threads": spec.get("decode_threads") or max(1, _cpus() // max(1, w)),
@@ -441,25 +441,10 @@ def run_prototype(spec: dict, sampler: MemorySampler) -> dict:
     ``ring``): the proposals not adopted yet, measured under the same conditions as the rest."""
     import profile_stream
 
-    from zarrtorch import ZarrDataLoader, ZarrIterableDataset
-
-    w = spec["workers"]
-    parts = set(spec["variant"].split("+"))
     receive = None
-    if "ring" in parts and w > 0:
-        receive = profile_stream.patch_ring(w, spec["batch_size"], SAMPLE_SHAPE)
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
-    kwargs = {"persistent_workers": True} if w > 0 else {}
-    loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
-    epochs = []
-    for e in range(spec["epochs"]):
-        loader.set_epoch(e)
-        out = {"epoch": e + 1}
-        with sampler.phase(out):
-            out.update(time_pass(loader, touch=spec.get("touch", False), receive=receive))
-        epochs.append(out)
-    del loader
-    return {"epochs": epochs, "variant": spec["variant"]}
+    if "ring" in spec["variant"].split("+") and spec["workers"] > 0:
+        receive = profile_stream.patch_ring(spec["workers"], spec["batch_size"], SAMPLE_SHAPE)
+    return {**run_zarrtorch(spec, sampler, receive=receive), "variant": spec["variant"]}
 
 
 def run_reference(spec: dict, sampler: MemorySampler) -> dict:
