@@ -21,6 +21,8 @@ from typing import Iterator
 
 import numpy as np
 
+from zarrtorch.plan import RankPlan, rng_for, round_robin_order
+
 
 @dataclass(frozen=True)
 class Step:
@@ -159,4 +161,24 @@ def simulate(pieces: np.ndarray, batch_sizes: np.ndarray, *, capacity: int, warm
     for step in schedule(batch_sizes, rows, capacity=capacity, warmup_rows=warmup_rows, rng=rng):
         batch, filled = buf.apply(step, read, filled)
         out.append(batch["index"])
+    return out
+
+
+def buffer_rng(seed: int, epoch: int, rank: int, worker: int, row_shuffle: bool) -> np.random.Generator | None:
+    """The shuffle buffer's generator for one worker (``None``: rows in stream order)."""
+    return rng_for(seed, epoch, 2, rank, worker) if row_shuffle else None
+
+
+def rank_batches(plan: RankPlan, *, seed: int, chunk_rows: int, buffer_chunks: int,
+                 row_shuffle: bool) -> list[np.ndarray]:
+    """Row ids of every batch a rank yields, in the DataLoader's round-robin order: each worker's
+    schedule run on ids alone, exactly as the workers run it on data."""
+    per_worker = [simulate(w.pieces, w.batch_sizes, capacity=buffer_chunks * chunk_rows, warmup_rows=chunk_rows,
+                           rng=buffer_rng(seed, plan.epoch, plan.rank, w.worker, row_shuffle))
+                  for w in plan.workers]
+    taken = [0] * len(per_worker)
+    out = []
+    for w in round_robin_order([len(b) for b in per_worker]):
+        out.append(per_worker[w][taken[w]])
+        taken[w] += 1
     return out

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarrtorch.buffer import SlotBuffer, id_reader, schedule, simulate
+from zarrtorch.buffer import SlotBuffer, buffer_rng, id_reader, rank_batches, schedule
 from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout
-from zarrtorch.plan import RankPlan, epoch_plan, resume_roles, rng_for, round_robin_order
+from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
 from zarrtorch.reader import PieceReader
 from zarrtorch.source import open_arrays
 
@@ -175,7 +175,7 @@ class ZarrIterableDataset(IterableDataset):
 
     def _buffer_rng(self, epoch: int, rank: int, worker: int):
         """The buffer's generator; ``None`` streams the rows in order (no shuffle, or chunk order only)."""
-        return rng_for(self.seed, epoch, 2, rank, worker) if self._row_shuffle else None
+        return buffer_rng(self.seed, epoch, rank, worker, self._row_shuffle)
 
     def batch_row_ids(self, *, epoch: int, rank: int = 0, world_size: int = 1, num_workers: int | None = None,
                       batch_size: int | None = None, drop_last: bool | None = None) -> list[np.ndarray]:
@@ -183,14 +183,9 @@ class ZarrIterableDataset(IterableDataset):
         without reading data (the same schedule the workers run)."""
         plan = self.plan(epoch=epoch, rank=rank, world_size=world_size, num_workers=num_workers,
                          batch_size=batch_size, drop_last=drop_last)
-        per_worker = [simulate(w.pieces, w.batch_sizes, capacity=self.buffer_rows, warmup_rows=self.chunk_rows,
-                               rng=self._buffer_rng(epoch, rank, w.worker)) for w in plan.workers]
-        taken = [0] * len(per_worker)
-        out = []
-        for w in round_robin_order([len(b) for b in per_worker]):
-            out.append(per_worker[w][taken[w]] + self.row_offset)
-            taken[w] += 1
-        return out
+        batches = rank_batches(plan, seed=self.seed, chunk_rows=self.chunk_rows, buffer_chunks=self.buffer_chunks,
+                               row_shuffle=self._row_shuffle)
+        return [b + self.row_offset for b in batches]
 
     def __len__(self) -> int:
         cfg = self._require_config()

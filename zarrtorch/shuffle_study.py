@@ -19,8 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from zarrtorch.buffer import simulate
-from zarrtorch.plan import epoch_plan, rng_for, round_robin_order
+from zarrtorch.buffer import rank_batches
+from zarrtorch.plan import epoch_plan
 from zarrtorch.quality import chunk_diversity, order_correlation
 
 __all__ = ["simulate_batches", "expected_batch_mean_std", "batch_mean_spread", "buffer_memory_bytes", "sweep"]
@@ -34,17 +34,8 @@ def simulate_batches(rows: int, chunk_rows: int, *, batch_size: int, buffer_chun
     ``buffer_chunks=0``: chunk order only (rows in stream order)."""
     plan = epoch_plan(rows, chunk_rows, seed=seed, epoch=epoch, batch_size=batch_size, drop_last=drop_last,
                       world_size=world_size, rank=rank, num_workers=num_workers, shuffle=shuffle)
-    per_worker = [
-        simulate(w.pieces, w.batch_sizes, capacity=buffer_chunks * chunk_rows, warmup_rows=chunk_rows,
-                 rng=rng_for(seed, epoch, 2, rank, w.worker) if shuffle and buffer_chunks > 0 else None)
-        for w in plan.workers
-    ]
-    taken = [0] * len(per_worker)
-    out = []
-    for w in round_robin_order([len(b) for b in per_worker]):
-        out.append(per_worker[w][taken[w]])
-        taken[w] += 1
-    return out
+    return rank_batches(plan, seed=seed, chunk_rows=chunk_rows, buffer_chunks=buffer_chunks,
+                        row_shuffle=shuffle and buffer_chunks > 0)
 
 
 def expected_batch_mean_std(values: np.ndarray, batch_size: int) -> float:
