@@ -158,7 +158,6 @@ def patch_shm_gather() -> None:
     from zarrtorch import buffer as zbuffer
     from zarrtorch import dataset as zdataset
 
-    original_apply = zbuffer.SlotBuffer.apply
 
     def gather(column: np.ndarray, take: np.ndarray):
         if get_worker_info() is None or column.dtype != np.float32:
@@ -168,21 +167,6 @@ def patch_shm_gather() -> None:
         t = torch.empty(0, dtype=torch.float32).new(storage).resize_(len(take), *column.shape[1:])
         np.take(column, take, axis=0, out=t.numpy(), mode="clip")
         return t
-
-    def apply(self, step, read, filled):
-        if step.direct:
-            return original_apply(self, step, read, filled)
-        if step.append:
-            self._write(slice(filled, filled + step.append), read(step.append))
-            filled += step.append
-        batch = {name: gather(column, step.take) for name, column in self.slots.items()}
-        if step.refill:
-            self._write(step.take[:step.refill], read(step.refill))
-        if step.move_dst is not None:
-            for column in self.slots.values():
-                column[step.move_dst] = column[step.move_src]
-            filled -= len(step.take) - step.refill
-        return batch, filled
 
     def to_torch(self, batch, copy_arrays):
         out = {}
@@ -195,7 +179,7 @@ def patch_shm_gather() -> None:
                 out[name] = torch.from_numpy(arr.copy() if copy_arrays else arr)
         return self.transform(out) if self.transform is not None else out
 
-    zbuffer.SlotBuffer.apply = apply
+    zbuffer.SlotBuffer._gather = lambda self, column, take: gather(column, take)
     zdataset.ZarrIterableDataset._to_torch = to_torch
 
 
@@ -217,7 +201,6 @@ def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32
     busy = torch.zeros((workers, RING_SLOTS), dtype=torch.int32).share_memory_()
     ring_np, busy_np = ring.numpy(), busy.numpy()
     state = {"next": 0}
-    original_apply = zbuffer.SlotBuffer.apply
 
     def gather(column, take):
         info = get_worker_info()
@@ -231,21 +214,6 @@ def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32
         np.take(column, take, axis=0, out=ring_np[w, slot, :len(take)], mode="clip")
         return (w, slot, len(take))
 
-    def apply(self, step, read, filled):
-        if step.direct:
-            return original_apply(self, step, read, filled)
-        if step.append:
-            self._write(slice(filled, filled + step.append), read(step.append))
-            filled += step.append
-        batch = {name: gather(column, step.take) for name, column in self.slots.items()}
-        if step.refill:
-            self._write(step.take[:step.refill], read(step.refill))
-        if step.move_dst is not None:
-            for column in self.slots.values():
-                column[step.move_dst] = column[step.move_src]
-            filled -= len(step.take) - step.refill
-        return batch, filled
-
     def to_torch(self, batch, copy_arrays):
         out = {}
         for name, arr in batch.items():
@@ -254,7 +222,7 @@ def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32
             out[name] = arr if isinstance(arr, tuple) else torch.from_numpy(arr.copy() if copy_arrays else arr)
         return self.transform(out) if self.transform is not None else out
 
-    zbuffer.SlotBuffer.apply = apply
+    zbuffer.SlotBuffer._gather = lambda self, column, take: gather(column, take)
     zdataset.ZarrIterableDataset._to_torch = to_torch
 
     def receive(batch: dict) -> dict:

@@ -93,6 +93,11 @@ class SlotBuffer:
                 column[where] = seg[name]
             offset += n
 
+    def _gather(self, column: np.ndarray, take: np.ndarray):
+        """A batch's rows of one column, as a fresh array (benchmarks/profile_stream.py overrides this one
+        method to try other ways of handing batches to the main process)."""
+        return column[take]
+
     def flush(self) -> None:
         """Run the refill and moves deferred from the last step (before looking at the slots directly)."""
         pending, self._pending = self._pending, None
@@ -120,7 +125,7 @@ class SlotBuffer:
         if step.append:
             self._write(slice(filled, filled + step.append), read(step.append))
             filled += step.append
-        batch = {name: column[step.take] for name, column in self.slots.items()}
+        batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}
         if step.refill or step.move_dst is not None:
             self._pending = (step.take, step.refill, step.move_src, step.move_dst, read)
             if step.move_dst is not None:
