@@ -69,7 +69,7 @@ def generate_rows(start: int, stop: int, *, chunk_rows: int, seed: int) -> np.nd
         block += base * (1.0 + 0.2 * np.sin(t / 97.0 + np.arange(SAMPLE_SHAPE[0])[:, None, None]))
         np.round(block, 2, out=block)
         a, b = max(start, c0), min(stop, c0 + chunk_rows)
-        out[a - start:b - start] = block[a - c0:b - c0]
+        out[a - start : b - start] = block[a - c0 : b - c0]
     return out
 
 
@@ -100,26 +100,44 @@ def ensure_store(data_dir: str, rows: int, chunk_rows: int, seed: int = 0) -> di
 
     path = store_path(Path(data_dir), rows, chunk_rows, seed)
     marker = path.with_suffix(".json")
-    want = {"rows": rows, "chunk_rows": chunk_rows, "seed": seed, "sample_shape": list(SAMPLE_SHAPE),
-            "dtype": DTYPE.name, "codec": "zstd", "level": 3, "generator_version": GENERATOR_VERSION}
+    want = {
+        "rows": rows,
+        "chunk_rows": chunk_rows,
+        "seed": seed,
+        "sample_shape": list(SAMPLE_SHAPE),
+        "dtype": DTYPE.name,
+        "codec": "zstd",
+        "level": 3,
+        "generator_version": GENERATOR_VERSION,
+    }
     if path.exists() and marker.exists():
         try:
             info = json.loads(marker.read_text())
             arr = zarr.open_group(str(path), mode="r")[ARRAY]
-            if (all(info.get(k) == v for k, v in want.items()) and tuple(arr.shape) == (rows, *SAMPLE_SHAPE)
-                    and tuple(arr.chunks) == (chunk_rows, *SAMPLE_SHAPE)):
+            if (
+                all(info.get(k) == v for k, v in want.items())
+                and tuple(arr.shape) == (rows, *SAMPLE_SHAPE)
+                and tuple(arr.chunks) == (chunk_rows, *SAMPLE_SHAPE)
+            ):
                 return {**info, "path": str(path), "generated": False}
         except Exception:  # unreadable or partial: regenerate
             pass
     marker.unlink(missing_ok=True)
     t0 = time.perf_counter()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    prepare_zarr({ARRAY: _LazyRows(rows, chunk_rows, seed)}, path, chunk_rows=chunk_rows, codec="zstd", level=3,
-                 overwrite=True, progress=False, max_memory_mb=128)
+    prepare_zarr(
+        {ARRAY: _LazyRows(rows, chunk_rows, seed)},
+        path,
+        chunk_rows=chunk_rows,
+        codec="zstd",
+        level=3,
+        overwrite=True,
+        progress=False,
+        max_memory_mb=128,
+    )
     seconds = time.perf_counter() - t0
     nbytes = rows * ROW_BYTES
-    info = {**want, "decoded_bytes": nbytes, "stored_bytes": store_bytes(path),
-            "generation_s": round(seconds, 2)}
+    info = {**want, "decoded_bytes": nbytes, "stored_bytes": store_bytes(path), "generation_s": round(seconds, 2)}
     info["compression_ratio"] = round(nbytes / info["stored_bytes"], 3)
     marker.write_text(json.dumps(info, indent=1))
     return {**info, "path": str(path), "generated": True}
@@ -232,7 +250,7 @@ class MemorySampler:
         self.base = {"rss": _rss(self.pid), "uss": _uss(self.pid)}
         self._thread = threading.Thread(target=self._loop, name="bench-memory", daemon=True)
 
-    def start(self) -> "MemorySampler":
+    def start(self) -> MemorySampler:
         self._thread.start()
         return self
 
@@ -295,8 +313,11 @@ class MemorySampler:
             self.sample(with_uss=self.uss_period > 0, with_cpu=True)  # last sample, processes still there
             with self._lock:
                 phase, self._phase = self._phase, None
-                cpu = {pid: v - self._cpu_start.get(pid, 0.0) for pid, v in self._cpu_last.items()
-                       if pid == self.pid or pid in phase}
+                cpu = {
+                    pid: v - self._cpu_start.get(pid, 0.0)
+                    for pid, v in self._cpu_last.items()
+                    if pid == self.pid or pid in phase
+                }
             out["memory"] = self._summarize(phase)
             out["cpu_s"] = sum(cpu.values())
             out["cpu_s_main"] = cpu.get(self.pid, 0.0)
@@ -308,11 +329,22 @@ class MemorySampler:
             if pid == self.pid or pid not in phase:
                 continue
             d = phase[pid]
-            workers.append({"pid": pid, "rss_peak": d.get("rss_peak"), "uss_peak": d.get("uss_peak"),
-                            "rss_start": self._first[pid].get("rss"), "uss_start": self._first[pid].get("uss")})
+            workers.append(
+                {
+                    "pid": pid,
+                    "rss_peak": d.get("rss_peak"),
+                    "uss_peak": d.get("uss_peak"),
+                    "rss_start": self._first[pid].get("rss"),
+                    "uss_start": self._first[pid].get("uss"),
+                }
+            )
         return {
-            "main": {"rss_peak": main.get("rss_peak"), "uss_peak": main.get("uss_peak"),
-                     "rss_start": self.base["rss"], "uss_start": self.base["uss"]},
+            "main": {
+                "rss_peak": main.get("rss_peak"),
+                "uss_peak": main.get("uss_peak"),
+                "rss_start": self.base["rss"],
+                "uss_start": self.base["uss"],
+            },
             "workers": workers,
         }
 
@@ -347,8 +379,9 @@ def _touch(batch) -> None:
     float(batch.numpy().reshape(-1)[::1024].sum())  # one float per 4 KiB page (numpy: no torch threads)
 
 
-def time_pass(loader, *, max_batches: int | None = None, max_seconds: float | None = None,
-              touch: bool = False, receive=None) -> dict:
+def time_pass(
+    loader, *, max_batches: int | None = None, max_seconds: float | None = None, touch: bool = False, receive=None
+) -> dict:
     """Iterate once: samples, seconds (from ``iter()`` to the end), time to first batch. Stops early after
     ``max_batches`` batches, or after ``max_seconds`` (once at least 2 batches are in)."""
     t0 = time.perf_counter()
@@ -374,8 +407,14 @@ def time_pass(loader, *, max_batches: int | None = None, max_seconds: float | No
         seconds = time.perf_counter() - t0
         del it
     steady = (n - n / max(1, batches)) / (seconds - ttfb) if batches > 1 and seconds > ttfb else None
-    return {"samples": n, "batches": batches, "seconds": seconds, "samples_per_s": n / seconds,
-            "ttfb_s": ttfb, "steady_samples_per_s": steady}
+    return {
+        "samples": n,
+        "batches": batches,
+        "seconds": seconds,
+        "samples_per_s": n / seconds,
+        "ttfb_s": ttfb,
+        "steady_samples_per_s": steady,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -411,8 +450,16 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
                 n += data.shape[0]
                 del data
         seconds = time.perf_counter() - t0
-    out.update({"samples": n, "batches": len(starts), "seconds": seconds, "samples_per_s": n / seconds,
-                "ttfb_s": first, "steady_samples_per_s": None})
+    out.update(
+        {
+            "samples": n,
+            "batches": len(starts),
+            "seconds": seconds,
+            "samples_per_s": n / seconds,
+            "ttfb_s": first,
+            "steady_samples_per_s": None,
+        }
+    )
     return {"epochs": [out]}
 
 
@@ -420,8 +467,13 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler, receive=None) -> dict:
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
     w = spec["workers"]
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, buffer_chunks=spec.get("buffer_chunks", 8),
-                             decode_threads=spec.get("decode_threads"))
+    ds = ZarrIterableDataset(
+        spec["store"],
+        shuffle=True,
+        seed=0,
+        buffer_chunks=spec.get("buffer_chunks", 8),
+        decode_threads=spec.get("decode_threads"),
+    )
     kwargs = {"persistent_workers": True} if w > 0 else {}
     loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
     epochs = []
@@ -432,8 +484,12 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler, receive=None) -> dict:
             out.update(time_pass(loader, touch=spec.get("touch", False), receive=receive))
         epochs.append(out)
     del loader
-    return {"epochs": epochs, "decode_threads": spec.get("decode_threads") or max(1, _cpus() // max(1, w)),
-            "buffer_chunks": ds.buffer_chunks, "persistent_workers": w > 0}
+    return {
+        "epochs": epochs,
+        "decode_threads": spec.get("decode_threads") or max(1, _cpus() // max(1, w)),
+        "buffer_chunks": ds.buffer_chunks,
+        "persistent_workers": w > 0,
+    }
 
 
 def run_prototype(spec: dict, sampler: MemorySampler) -> dict:
@@ -454,8 +510,14 @@ def run_reference(spec: dict, sampler: MemorySampler) -> dict:
     from zarrdataset import ZarrDataLoader, ZarrIterableDataset
 
     samples = zarr.open_group(spec["store"], mode="r")[ARRAY]
-    ds = ZarrIterableDataset(samples=samples, targets=None, shuffle_chunks=True, chunks_shuffle_seed=0,
-                             shuffle_buffer=True, buffer_shuffle_seed=None)
+    ds = ZarrIterableDataset(
+        samples=samples,
+        targets=None,
+        shuffle_chunks=True,
+        chunks_shuffle_seed=0,
+        shuffle_buffer=True,
+        buffer_shuffle_seed=None,
+    )
     loader = ZarrDataLoader(dataset=ds, num_workers=spec["workers"], batch_size=spec["batch_size"], drop_last=True)
     epochs = []
     for e in range(spec["epochs"]):
@@ -468,20 +530,29 @@ def run_reference(spec: dict, sampler: MemorySampler) -> dict:
 
 
 def run_naive(spec: dict, sampler: MemorySampler) -> dict:
-    """zarrtorch.baselines.RowByRowDataset in a standard DataLoader (shuffle=True): each row decodes
+    """zarrtorch.course.baselines.RowByRowDataset in a standard DataLoader (shuffle=True): each row decodes
     its whole chunk. Bounded to ``batches`` batches (or ``max_seconds``)."""
     import torch
     from torch.utils.data import DataLoader
 
-    from zarrtorch.baselines import RowByRowDataset
+    from zarrtorch.course.baselines import RowByRowDataset
 
     ds = RowByRowDataset(spec["store"])
-    loader = DataLoader(ds, batch_size=spec["batch_size"], shuffle=True, num_workers=spec["workers"],
-                        generator=torch.Generator().manual_seed(0), drop_last=True)
+    loader = DataLoader(
+        ds,
+        batch_size=spec["batch_size"],
+        shuffle=True,
+        num_workers=spec["workers"],
+        generator=torch.Generator().manual_seed(0),
+        drop_last=True,
+    )
     out = {"epoch": 1}
     with sampler.phase(out):
-        out.update(time_pass(loader, max_batches=spec["batches"], max_seconds=spec.get("max_seconds"),
-                             touch=spec.get("touch", False)))
+        out.update(
+            time_pass(
+                loader, max_batches=spec["batches"], max_seconds=spec.get("max_seconds"), touch=spec.get("touch", False)
+            )
+        )
     return {"epochs": [out]}
 
 
@@ -527,8 +598,14 @@ def run_numpy(spec: dict, sampler: MemorySampler) -> dict:
     return {"epochs": [out], "load_s": load_s}
 
 
-RUNNERS = {"l0": run_l0, "zarrtorch": run_zarrtorch, "reference": run_reference, "naive": run_naive,
-           "numpy": run_numpy, "prototype": run_prototype}
+RUNNERS = {
+    "l0": run_l0,
+    "zarrtorch": run_zarrtorch,
+    "reference": run_reference,
+    "naive": run_naive,
+    "numpy": run_numpy,
+    "prototype": run_prototype,
+}
 
 
 def _cpus() -> int:

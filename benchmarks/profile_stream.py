@@ -50,9 +50,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import numpy as np  # noqa: E402
-
 import harness  # noqa: E402
+import numpy as np  # noqa: E402
 
 _libc = ctypes.CDLL(None)
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -75,11 +74,17 @@ def name_threads() -> None:
 
 
 def role(comm: str) -> str:
-    for prefix, r in (("zarr_pool", "zarr pool (read+decode)"), ("asyncio_", "zarr pool (read+decode)"),
-                      ("zarr_io", "zarr_io (event loop, copy into out)"),
-                      ("zarrtorch-read", "zarrtorch-read (PieceReader)"), ("QueueFeeder", "QueueFeederThread (pickle->shm)"),
-                      ("worker-main", "worker main (buffer, schedule)"), ("main", "main thread"),
-                      ("ThreadPoolExec", "other pool threads"), ("bench-cpu", "this profiler's sampler")):
+    for prefix, r in (
+        ("zarr_pool", "zarr pool (read+decode)"),
+        ("asyncio_", "zarr pool (read+decode)"),
+        ("zarr_io", "zarr_io (event loop, copy into out)"),
+        ("zarrtorch-read", "zarrtorch-read (PieceReader)"),
+        ("QueueFeeder", "QueueFeederThread (pickle->shm)"),
+        ("worker-main", "worker main (buffer, schedule)"),
+        ("main", "main thread"),
+        ("ThreadPoolExec", "other pool threads"),
+        ("bench-cpu", "this profiler's sampler"),
+    ):
         if comm.startswith(prefix):
             return r
     return f"other ({comm})"
@@ -158,7 +163,6 @@ def patch_shm_gather() -> None:
     from zarrtorch import buffer as zbuffer
     from zarrtorch import dataset as zdataset
 
-
     def gather(column: np.ndarray, take: np.ndarray):
         if get_worker_info() is None or column.dtype != np.float32:
             return column[take]
@@ -211,7 +215,7 @@ def patch_ring(workers: int, batch_size: int, row_shape: tuple, dtype=np.float32
         while busy_np[w, slot]:  # the main process has not copied this slot out yet
             time.sleep(0.0005)
         busy_np[w, slot] = 1
-        np.take(column, take, axis=0, out=ring_np[w, slot, :len(take)], mode="clip")
+        np.take(column, take, axis=0, out=ring_np[w, slot, : len(take)], mode="clip")
         return (w, slot, len(take))
 
     def to_torch(self, batch, copy_arrays):
@@ -259,7 +263,7 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
         patch_shm_gather()
     if "fs" in parts:
         torch.multiprocessing.set_sharing_strategy("file_system")
-    receive = (lambda b: b)
+    receive = lambda b: b
     if "ring" in parts and workers > 0:
         receive = patch_ring(workers, 64, tuple(harness.SAMPLE_SHAPE))
     ds = ZarrIterableDataset(store, shuffle=True, seed=0, check_chunks="nocheck" not in parts)
@@ -296,8 +300,10 @@ def profile_loader(store: str, workers: int, epochs: int, variant: str, cprofile
 def print_breakdown(res: dict, title: str) -> None:
     n = res["samples"]
     total = res["process_total"]
-    print(f"\n== {title}: {n} samples in {res['wall_s']:.2f} s wall ({res['samples_per_s']:,.0f}/s), "
-          f"CPU {1e6 * total / n:,.0f} us/sample ==")
+    print(
+        f"\n== {title}: {n} samples in {res['wall_s']:.2f} s wall ({res['samples_per_s']:,.0f}/s), "
+        f"CPU {1e6 * total / n:,.0f} us/sample =="
+    )
     print(f"{'process':13s} {'thread role':36s} {'user us/smp':>11s} {'sys us/smp':>10s} {'share':>6s}")
     rows = sorted(res["threads"].items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
     attributed = 0.0
@@ -325,10 +331,11 @@ def _cpu_per(fn, reps: int) -> float:
 
 
 def micro(store: str) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
     import numcodecs
     import torch
     import zarr
-    from multiprocessing.reduction import ForkingPickler
 
     arr = zarr.open_group(store, mode="r")["x"]
     c = arr.chunks[0]
@@ -356,23 +363,43 @@ def micro(store: str) -> None:
 
     def zarr_read():
         k = next(ks) % n_chunks
-        return arr[k * c:(k + 1) * c]
+        return arr[k * c : (k + 1) * c]
 
-    paths = [os.path.join(str(arr.store_path.store.root), arr.store_path.path,
-                          arr.metadata.encode_chunk_key((k, 0, 0, 0))) for k in range(n_chunks)]
+    paths = [
+        os.path.join(str(arr.store_path.store.root), arr.store_path.path, arr.metadata.encode_chunk_key((k, 0, 0, 0)))
+        for k in range(n_chunks)
+    ]
     raws = [open(q, "rb").read() for q in paths]
     per("zarr arr[a:b], one whole chunk (process CPU: read+decode+copy+async)", proc_cpu(zarr_read, 2 * n_chunks), c)
-    per("read chunk file (bytes, from the page cache)", _cpu_per(lambda: open(paths[next(ks) % n_chunks], "rb").read(), 2 * n_chunks), c)
+    per(
+        "read chunk file (bytes, from the page cache)",
+        _cpu_per(lambda: open(paths[next(ks) % n_chunks], "rb").read(), 2 * n_chunks),
+        c,
+    )
     per("zstd decode into a new buffer", _cpu_per(lambda: codec.decode(raws[next(ks) % n_chunks]), 2 * n_chunks), c)
-    per("zstd decode into a reused array (out=)", _cpu_per(lambda: codec.decode(raws[next(ks) % n_chunks], out=chunk), 2 * n_chunks), c)
+    per(
+        "zstd decode into a reused array (out=)",
+        _cpu_per(lambda: codec.decode(raws[next(ks) % n_chunks], out=chunk), 2 * n_chunks),
+        c,
+    )
     per("copy a chunk into a reused array (memcpy, warm pages)", _cpu_per(lambda: np.copyto(chunk, slots[:c]), 20), c)
     per("copy a chunk into a new array (page faults + memcpy)", _cpu_per(lambda: slots[:c].copy(), 20), c)
-    per("refill: write 64 rows into random buffer slots", _cpu_per(lambda: slots.__setitem__(take, batch.numpy()), 50), 64)
+    per(
+        "refill: write 64 rows into random buffer slots",
+        _cpu_per(lambda: slots.__setitem__(take, batch.numpy()), 50),
+        64,
+    )
     per("gather: 64 random rows into a new batch (fancy indexing)", _cpu_per(lambda: slots[take], 50), 64)
     out = np.empty((64, *harness.SAMPLE_SHAPE), np.float32)
-    per("gather: 64 random rows into a reused batch (np.take out=)", _cpu_per(lambda: np.take(slots, take, 0, out=out, mode="clip"), 50), 64)
+    per(
+        "gather: 64 random rows into a reused batch (np.take out=)",
+        _cpu_per(lambda: np.take(slots, take, 0, out=out, mode="clip"), 50),
+        64,
+    )
     rng = np.random.default_rng(0)
-    per("schedule: rng.choice(1024, 64, replace=False)", _cpu_per(lambda: rng.choice(8 * c, 64, replace=False), 200), 64)
+    per(
+        "schedule: rng.choice(1024, 64, replace=False)", _cpu_per(lambda: rng.choice(8 * c, 64, replace=False), 200), 64
+    )
 
     def send():  # what a worker's queue feeder does with a 4 MiB batch (torch moves it to shared memory)
         b = torch.from_numpy(slots[take])
@@ -388,16 +415,29 @@ def micro(store: str) -> None:
         return ForkingPickler.dumps({"x": t})
 
     per("worker: gather straight into shared memory + pickle (prototype 'shm')", _cpu_per(shm_gather, 20), 64)
+
     def new_shm_touched():
         storage = torch.empty(0)._typed_storage()._new_shared(64 * row // 4, device="cpu")
         torch.empty(0).new(storage).numpy().fill(0)
 
     per("worker: new 4 MiB shared-memory segment, every page written once", _cpu_per(new_shm_touched, 20), 64)
     payloads = [send() for _ in range(21)]
-    per("main: unpickle a batch (receive the fd, map the shared memory)", _cpu_per(lambda: ForkingPickler.loads(payloads.pop()), 20), 64)
+    per(
+        "main: unpickle a batch (receive the fd, map the shared memory)",
+        _cpu_per(lambda: ForkingPickler.loads(payloads.pop()), 20),
+        64,
+    )
     payloads = [send() for _ in range(11)]
-    per("main: unpickle + touch every page of the batch", _cpu_per(lambda: float(ForkingPickler.loads(payloads.pop())["x"].numpy()[:, :, :, ::1024].sum()), 10), 64)
-    per("main: touch every page of a batch in ordinary memory", _cpu_per(lambda: float(batch.numpy()[:, :, :, ::1024].sum()), 10), 64)
+    per(
+        "main: unpickle + touch every page of the batch",
+        _cpu_per(lambda: float(ForkingPickler.loads(payloads.pop())["x"].numpy()[:, :, :, ::1024].sum()), 10),
+        64,
+    )
+    per(
+        "main: touch every page of a batch in ordinary memory",
+        _cpu_per(lambda: float(batch.numpy()[:, :, :, ::1024].sum()), 10),
+        64,
+    )
 
 
 def main(argv=None) -> int:
@@ -412,8 +452,11 @@ def main(argv=None) -> int:
     p.add_argument("--cprofile", action="store_true", help="also cProfile the main thread")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--micro", action="store_true", help="elementary costs instead of a loader run")
-    p.add_argument("--compare", help="comma list of variants, each run --rounds times alternately in fresh "
-                   "processes; prints the median CPU per sample by thread role")
+    p.add_argument(
+        "--compare",
+        help="comma list of variants, each run --rounds times alternately in fresh "
+        "processes; prints the median CPU per sample by thread role",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", help="write the single run's result here")
     a = p.parse_args(argv)
@@ -457,12 +500,18 @@ def compare(a, argv: list[str]) -> int:
         for r in range(a.rounds):
             for v in variants:
                 out = Path(tmp) / f"{v}_{r}.json"
-                subprocess.run([sys.executable, __file__, *base, "--variant", v, "--json", str(out)], check=True,
-                               stdout=subprocess.DEVNULL)
+                subprocess.run(
+                    [sys.executable, __file__, *base, "--variant", v, "--json", str(out)],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
                 res = json.loads(out.read_text())
                 results[v].append(res)
-                print(f"round {r + 1} {v}: {1e6 * res['process_total'] / res['samples']:,.0f} us/sample CPU, "
-                      f"{res['samples_per_s']:,.0f} samples/s wall", flush=True)
+                print(
+                    f"round {r + 1} {v}: {1e6 * res['process_total'] / res['samples']:,.0f} us/sample CPU, "
+                    f"{res['samples_per_s']:,.0f} samples/s wall",
+                    flush=True,
+                )
     roles = sorted({(proc, role_) for rs in results.values() for res in rs for proc, role_, *_ in res["threads"]})
     print(f"\n== median CPU us/sample over {a.rounds} rounds, {a.workers} workers ==")
     head = f"{'process / thread role':52s}" + "".join(f"{v:>16s}" for v in variants)
@@ -470,13 +519,17 @@ def compare(a, argv: list[str]) -> int:
     for proc, role_ in roles:
         cells = []
         for v in variants:
-            vals = [sum(u + s_ for p_, r_, u, s_ in res["threads"] if (p_, r_) == (proc, role_)) / res["samples"]
-                    for res in results[v]]
+            vals = [
+                sum(u + s_ for p_, r_, u, s_ in res["threads"] if (p_, r_) == (proc, role_)) / res["samples"]
+                for res in results[v]
+            ]
             cells.append(f"{1e6 * statistics.median(vals):16,.1f}")
         if any(float(c.replace(",", "")) > 0.05 for c in cells):
             print(f"{proc + ' / ' + role_:52s}" + "".join(cells))
-    for label, fn in (("TOTAL CPU us/sample", lambda res: 1e6 * res["process_total"] / res["samples"]),
-                      ("samples/s (wall, machine-dependent)", lambda res: res["samples_per_s"])):
+    for label, fn in (
+        ("TOTAL CPU us/sample", lambda res: 1e6 * res["process_total"] / res["samples"]),
+        ("samples/s (wall, machine-dependent)", lambda res: res["samples_per_s"]),
+    ):
         print(f"{label:52s}" + "".join(f"{statistics.median(fn(res) for res in results[v]):16,.1f}" for v in variants))
     return 0
 

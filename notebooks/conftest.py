@@ -4,5 +4,9 @@
 def pytest_collectstart(collector):
     if collector.fspath and collector.fspath.ext == ".ipynb":
         # HTML reprs hold random ids; stderr holds warnings and progress bars; widgets are state.
-        collector.skip_compare += ("text/html", "application/javascript", "stderr",
-                                   "application/vnd.jupyter.widget-view+json")
+        collector.skip_compare += (
+            "text/html",
+            "application/javascript",
+            "stderr",
+            "application/vnd.jupyter.widget-view+json",
+        )

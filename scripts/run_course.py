@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     import nbformat
     from nbclient import NotebookClient
 
-    from zarrtorch.paths import data_dir
-    from zarrtorch.synthetic import make_data
+    from zarrtorch.course.paths import data_dir
+    from zarrtorch.course.synthetic import make_data
 
     rows: list[tuple[str, float, str]] = []
     t0 = time.perf_counter()
@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(pfx) for pfx in a.only)]
     for nb_path in notebooks:
         nb = nbformat.read(nb_path, as_version=4)
-        client = NotebookClient(nb, timeout=a.timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(nb_path.parent)}})
+        client = NotebookClient(
+            nb, timeout=a.timeout, kernel_name="python3", resources={"metadata": {"path": str(nb_path.parent)}}
+        )
         start = time.perf_counter()
         print(f"[course] {nb_path.name} ...", flush=True)
         try:
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
     total = time.perf_counter() - t0
     width = max(len(r[0]) for r in rows)
-    print(f"\nCourse run on size {a.size!r} (executed notebooks in {out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}):")
+    shown = out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir
+    print(f"\nCourse run on size {a.size!r} (executed notebooks in {shown}):")
     for name, secs, status in rows:
         print(f"  {name:<{width}}  {secs:8.1f} s  {status}")
     print(f"  {'total':<{width}}  {total:8.1f} s")

@@ -100,8 +100,10 @@ def fill(markdown: str, values: dict) -> str:
     """Replace every ``{{name}}``; raise listing every name that has no value (no silent blanks)."""
     missing = sorted({m for m in PLACEHOLDER.findall(markdown) if m not in values})
     if missing:
-        raise KeyError(f"slides/workshop.md uses placeholders with no measured value: {', '.join(missing)} "
-                       "(add them to slides/figures.py)")
+        raise KeyError(
+            f"slides/workshop.md uses placeholders with no measured value: {', '.join(missing)} "
+            "(add them to slides/figures.py)"
+        )
     return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), markdown)
 
 
@@ -140,22 +142,37 @@ def build(out: Path = DEFAULT_OUT, *, bench_json: Path | None = None, log=print)
             raise FileNotFoundError(f"the deck shows {ref!r}, which the build did not produce in {out}")
     (out / "workshop.md").write_text(markdown, encoding="utf-8")
     (out / "values.json").write_text(json.dumps(values, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    page = PAGE.format(title=html.escape(title_of(markdown)), sep=SLIDE_SEPARATOR, vsep=VERTICAL_SEPARATOR,
-                       notes=NOTES_SEPARATOR, markdown=html.escape(markdown, quote=False))
+    page = PAGE.format(
+        title=html.escape(title_of(markdown)),
+        sep=SLIDE_SEPARATOR,
+        vsep=VERTICAL_SEPARATOR,
+        notes=NOTES_SEPARATOR,
+        markdown=html.escape(markdown, quote=False),
+    )
     (out / "index.html").write_text(page, encoding="utf-8")
     seconds = time.perf_counter() - t0
-    summary = {"index": str(out / "index.html"), "slides": count_slides(markdown),
-               "figures": values["figures"], "seconds": round(seconds, 1)}
-    log(f"[slides] {summary['slides']} slides, {len(values['figures'])} figures -> {out / 'index.html'} "
-        f"({seconds:.1f} s)")
+    summary = {
+        "index": str(out / "index.html"),
+        "slides": count_slides(markdown),
+        "figures": values["figures"],
+        "seconds": round(seconds, 1),
+    }
+    log(
+        f"[slides] {summary['slides']} slides, {len(values['figures'])} figures -> {out / 'index.html'} "
+        f"({seconds:.1f} s)"
+    )
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default slides/build)")
-    p.add_argument("--bench", type=Path, default=None,
-                   help="make bench's results to show (default benchmarks/results/latest.json if it exists)")
+    p.add_argument(
+        "--bench",
+        type=Path,
+        default=None,
+        help="make bench's results to show (default benchmarks/results/latest.json if it exists)",
+    )
     a = p.parse_args(argv)
     build(a.out, bench_json=a.bench)
     return 0

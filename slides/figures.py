@@ -6,7 +6,7 @@ Run by ``slides/build.py`` (``make slides``); also runnable alone::
 
 Nothing here is typed in: every figure and every number the deck shows comes out of a function below.
 
-- ``data_map.png``: the synthetic data (``zarrtorch.synthetic``, tiny preset): two fields at one step and a
+- ``data_map.png``: the synthetic data (``zarrtorch.course.synthetic``, tiny preset): two fields at one step and a
   year of temperature at one grid point.
 - ``partition.png``: which rows every (rank, worker) reads in two epochs (``zarrtorch.plan.epoch_plan``).
 - ``stream_order.png``, ``shuffle_quality.png``: how shuffled the batches are, without reading data
@@ -45,10 +45,17 @@ PAIR_COLOURS = ["#1f77b4", "#6baed6", "#d62728", "#fc9272"]
 LEFT_OUT = "#d9d9d9"
 DPI = 110
 
-plt.rcParams.update({
-    "font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "legend.fontsize": 11,
-    "axes.spines.top": False, "axes.spines.right": False, "figure.dpi": DPI,
-})
+plt.rcParams.update(
+    {
+        "font.size": 13,
+        "axes.titlesize": 14,
+        "axes.labelsize": 13,
+        "legend.fontsize": 11,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "figure.dpi": DPI,
+    }
+)
 
 
 def _save(fig, out: Path, name: str) -> str:
@@ -66,10 +73,12 @@ def _metadata_arrays(rows: int, chunk_rows: int, row_shape=(32, 64)) -> dict:
     store = zarr.storage.MemoryStore()
     group = zarr.open_group(store, mode="w", zarr_format=3)
     return {
-        "fields": group.create_array("fields", shape=(rows, 4, *row_shape), chunks=(chunk_rows, 4, *row_shape),
-                                     dtype="float32"),
-        "target": group.create_array("target", shape=(rows, *row_shape), chunks=(chunk_rows, *row_shape),
-                                     dtype="float32"),
+        "fields": group.create_array(
+            "fields", shape=(rows, 4, *row_shape), chunks=(chunk_rows, 4, *row_shape), dtype="float32"
+        ),
+        "target": group.create_array(
+            "target", shape=(rows, *row_shape), chunks=(chunk_rows, *row_shape), dtype="float32"
+        ),
     }
 
 
@@ -80,7 +89,7 @@ def data_facts() -> dict:
     """Sizes of the three presets and the layout of the generated tiny stores (read from their metadata)."""
     import zarr
 
-    from zarrtorch import paths, synthetic
+    from zarrtorch.course import paths, synthetic
 
     v: dict = {}
     for name, p in synthetic.PRESETS.items():
@@ -97,7 +106,7 @@ def data_facts() -> dict:
     v["train_chunks"] = "(" + ", ".join(map(str, t.chunks)) + ")"
     v["fields_shape"] = "(" + ", ".join(map(str, t.shape)) + ")"
     # how many stored chunks one sample (every variable of one time step, plus its target) touches
-    per_sample_archive = int(np.prod([s // c for s, c in zip(a.shape[1:], a.chunks[1:])])) + 1
+    per_sample_archive = int(np.prod([s // c for s, c in zip(a.shape[1:], a.chunks[1:], strict=True)])) + 1
     v["archive_chunks_per_sample"] = str(per_sample_archive)
     v["archive_chunk_rows"] = str(a.chunks[0])
     # what the loader says about the archive layout (its layout check, word for word)
@@ -109,14 +118,16 @@ def data_facts() -> dict:
     except LayoutError as exc:
         v["archive_verdict"] = str(exc).split(":")[0].strip()
     v["archive_decoded_kib_per_sample"] = f"{per_sample_archive * a.chunks[0] * np.prod(a.chunks[2:]) * 4 / 2**10:,.0f}"
-    v["train_decoded_kib_per_sample"] = f"{t.chunks[0] * (np.prod(t.chunks[1:]) + np.prod(t.chunks[2:])) * 4 / 2**10:,.0f}"
+    v["train_decoded_kib_per_sample"] = (
+        f"{t.chunks[0] * (np.prod(t.chunks[1:]) + np.prod(t.chunks[2:])) * 4 / 2**10:,.0f}"
+    )
     v["train_chunk_rows"] = str(t.chunks[0])
     v["train_n_chunks"] = str(-(-t.shape[0] // t.chunks[0]))
     return v
 
 
 def fig_data_map(out: Path) -> tuple[str, dict]:
-    from zarrtorch.synthetic import synthetic_dataset
+    from zarrtorch.course.synthetic import synthetic_dataset
 
     ds = synthetic_dataset("tiny")
     step0 = ds["fields"].isel(time=0).compute()
@@ -129,8 +140,7 @@ def fig_data_map(out: Path) -> tuple[str, dict]:
         ax = fig.add_subplot(gs[0, k])
         field = step0.sel(variable=var).values
         lim = None if var == "t" else float(np.abs(field).max())
-        im = ax.pcolormesh(lon, lat, field, cmap=cmap, shading="auto",
-                           vmin=-lim if lim else None, vmax=lim)
+        im = ax.pcolormesh(lon, lat, field, cmap=cmap, shading="auto", vmin=-lim if lim else None, vmax=lim)
         ax.set_title(f"{label}, {str(ds['time'].values[0])[:13].replace('T', ' ')} h")
         ax.set_xticks([0, 90, 180, 270])
         ax.set_xlabel("longitude")
@@ -156,8 +166,8 @@ def fig_partition(out: Path) -> tuple[str, dict]:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
+    from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
     from zarrtorch.plan import epoch_plan, row_budget
-    from zarrtorch.synthetic import PRESETS, TRAIN_CHUNK_ROWS
 
     rows, chunk_rows = PRESETS["tiny"].n_time, TRAIN_CHUNK_ROWS["tiny"]
     W, NW, B = PART["world_size"], PART["num_workers"], PART["batch_size"]
@@ -165,46 +175,75 @@ def fig_partition(out: Path) -> tuple[str, dict]:
     for epoch in (0, 1):
         owner = np.full(rows, -1)
         for rank in range(W):
-            plan = epoch_plan(rows, chunk_rows, seed=PART["seed"], epoch=epoch, batch_size=B, drop_last=True,
-                              world_size=W, rank=rank, num_workers=NW)
+            plan = epoch_plan(
+                rows,
+                chunk_rows,
+                seed=PART["seed"],
+                epoch=epoch,
+                batch_size=B,
+                drop_last=True,
+                world_size=W,
+                rank=rank,
+                num_workers=NW,
+            )
             for wp in plan.workers:
                 for lo, hi in wp.pieces:
                     owner[lo:hi] = rank * NW + wp.worker
                 batches[(rank, wp.worker)] = len(wp.batch_sizes)
         owners.append(owner)
-    assert all((o >= 0).sum() == W * row_budget(rows, world_size=W, batch_size=B, drop_last=True).rows_per_rank
-               for o in owners)
+    assert all(
+        (o >= 0).sum() == W * row_budget(rows, world_size=W, batch_size=B, drop_last=True).rows_per_rank for o in owners
+    )
     cmap = ListedColormap([LEFT_OUT] + PAIR_COLOURS)
     fig, axes = plt.subplots(2, 1, figsize=(13, 3.6), sharex=True)
-    for epoch, (ax, owner) in enumerate(zip(axes, owners)):
-        ax.imshow((owner + 1)[None, :], aspect="auto", cmap=cmap, vmin=0, vmax=len(PAIR_COLOURS),
-                  interpolation="nearest", extent=(0, rows, 0, 1))
+    for epoch, (ax, owner) in enumerate(zip(axes, owners, strict=True)):
+        ax.imshow(
+            (owner + 1)[None, :],
+            aspect="auto",
+            cmap=cmap,
+            vmin=0,
+            vmax=len(PAIR_COLOURS),
+            interpolation="nearest",
+            extent=(0, rows, 0, 1),
+        )
         for c in range(0, rows + 1, chunk_rows):
             ax.axvline(c, color="white", lw=1.2)
         ax.set_yticks([0.5], [f"epoch {epoch}"])
         ax.spines[["left", "bottom"]].set_visible(False)
         ax.tick_params(left=False)
     axes[-1].set_xlabel(f"row of the store (time step); white lines: chunk boundaries every {chunk_rows} rows")
-    handles = [Patch(color=PAIR_COLOURS[r * NW + w], label=f"rank {r} / worker {w}: {batches[(r, w)]} batches")
-               for r in range(W) for w in range(NW)]
+    handles = [
+        Patch(color=PAIR_COLOURS[r * NW + w], label=f"rank {r} / worker {w}: {batches[(r, w)]} batches")
+        for r in range(W)
+        for w in range(NW)
+    ]
     handles.append(Patch(color=LEFT_OUT, label="left out this epoch"))
     fig.legend(handles=handles, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.22), frameon=False)
     budget = row_budget(rows, world_size=W, batch_size=B, drop_last=True)
     pad = row_budget(rows, world_size=W, batch_size=B, drop_last=False)
-    from zarrtorch.ddp_demo import naive_batch_counts  # chunks dealt round-robin to ranks, the usual first try
+    from zarrtorch.course.ddp_demo import naive_batch_counts  # chunks dealt round-robin to ranks, the usual first try
 
     naive = naive_batch_counts(rows, chunk_rows, world_size=W, batch_size=B, drop_last=False)
     naive_dl = naive_batch_counts(rows, chunk_rows, world_size=W, batch_size=B, drop_last=True)
     values = {
-        "part_rows": f"{rows:,}", "part_chunk_rows": str(chunk_rows), "part_n_chunks": str(-(-rows // chunk_rows)),
+        "part_rows": f"{rows:,}",
+        "part_chunk_rows": str(chunk_rows),
+        "part_n_chunks": str(-(-rows // chunk_rows)),
         "part_last_chunk_rows": str(rows - chunk_rows * (rows // chunk_rows)),
-        "part_world": str(W), "part_workers": str(NW), "part_batch": str(B),
-        "part_batches_per_rank": str(budget.batches_per_rank), "part_rows_per_rank": str(budget.rows_per_rank),
-        "part_dropped": str(budget.dropped_rows), "part_ws_times_b": str(W * B),
-        "part_eval_batches": str(pad.batches_per_rank), "part_eval_padding": str(pad.padding_rows),
-        "part_eval_last_batch": str(pad.last_batch_size), "part_eval_rows_per_rank": str(pad.rows_per_rank),
+        "part_world": str(W),
+        "part_workers": str(NW),
+        "part_batch": str(B),
+        "part_batches_per_rank": str(budget.batches_per_rank),
+        "part_rows_per_rank": str(budget.rows_per_rank),
+        "part_dropped": str(budget.dropped_rows),
+        "part_ws_times_b": str(W * B),
+        "part_eval_batches": str(pad.batches_per_rank),
+        "part_eval_padding": str(pad.padding_rows),
+        "part_eval_last_batch": str(pad.last_batch_size),
+        "part_eval_rows_per_rank": str(pad.rows_per_rank),
         "part_worker_batches": ", ".join(str(batches[(0, w)]) for w in range(NW)),
-        "naive_counts": " vs ".join(map(str, naive)), "naive_counts_drop_last": " vs ".join(map(str, naive_dl)),
+        "naive_counts": " vs ".join(map(str, naive)),
+        "naive_counts_drop_last": " vs ".join(map(str, naive_dl)),
     }
     return _save(fig, out, "partition.png"), values
 
@@ -216,22 +255,25 @@ def _batches(arrays, *, shuffle=True, buffer_chunks=8, world_size=1, num_workers
     from zarrtorch import ZarrIterableDataset
 
     ds = ZarrIterableDataset(arrays, shuffle=shuffle, seed=0, buffer_chunks=buffer_chunks)
-    return ds, ds.batch_row_ids(epoch=epoch, rank=0, world_size=world_size, num_workers=num_workers,
-                                batch_size=batch_size, drop_last=True)
+    return ds, ds.batch_row_ids(
+        epoch=epoch, rank=0, world_size=world_size, num_workers=num_workers, batch_size=batch_size, drop_last=True
+    )
 
 
 def fig_stream_order(out: Path) -> tuple[str, dict]:
     """Row number against position in the stream, for the tiny store (one rank, one stream)."""
-    from zarrtorch import paths
+    from zarrtorch.course import paths
     from zarrtorch.quality import perfect_shuffle_batches
 
     store = str(paths.train_store_path("tiny"))
-    cases = [("no shuffle", dict(shuffle=False)),
-             ("chunk order only\n(buffer: 1 chunk)", dict(buffer_chunks=1)),
-             ("chunk order +\nbuffer of 8 chunks", dict(buffer_chunks=8))]
+    cases = [
+        ("no shuffle", dict(shuffle=False)),
+        ("chunk order only\n(buffer: 1 chunk)", dict(buffer_chunks=1)),
+        ("chunk order +\nbuffer of 8 chunks", dict(buffer_chunks=8)),
+    ]
     fig, axes = plt.subplots(1, 4, figsize=(14, 3.7), sharey=True)
     rows = None
-    for ax, (title, kw) in zip(axes, cases):
+    for ax, (title, kw) in zip(axes[: len(cases)], cases, strict=True):
         ds, b = _batches(store, batch_size=32, **kw)
         rows = ds.rows
         stream = np.concatenate(b)
@@ -252,8 +294,8 @@ BUFFERS = (1, 2, 4, 8, 16, 32, 64)
 
 def fig_shuffle_quality(out: Path) -> tuple[str, dict]:
     """Chunk diversity and order correlation against buffer size, on the `small` dataset's shape."""
+    from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
     from zarrtorch.quality import perfect_shuffle_batches, shuffle_quality
-    from zarrtorch.synthetic import PRESETS, TRAIN_CHUNK_ROWS
 
     p = PRESETS["small"]
     rows, chunk_rows = p.n_time, TRAIN_CHUNK_ROWS["small"]
@@ -271,25 +313,43 @@ def fig_shuffle_quality(out: Path) -> tuple[str, dict]:
 
     fig, ax = plt.subplots(figsize=(11, 4.6))
     x = np.arange(len(BUFFERS))
-    ax.plot(x, div, "o-", color="#1f77b4", lw=2,
-            label=f"chunk diversity (perfect shuffle {qp.chunk_diversity:.2f}, none {q0.chunk_diversity:.2f})")
-    ax.plot(x, corr, "s-", color="#d62728", lw=2,
-            label=f"order correlation (perfect shuffle {qp.order_correlation:.2f}, none {q0.order_correlation:.2f})")
+    ax.plot(
+        x,
+        div,
+        "o-",
+        color="#1f77b4",
+        lw=2,
+        label=f"chunk diversity (perfect shuffle {qp.chunk_diversity:.2f}, none {q0.chunk_diversity:.2f})",
+    )
+    ax.plot(
+        x,
+        corr,
+        "s-",
+        color="#d62728",
+        lw=2,
+        label=f"order correlation (perfect shuffle {qp.order_correlation:.2f}, none {q0.order_correlation:.2f})",
+    )
     ax.axhline(1.0, color="#777", ls="--", lw=1)
     ax.axhline(0.0, color="#777", ls="-", lw=0.6)
-    ax.set_xticks(x, [f"{bc}\n{m:.0f} MiB" for bc, m in zip(BUFFERS, mem)])
+    ax.set_xticks(x, [f"{bc}\n{m:.0f} MiB" for bc, m in zip(BUFFERS, mem, strict=True)])
     ax.set_xlabel("buffer_chunks (and decoded memory per worker)")
     ax.set_ylim(-0.15, 1.1)
     ax.legend(loc="upper left", frameon=False)
-    ax.set_title(f"rank 0 of {SHUFFLE['world_size']}, {SHUFFLE['num_workers']} workers, batch "
-                 f"{SHUFFLE['batch_size']}: {rows:,} rows in {-(-rows // chunk_rows)} chunks of {chunk_rows}",
-                 fontsize=12)
+    ax.set_title(
+        f"rank 0 of {SHUFFLE['world_size']}, {SHUFFLE['num_workers']} workers, batch "
+        f"{SHUFFLE['batch_size']}: {rows:,} rows in {-(-rows // chunk_rows)} chunks of {chunk_rows}",
+        fontsize=12,
+    )
     values = {
-        "sq_rows": f"{rows:,}", "sq_chunks": str(-(-rows // chunk_rows)), "sq_chunk_rows": str(chunk_rows),
-        "sq_noshuffle_div": f"{q0.chunk_diversity:.2f}", "sq_noshuffle_corr": f"{q0.order_correlation:.2f}",
-        "sq_perfect_div": f"{qp.chunk_diversity:.2f}", "sq_perfect_corr": f"{qp.order_correlation:.2f}",
+        "sq_rows": f"{rows:,}",
+        "sq_chunks": str(-(-rows // chunk_rows)),
+        "sq_chunk_rows": str(chunk_rows),
+        "sq_noshuffle_div": f"{q0.chunk_diversity:.2f}",
+        "sq_noshuffle_corr": f"{q0.order_correlation:.2f}",
+        "sq_perfect_div": f"{qp.chunk_diversity:.2f}",
+        "sq_perfect_corr": f"{qp.order_correlation:.2f}",
     }
-    for bc, d, c, m in zip(BUFFERS, div, corr, mem):
+    for bc, d, c, m in zip(BUFFERS, div, corr, mem, strict=True):
         values[f"sq_div_{bc}"] = f"{d:.2f}"
         values[f"sq_corr_{bc}"] = f"{c:.2f}"
         values[f"sq_mem_{bc}"] = f"{m:.0f}"
@@ -304,15 +364,15 @@ CT_ROWS = 768  # rows of the tiny data rewritten at each chunk length (768 x 40 
 BUFFER_ROWS = 512  # the fixed shuffle-buffer memory of the comparison, in rows (512 x 40 KiB = 20 MiB)
 
 
-def _read_all_chunks(arrays: dict, chunk_rows: int, rows: int, *, threads: int = 1,
-                     clock=time.perf_counter) -> float:
+def _read_all_chunks(arrays: dict, chunk_rows: int, rows: int, *, threads: int = 1, clock=time.perf_counter) -> float:
     """Seconds (of ``clock``) to decode every chunk once, in order, with zarrtorch's reader: one thread and no
     prefetch, or ``threads`` threads decoding ahead as a loader worker does."""
     from zarrtorch.reader import PieceReader
 
     pieces = np.array([[s, min(s + chunk_rows, rows)] for s in range(0, rows, chunk_rows)], dtype=np.int64)
-    reader = PieceReader(arrays, chunk_rows, threads=threads, prefetch=1 if threads == 1 else threads + 1,
-                         check_missing=False)
+    reader = PieceReader(
+        arrays, chunk_rows, threads=threads, prefetch=1 if threads == 1 else threads + 1, check_missing=False
+    )
     t0 = clock()
     for _ in reader.iter_pieces(pieces):
         pass
@@ -322,9 +382,10 @@ def _read_all_chunks(arrays: dict, chunk_rows: int, rows: int, *, threads: int =
 def fig_chunk_tradeoff(out: Path, repeats: int = 5) -> tuple[str, dict]:
     import zarr
 
-    from zarrtorch import paths, prepare_zarr
+    from zarrtorch import prepare_zarr
+    from zarrtorch.course import paths
+    from zarrtorch.course.synthetic import PRESETS
     from zarrtorch.quality import shuffle_quality
-    from zarrtorch.synthetic import PRESETS, TRAIN_CHUNK_ROWS
 
     p = PRESETS["small"]
     src = zarr.open_group(str(paths.train_store_path("tiny")), mode="r")
@@ -361,7 +422,7 @@ def fig_chunk_tradeoff(out: Path, repeats: int = 5) -> tuple[str, dict]:
     a1.set_ylim(0, max(rates) * 1.15)
     a1.set_title(f"measured: decode {rows} rows chunk by chunk, 1 thread", fontsize=12)
     a2.plot(CHUNK_LENGTHS, quality, "o-", color="#1f77b4", lw=2)
-    for cr, q, bc in zip(CHUNK_LENGTHS, quality, bufs):
+    for cr, q, bc in zip(CHUNK_LENGTHS, quality, bufs, strict=True):
         a2.annotate(f"{bc} x {cr}", (cr, q), textcoords="offset points", xytext=(4, 8), ha="left", fontsize=10)
     a2.set_xscale("log", base=2)
     a2.set_xlim(CHUNK_LENGTHS[0] / 1.3, CHUNK_LENGTHS[-1] * 1.6)
@@ -373,7 +434,7 @@ def fig_chunk_tradeoff(out: Path, repeats: int = 5) -> tuple[str, dict]:
     values = {"ct_buffer_rows": str(BUFFER_ROWS), "ct_buffer_mib": f"{BUFFER_ROWS * p.sample_nbytes / 2**20:.0f}"}
     values["ct_rows"] = str(rows)
     values["ct_machine"] = machine(load=True)
-    for cr, r, q in zip(CHUNK_LENGTHS, rates, quality):
+    for cr, r, q in zip(CHUNK_LENGTHS, rates, quality, strict=True):
         values[f"ct_rate_{cr}"] = f"{r:,.0f}"
         values[f"ct_div_{cr}"] = f"{q:.2f}"
     i_best = int(np.argmax(rates))
@@ -423,14 +484,21 @@ def from_benchmark(path: Path = BENCH_JSON) -> dict | None:
         where = f"{m.get('host', '?')} ({m.get('cpu_model') or 'CPU not recorded'}, {m.get('cpus', '?')} CPUs)"
         load = meta.get("load_average_start") or [None]
         gib = float(args["gib"])
-        what = (f"{gib:g} GiB array, {args['chunk_rows']}-row chunks, batch {args['batch_size']}, median of "
-                f"{args['repeats']}, page cache {meta.get('page_cache', '?')}")
+        what = (
+            f"{gib:g} GiB array, {args['chunk_rows']}-row chunks, batch {args['batch_size']}, median of "
+            f"{args['repeats']}, page cache {meta.get('page_cache', '?')}"
+        )
         if load[0] is not None:
             what += f", load average {load[0]:.1f} at the start"
-        return {"row": rate(naive), "zarrtorch": zt_rate, "raw": rate(l0), "raw_label": l0["label"],
-                "zt_label": zt["label"], "bars": bars,
-                "source": f"make bench run started {meta['started']} on {where}: {what} "
-                          f"(benchmarks/results/latest.json)"}
+        return {
+            "row": rate(naive),
+            "zarrtorch": zt_rate,
+            "raw": rate(l0),
+            "raw_label": l0["label"],
+            "zt_label": zt["label"],
+            "bars": bars,
+            "source": f"make bench run started {meta['started']} on {where}: {what} (benchmarks/results/latest.json)",
+        }
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         print(f"[figures] {path} not used ({type(exc).__name__}: {exc}); measuring on the tiny data instead")
         return None
@@ -443,8 +511,9 @@ def measure_loaders(epochs: int = 5, rbr_batches: int = 4) -> dict:
     import zarr
     from torch.utils.data import DataLoader
 
-    from zarrtorch import ZarrDataLoader, ZarrIterableDataset, paths
-    from zarrtorch.baselines import RowByRowDataset
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+    from zarrtorch.course import paths
+    from zarrtorch.course.baselines import RowByRowDataset
 
     store = str(paths.train_store_path("tiny"))
     threads = 2
@@ -465,8 +534,9 @@ def measure_loaders(epochs: int = 5, rbr_batches: int = 4) -> dict:
         raw = ds.rows / _read_all_chunks(arrays, chunk_rows, ds.rows, threads=threads)
         if epoch:
             zt_best, raw_best = max(zt_best, zt), max(raw_best, raw)
-    rbr = DataLoader(RowByRowDataset(store), batch_size=32, shuffle=True, num_workers=0,
-                     generator=torch.Generator().manual_seed(0))
+    rbr = DataLoader(
+        RowByRowDataset(store), batch_size=32, shuffle=True, num_workers=0, generator=torch.Generator().manual_seed(0)
+    )
     it = iter(rbr)
     next(it)  # warm-up batch
     t0, n = time.perf_counter(), 0
@@ -476,19 +546,29 @@ def measure_loaders(epochs: int = 5, rbr_batches: int = 4) -> dict:
     today = _dt.date.today().isoformat()
     zt_label = f"ZarrDataLoader, main process, {threads} decode threads"
     raw_label = f"zarrtorch's chunk reader alone, {threads} threads"
-    bars = [("map-style Dataset,\none row per __getitem__", rbr_rate),
-            (f"ZarrDataLoader\nmain process, {threads} decode threads", zt_best),
-            (f"no loader: decode every\nchunk in order, {threads} threads", raw_best)]
-    return {"row": rbr_rate, "zarrtorch": zt_best, "raw": raw_best, "raw_label": raw_label, "zt_label": zt_label,
-            "bars": bars, "source": f"measured while building the deck (make slides) on {today}, {machine(load=True)}: "
-                                    f"tiny data, batch 32, best of {epochs} rounds, page cache warm "
-                                    "(no make bench results found)"}
+    bars = [
+        ("map-style Dataset,\none row per __getitem__", rbr_rate),
+        (f"ZarrDataLoader\nmain process, {threads} decode threads", zt_best),
+        (f"no loader: decode every\nchunk in order, {threads} threads", raw_best),
+    ]
+    return {
+        "row": rbr_rate,
+        "zarrtorch": zt_best,
+        "raw": raw_best,
+        "raw_label": raw_label,
+        "zt_label": zt_label,
+        "bars": bars,
+        "source": f"measured while building the deck (make slides) on {today}, {machine(load=True)}: "
+        f"tiny data, batch 32, best of {epochs} rounds, page cache warm "
+        "(no make bench results found)",
+    }
 
 
 def fig_throughput(out: Path, bench_json: Path | None = BENCH_JSON) -> tuple[str, dict]:
     perf = (from_benchmark(bench_json) if bench_json else None) or measure_loaders()
     labels = [b[0] for b in perf["bars"]]
     vals = [b[1] for b in perf["bars"]]
+
     def colour(label: str) -> str:
         low = label.lower()
         if "zarrtorch" in low or "zarrdataloader" in low:
@@ -507,9 +587,12 @@ def fig_throughput(out: Path, bench_json: Path | None = BENCH_JSON) -> tuple[str
     ax.set_xlim(min(vals) / 2, max(vals) * 8)
     ax.set_xlabel("samples / s (log scale)")
     values = {
-        "rbr_rate": f"{perf['row']:,.0f}", "zt_rate": f"{perf['zarrtorch']:,.0f}",
+        "rbr_rate": f"{perf['row']:,.0f}",
+        "zt_rate": f"{perf['zarrtorch']:,.0f}",
         "throughput_ratio": f"{perf['zarrtorch'] / perf['row']:,.0f}",
-        "raw_rate": f"{perf['raw']:,.0f}", "raw_label": perf["raw_label"], "zt_label": perf["zt_label"],
+        "raw_rate": f"{perf['raw']:,.0f}",
+        "raw_label": perf["raw_label"],
+        "zt_label": perf["zt_label"],
         "perf_source": perf["source"],
     }
     return _save(fig, out, "throughput.png"), values
@@ -536,8 +619,7 @@ def slurm_facts(path: Path = SLURM_TEMPLATE) -> dict:
     import textwrap
 
     command = " ".join(part.rstrip("\\").strip() for part in srun)
-    wrapped = textwrap.wrap(command, width=84, break_long_words=False, break_on_hyphens=False,
-                            subsequent_indent="    ")
+    wrapped = textwrap.wrap(command, width=84, break_long_words=False, break_on_hyphens=False, subsequent_indent="    ")
     srun = [line + " \\" for line in wrapped[:-1]] + wrapped[-1:]
     return {"slurm_excerpt": "\n".join(keep + ["..."] + srun), "slurm_template": str(path.relative_to(REPO))}
 
@@ -545,7 +627,7 @@ def slurm_facts(path: Path = SLURM_TEMPLATE) -> dict:
 def memory_facts() -> dict:
     """Decoded memory one worker holds, from the loader's own formula, for the workshop dataset."""
     from zarrtorch import ZarrIterableDataset
-    from zarrtorch.synthetic import PRESETS, TRAIN_CHUNK_ROWS
+    from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
 
     p = PRESETS["workshop"]
     arrays = _metadata_arrays(p.n_time, TRAIN_CHUNK_ROWS["workshop"], (p.n_lat, p.n_lon))
@@ -559,18 +641,24 @@ def memory_facts() -> dict:
 # ---------------------------------------------------------------------------------------------------------
 def make_all(out: Path, *, bench_json: Path | None = BENCH_JSON, log=print) -> dict:
     """Write every figure into ``out``; return the numbers the deck's placeholders use."""
-    from zarrtorch.synthetic import ensure_data
+    from zarrtorch.course.synthetic import ensure_data
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ensure_data("tiny")
     values: dict = {"figures": []}
-    steps = [("data facts", lambda: (None, data_facts())), ("data map", lambda: fig_data_map(out)),
-             ("partition", lambda: fig_partition(out)), ("stream order", lambda: fig_stream_order(out)),
-             ("shuffle quality", lambda: fig_shuffle_quality(out)),
-             ("chunk trade-off (writes 6 stores)", lambda: fig_chunk_tradeoff(out)),
-             ("throughput", lambda: fig_throughput(out, bench_json)), ("memory", lambda: (None, memory_facts())), ("slurm", lambda: (None, slurm_facts()))]
+    steps = [
+        ("data facts", lambda: (None, data_facts())),
+        ("data map", lambda: fig_data_map(out)),
+        ("partition", lambda: fig_partition(out)),
+        ("stream order", lambda: fig_stream_order(out)),
+        ("shuffle quality", lambda: fig_shuffle_quality(out)),
+        ("chunk trade-off (writes 6 stores)", lambda: fig_chunk_tradeoff(out)),
+        ("throughput", lambda: fig_throughput(out, bench_json)),
+        ("memory", lambda: (None, memory_facts())),
+        ("slurm", lambda: (None, slurm_facts())),
+    ]
     for label, step in steps:
         t = time.perf_counter()
         name, v = step()

@@ -1,23 +1,30 @@
-"""zarrtorch: feed PyTorch (and DDP) training from Zarr arrays chunked along the sample axis."""
+"""zarrtorch: feed PyTorch (and DDP) training from Zarr arrays chunked along the sample axis.
 
-import warnings as _warnings
+The core (this package's top-level modules) needs numpy, zarr and torch; ``zarrtorch.lightning`` needs
+Lightning; ``zarrtorch.course`` holds what exists only for the course (data generator, demos, studies,
+the training entry point) and is never imported by the core.
+"""
 
-# Text coordinate labels (variable names) use a Zarr v3 data type whose spec is not frozen yet; the warning
-# would appear on every open of the course's stores and teaches nothing here.
-_warnings.filterwarnings("ignore", message=r"The data type \(FixedLengthUTF32.*does not have a Zarr V3 specification")
-_warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+from zarrtorch.dataset import ZarrIterableDataset
+from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout
+from zarrtorch.loader import ZarrDataLoader
+from zarrtorch.plan import RankPlan, epoch_plan
+from zarrtorch.prepare import prepare_zarr
+from zarrtorch.reader import ChunkReadError
+from zarrtorch.state import LoaderCheckpoint
 
 __version__ = "0.1.0"
 
-from zarrtorch import paths, plan, quality, synthetic  # noqa: E402  (zt.synthetic.ensure_data() in notebooks)
-from zarrtorch.dataset import ZarrIterableDataset  # noqa: E402
-from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout  # noqa: E402
-from zarrtorch.loader import ZarrDataLoader  # noqa: E402
-from zarrtorch.plan import epoch_plan  # noqa: E402
-from zarrtorch.prepare import prepare_zarr  # noqa: E402
-from zarrtorch.reader import ChunkReadError  # noqa: E402
-
 __all__ = [
-    "ZarrIterableDataset", "ZarrDataLoader", "prepare_zarr", "check_first_axis_layout", "epoch_plan",
-    "FirstAxisLayout", "LayoutError", "ChunkReadError",
+    "ChunkReadError",
+    "FirstAxisLayout",
+    "LayoutError",
+    "LoaderCheckpoint",
+    "RankPlan",
+    "ZarrDataLoader",
+    "ZarrIterableDataset",
+    "__version__",
+    "check_first_axis_layout",
+    "epoch_plan",
+    "prepare_zarr",
 ]

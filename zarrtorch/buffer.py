@@ -16,11 +16,12 @@ steps to arrays.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
+from zarrtorch.cursor import RowCursor
 from zarrtorch.plan import RankPlan, rng_for, round_robin_order
 
 
@@ -39,8 +40,9 @@ class Step:
     direct: int = 0
 
 
-def schedule(batch_sizes: np.ndarray, stream_rows: int, *, capacity: int, warmup_rows: int,
-             rng: np.random.Generator | None) -> Iterator[Step]:
+def schedule(
+    batch_sizes: np.ndarray, stream_rows: int, *, capacity: int, warmup_rows: int, rng: np.random.Generator | None
+) -> Iterator[Step]:
     """The buffer steps for one worker's epoch; ``rng=None`` means no shuffling (rows in stream order)."""
     if int(np.sum(batch_sizes)) != stream_rows:
         raise ValueError(f"batch sizes add up to {int(np.sum(batch_sizes))} rows, the stream has {stream_rows}")
@@ -73,30 +75,43 @@ def schedule(batch_sizes: np.ndarray, stream_rows: int, *, capacity: int, warmup
 
 
 class SlotBuffer:
-    """Applies schedule steps to named columns (the row ids always, the data arrays when reading).
+    """Applies schedule steps to named columns (the row ids always, the data arrays when reading), and
+    keeps its own fill level (``filled``: slots ``[0, filled)`` hold rows).
 
-    ``read(n)`` must return the next ``n`` stream rows as a dict of column -> array (or a list of such
-    dicts, consumed in order, when the rows span several pieces).
+    ``read(n)`` must return the next ``n`` stream rows as a list of dicts column -> array, consumed in
+    order (:meth:`zarrtorch.cursor.RowCursor.read`).
     """
 
     def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]):
         self.capacity = capacity
         self.slots = {name: np.empty((capacity, *shape), dtype=dtype) for name, (shape, dtype) in columns.items()}
+        self.filled = 0
         self._pending = None  # the refill and moves of the last step, run at the start of the next
 
     def _write(self, dst, segments) -> None:
         offset = 0
         for seg in segments:
-            n = len(next(iter(seg.values())))
-            where = dst[offset:offset + n] if isinstance(dst, np.ndarray) else slice(dst.start + offset, dst.start + offset + n)
+            n = len(seg["index"])
+            where = (
+                dst[offset : offset + n]
+                if isinstance(dst, np.ndarray)
+                else slice(dst.start + offset, dst.start + offset + n)
+            )
             for name, column in self.slots.items():
                 column[where] = seg[name]
             offset += n
 
     def _gather(self, column: np.ndarray, take: np.ndarray):
-        """A batch's rows of one column, as a fresh array (benchmarks/profile_stream.py overrides this one
-        method to try other ways of handing batches to the main process)."""
+        """A batch's rows of one column, as a fresh array (the benchmark's transport prototypes override
+        this one method)."""
         return column[take]
+
+    def load(self, columns: dict[str, np.ndarray]) -> None:
+        """Fill the first slots with given rows (rebuilding the buffer when resuming mid-epoch)."""
+        n = len(columns["index"])
+        for name, column in self.slots.items():
+            column[:n] = columns[name]
+        self.filled = n
 
     def flush(self) -> None:
         """Run the refill and moves deferred from the last step (before looking at the slots directly)."""
@@ -110,8 +125,8 @@ class SlotBuffer:
             for column in self.slots.values():
                 column[move_dst] = column[move_src]
 
-    def apply(self, step: Step, read, filled: int) -> tuple[dict[str, np.ndarray], int]:
-        """Run one step; returns the batch (fresh arrays) and the new fill level.
+    def apply(self, step: Step, read) -> dict[str, np.ndarray]:
+        """Run one step and return its batch (fresh arrays).
 
         Refilling the slots a batch freed is deferred to the start of the next step: the batch is already
         a copy and the stream is read in the same order, so every batch is identical, but a batch never
@@ -120,53 +135,36 @@ class SlotBuffer:
         if step.direct:
             segments = read(step.direct)
             if len(segments) == 1:
-                return dict(segments[0]), filled
-            return {name: np.concatenate([s[name] for s in segments]) for name in segments[0]}, filled
+                return dict(segments[0])
+            return {name: np.concatenate([s[name] for s in segments]) for name in segments[0]}
         if step.append:
-            self._write(slice(filled, filled + step.append), read(step.append))
-            filled += step.append
+            self._write(slice(self.filled, self.filled + step.append), read(step.append))
+            self.filled += step.append
         batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}
         if step.refill or step.move_dst is not None:
             self._pending = (step.take, step.refill, step.move_src, step.move_dst, read)
             if step.move_dst is not None:
-                filled -= len(step.take) - step.refill
-        return batch, filled
+                self.filled -= len(step.take) - step.refill
+        return batch
 
 
-def id_reader(pieces: np.ndarray, start_piece: int = 0, offset: int = 0):
-    """A ``read`` function for :class:`SlotBuffer` that yields row ids only (no I/O); also reports its
-    position (piece index, offset inside the piece) so the data path can continue from there."""
-    state = {"piece": start_piece, "offset": offset}
-
-    def read(n: int) -> list[dict[str, np.ndarray]]:
-        out = []
-        while n > 0:
-            lo, hi = pieces[state["piece"]]
-            take = min(n, hi - lo - state["offset"])
-            start = lo + state["offset"]
-            out.append({"index": np.arange(start, start + take, dtype=np.int64)})
-            n -= take
-            state["offset"] += take
-            if state["offset"] == hi - lo:
-                state["piece"] += 1
-                state["offset"] = 0
-        return out
-
-    read.state = state
-    return read
+INDEX_ONLY = {"index": ((), np.dtype(np.int64))}
 
 
-def simulate(pieces: np.ndarray, batch_sizes: np.ndarray, *, capacity: int, warmup_rows: int,
-             rng: np.random.Generator | None) -> list[np.ndarray]:
+def buffer_capacity(buffer_rows: int, batch_sizes: np.ndarray, row_shuffle: bool) -> int:
+    """Slots a worker's buffer needs: the buffer, or a whole batch if that is larger; none without shuffling."""
+    return max(int(buffer_rows), int(max(batch_sizes, default=1))) if row_shuffle else 0
+
+
+def simulate(
+    pieces: np.ndarray, batch_sizes: np.ndarray, *, capacity: int, warmup_rows: int, rng: np.random.Generator | None
+) -> list[np.ndarray]:
     """The row ids of every batch one worker yields, computed without reading any data."""
     rows = int((pieces[:, 1] - pieces[:, 0]).sum()) if len(pieces) else 0
-    buf = SlotBuffer(max(capacity, int(max(batch_sizes, default=1))) if rng is not None else 0,
-                     {"index": ((), np.dtype(np.int64))})
-    read, filled, out = id_reader(pieces), 0, []
-    for step in schedule(batch_sizes, rows, capacity=capacity, warmup_rows=warmup_rows, rng=rng):
-        batch, filled = buf.apply(step, read, filled)
-        out.append(batch["index"])
-    return out
+    buf = SlotBuffer(buffer_capacity(capacity, batch_sizes, rng is not None), INDEX_ONLY)
+    cursor = RowCursor(pieces)
+    steps = schedule(batch_sizes, rows, capacity=capacity, warmup_rows=warmup_rows, rng=rng)
+    return [buf.apply(step, cursor.read)["index"] for step in steps]
 
 
 def buffer_rng(seed: int, epoch: int, rank: int, worker: int, row_shuffle: bool) -> np.random.Generator | None:
@@ -174,13 +172,21 @@ def buffer_rng(seed: int, epoch: int, rank: int, worker: int, row_shuffle: bool)
     return rng_for(seed, epoch, 2, rank, worker) if row_shuffle else None
 
 
-def rank_batches(plan: RankPlan, *, seed: int, chunk_rows: int, buffer_chunks: int,
-                 row_shuffle: bool) -> list[np.ndarray]:
+def rank_batches(
+    plan: RankPlan, *, seed: int, chunk_rows: int, buffer_chunks: int, row_shuffle: bool
+) -> list[np.ndarray]:
     """Row ids of every batch a rank yields, in the DataLoader's round-robin order: each worker's
     schedule run on ids alone, exactly as the workers run it on data."""
-    per_worker = [simulate(w.pieces, w.batch_sizes, capacity=buffer_chunks * chunk_rows, warmup_rows=chunk_rows,
-                           rng=buffer_rng(seed, plan.epoch, plan.rank, w.worker, row_shuffle))
-                  for w in plan.workers]
+    per_worker = [
+        simulate(
+            w.pieces,
+            w.batch_sizes,
+            capacity=buffer_chunks * chunk_rows,
+            warmup_rows=chunk_rows,
+            rng=buffer_rng(seed, plan.epoch, plan.rank, w.worker, row_shuffle),
+        )
+        for w in plan.workers
+    ]
     taken = [0] * len(per_worker)
     out = []
     for w in round_robin_order([len(b) for b in per_worker]):

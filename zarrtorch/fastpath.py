@@ -10,8 +10,8 @@ Zarr v2) is read through zarr as usual.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numcodecs
 import numpy as np

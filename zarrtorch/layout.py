@@ -8,10 +8,12 @@ holds other rows than chunk ``i`` of another, and samples would be paired with t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import zarr
+
+from zarrtorch.sizes import ceil_div
 
 FIX_HINT = "rewrite it with zarrtorch.prepare_zarr(...), which chunks along the first axis only"
 
@@ -30,7 +32,7 @@ class FirstAxisLayout:
 
     @property
     def n_chunks(self) -> int:
-        return -(-self.rows // self.chunk_rows)
+        return ceil_div(self.rows, self.chunk_rows)
 
 
 def _read_unit(name: str, arr: zarr.Array, allow_shards: bool) -> tuple[tuple[int, ...], bool]:
@@ -94,3 +96,17 @@ def check_first_axis_layout(arrays: Mapping[str, zarr.Array], *, allow_shards: b
                 f"{first_name!r} and {name!r} differ in sharding: shard all arrays the same way or none of them"
             )
     return FirstAxisLayout(rows=rows, chunk_rows=chunk_rows, sharded=sharded)
+
+
+def restrict_rows(layout: FirstAxisLayout, row_range: tuple[int, int]) -> tuple[int, FirstAxisLayout]:
+    """Offset and layout of a chunk-aligned row window (a split that keeps whole chunks)."""
+    start, stop = (int(v) for v in row_range)
+    c = layout.chunk_rows
+    if not 0 <= start < stop <= layout.rows:
+        raise ValueError(f"row_range {row_range} must satisfy 0 <= start < stop <= {layout.rows} (the rows)")
+    if start % c or (stop % c and stop != layout.rows):
+        raise ValueError(
+            f"row_range {row_range} must start on a chunk boundary (a multiple of {c}) and end on one "
+            f"or at the last row ({layout.rows}), so that chunks are not shared between splits"
+        )
+    return start, FirstAxisLayout(rows=stop - start, chunk_rows=c, sharded=layout.sharded)

@@ -1,9 +1,9 @@
 """``ZarrDataLoader``: a DataLoader that gives every rank the same number of batches, every epoch.
 
 It reads the rank and world size from ``torch.distributed`` in the process that creates the iterator
-(workers started by spawn or forkserver have no process group), and publishes them, with the epoch and
-the resume point, in a shared-memory tensor that every worker reads when it starts an epoch. Lightning
-calls ``set_epoch`` on a loader's sampler, so the sampler forwards it here: no
+(workers started by spawn or forkserver have no process group) and publishes them, with the epoch and the
+resume point, in the dataset's :class:`zarrtorch.state.EpochState`, which every worker reads when it
+starts an epoch. Lightning calls ``set_epoch`` on a loader's sampler, so the sampler forwards it here: no
 ``use_distributed_sampler=False`` and no ``reload_dataloaders_every_n_epochs`` are needed.
 """
 
@@ -11,30 +11,29 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _InfiniteConstantSampler
+from torch.utils.data import DataLoader, Sampler
 
-from zarrtorch.dataset import (CTX_EPOCH, CTX_RANK, CTX_SET, CTX_SKIP, CTX_WORLD, LoaderConfig,
-                               ZarrIterableDataset, distributed_topology)
-
-_STATE_KEYS = ("world_size", "num_workers", "batch_size", "drop_last", "seed", "shuffle", "buffer_chunks",
-               "row_offset", "rows", "chunk_rows", "cache")
-_STATE_DEFAULTS = {"row_offset": 0}  # states saved before row windows existed covered the whole store
+from zarrtorch.dataset import ZarrIterableDataset
+from zarrtorch.process import distributed_topology
+from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfig
+from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 
 
-class _EpochSampler(_InfiniteConstantSampler):
-    """The sampler an iterable-style DataLoader needs anyway, plus ``set_epoch`` for Lightning.
+class EpochSampler(Sampler):
+    """The sampler of an iterable-style DataLoader (it yields ``None`` forever), plus ``set_epoch``.
 
     It holds the loader by weak reference: a loader -> sampler -> loader cycle would leave the workers'
     queues to the cyclic garbage collector, which closes them before the iterator can tell persistent
     workers to stop, and every shutdown then waits out DataLoader's 5 s join timeout per worker."""
 
-    def __init__(self, loader: "ZarrDataLoader"):
-        super().__init__()
+    def __init__(self, loader: ZarrDataLoader):
         self._loader = weakref.ref(loader)
+
+    def __iter__(self):
+        while True:
+            yield None
 
     def set_epoch(self, epoch: int) -> None:
         loader = self._loader()
@@ -42,10 +41,11 @@ class _EpochSampler(_InfiniteConstantSampler):
             loader.set_epoch(epoch)
 
 
-class _CountingIterator:
-    """Counts the batches handed out, for ``state_dict``; everything else goes to the DataLoader iterator."""
+class EpochIterator:
+    """One epoch of a :class:`ZarrDataLoader`: counts the batches handed out (for ``state_dict``) and stops
+    the workers at once when one of them fails."""
 
-    def __init__(self, inner, loader: "ZarrDataLoader"):
+    def __init__(self, inner, loader: ZarrDataLoader):
         self._inner = inner
         self._loader = loader
 
@@ -59,32 +59,22 @@ class _CountingIterator:
             self._loader._finished_epoch()
             raise
         except Exception as exc:
-            if self._stop_workers():
+            if stop_workers(self._loader, self._inner):
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
                 # would keep this loader and its next workers for the garbage collector); the message
                 # already carries the worker's traceback
-                raise exc.with_traceback(None)
+                raise exc.with_traceback(None) from None
             raise
         self._loader._batches_seen += 1
         return batch
 
-    def _stop_workers(self) -> bool:
-        """After an error (a bad chunk in a worker), stop the workers now rather than when the garbage
-        collector reaches them: it closes their queues first, so DataLoader then waits 5 s per worker and
-        kills it. A persistent loader then starts fresh workers."""
-        shutdown = getattr(self._inner, "_shutdown_workers", None)
-        if shutdown is None:
-            return False
-        shutdown()
-        if getattr(self._loader, "_iterator", None) is self._inner:
-            self._loader._iterator = None
-        return True
-
     def __len__(self) -> int:
         return len(self._loader) - self._loader._resume_skip
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    @property
+    def workers(self) -> list:
+        """This epoch's worker processes (empty with ``num_workers=0``)."""
+        return worker_processes(self._inner)
 
 
 class ZarrDataLoader(DataLoader):
@@ -98,16 +88,27 @@ class ZarrDataLoader(DataLoader):
     ``multiprocessing_context``...) pass through.
     """
 
-    def __init__(self, dataset: ZarrIterableDataset, batch_size: int = 1, drop_last: bool = False,
-                 num_workers: int = 0, *, rank: int | None = None, world_size: int | None = None, **kwargs):
+    def __init__(
+        self,
+        dataset: ZarrIterableDataset,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **kwargs,
+    ):
         if not isinstance(dataset, ZarrIterableDataset):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         for name in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(name) not in (None, False):
-                raise ValueError(f"{name}= is not used by ZarrDataLoader: order and shuffling are set on the "
-                                 "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)")
+                raise ValueError(
+                    f"{name}= is not used by ZarrDataLoader: order and shuffling are set on the "
+                    "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)"
+                )
             kwargs.pop(name, None)
         if kwargs.get("in_order", True) is False:
             raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
@@ -117,20 +118,18 @@ class ZarrDataLoader(DataLoader):
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if dataset.cache and num_workers > 0 and not kwargs.get("persistent_workers", False):
             raise ValueError("cache=True keeps rows in the worker processes: also pass persistent_workers=True")
-        ctx = torch.zeros(5, dtype=torch.int64).share_memory_()
-        bound = dataset.for_loader(LoaderConfig(batch_size, bool(drop_last), int(num_workers)), ctx)
-        super().__init__(bound, batch_size=None, num_workers=num_workers, **kwargs)
-        object.__setattr__(self, "sampler", _EpochSampler(self))  # Lightning's set_epoch lands here
-        self._zt_batch_size = batch_size
-        self._zt_drop_last = bool(drop_last)
+        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers))
+        self.epoch_state = EpochState()
+        dataset.attach(self.config, self.epoch_state)
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
-        self._ctx = ctx
         self._epoch = 0
         self._resume_skip = 0
         self._batches_seen = 0
         self._epoch_done = False
         self._epoch_set_since_last = True
-        self._pending_state: dict | None = None
+        self._pending_state: LoaderCheckpoint | None = None
 
     # -- epochs and topology ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -149,10 +148,19 @@ class ZarrDataLoader(DataLoader):
         """(rank, world size) this loader uses now."""
         return self._fixed_topology or distributed_topology()
 
+    def _plan(self, rank: int, world: int):
+        return self.dataset.plan(
+            epoch=self._epoch,
+            rank=rank,
+            world_size=world,
+            num_workers=self.config.num_workers,
+            batch_size=self.config.batch_size,
+            drop_last=self.config.drop_last,
+        )
+
     def __len__(self) -> int:
         """Exact number of batches this rank yields per epoch (the same on every rank)."""
-        rank, world = self.topology()
-        return self.dataset.plan(epoch=self._epoch, rank=rank, world_size=world).batches
+        return self._plan(*self.topology()).batches
 
     def __iter__(self):
         rank, world = self.topology()
@@ -160,50 +168,68 @@ class ZarrDataLoader(DataLoader):
             self._check_state(self._pending_state, world)
             self._pending_state = None
         if self._epoch_done and not self._epoch_set_since_last and self.dataset.shuffle:
-            warnings.warn(f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
-                          "loader.set_epoch(epoch) before each epoch to get a new shuffle", stacklevel=2)
+            warnings.warn(
+                f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
+                "loader.set_epoch(epoch) before each epoch to get a new shuffle",
+                stacklevel=2,
+            )
         self._epoch_done = False
         self._epoch_set_since_last = False
-        self.dataset.plan(epoch=self._epoch, rank=rank, world_size=world)  # raise here, not in a worker
-        ctx = self._ctx
-        ctx[CTX_EPOCH], ctx[CTX_SKIP], ctx[CTX_RANK], ctx[CTX_WORLD], ctx[CTX_SET] = (
-            self._epoch, self._resume_skip, rank, world, 1)
+        self._plan(rank, world)  # raise here, not in a worker
+        self.dataset.attach(self.config, self.epoch_state)
+        self.epoch_state.publish(EpochView(epoch=self._epoch, skip=self._resume_skip, rank=rank, world_size=world))
         self._batches_seen = self._resume_skip
-        return _CountingIterator(super().__iter__(), self)
+        return EpochIterator(super().__iter__(), self)
 
     def _finished_epoch(self) -> None:
         self._epoch_done = True
         self._resume_skip = 0
 
     # -- checkpointing ------------------------------------------------------------------------------
-    def _signature(self, world: int) -> dict:
-        ds = self.dataset
-        return {"world_size": world, "num_workers": self.num_workers, "batch_size": self._zt_batch_size,
-                "drop_last": self._zt_drop_last, "seed": ds.seed, "shuffle": ds.shuffle,
-                "buffer_chunks": ds.buffer_chunks, "row_offset": ds.row_offset, "rows": ds.rows,
-                "chunk_rows": ds.chunk_rows, "cache": ds.cache}
+    def checkpoint(self, world: int | None = None) -> LoaderCheckpoint:
+        """This rank's position and the set-up it is valid for."""
+        rank, now_world = self.topology()
+        ds, cfg = self.dataset, self.config
+        return LoaderCheckpoint(
+            epoch=self._epoch,
+            batches_seen=self._batches_seen,
+            rank=rank,
+            world_size=now_world if world is None else world,
+            num_workers=cfg.num_workers,
+            batch_size=cfg.batch_size,
+            drop_last=cfg.drop_last,
+            seed=ds.seed,
+            shuffle=ds.shuffle,
+            buffer_chunks=ds.buffer_chunks,
+            row_offset=ds.row_offset,
+            rows=ds.rows,
+            chunk_rows=ds.chunk_rows,
+            cache=ds.cache,
+        )
 
     def state_dict(self) -> dict:
-        """Where this rank is: epoch, batches already yielded, and the topology it was run on."""
-        rank, world = self.topology()
-        return {"epoch": self._epoch, "batches_seen": self._batches_seen, "rank": rank, **self._signature(world)}
+        """Where this rank is (epoch, batches already yielded) and the set-up it was run on, as a plain dict
+        (what Lightning stores in its checkpoints)."""
+        return self.checkpoint().to_dict()
 
-    def _check_state(self, state: dict, world: int) -> None:
-        expected = self._signature(world)
-        saved = {**_STATE_DEFAULTS, **state}  # states saved before a key existed
-        diff = [f"{k}: saved {saved.get(k)!r}, now {expected[k]!r}" for k in _STATE_KEYS if saved.get(k) != expected[k]]
+    def _check_state(self, saved: LoaderCheckpoint, world: int) -> None:
+        diff = saved.setup_differences(self.checkpoint(world))
         if diff:
-            raise ValueError("cannot resume this loader: the state was saved on another topology or data ("
-                             + "; ".join(diff) + "). Resume on the same set-up, or start the epoch afresh "
-                             "with loader.set_epoch(epoch) instead of load_state_dict.")
+            raise ValueError(
+                "cannot resume this loader: the state was saved on another topology or data ("
+                + "; ".join(diff)
+                + "). Resume on the same set-up, or start the epoch afresh "
+                "with loader.set_epoch(epoch) instead of load_state_dict."
+            )
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after ``state['batches_seen']`` batches of ``state['epoch']`` with the same topology."""
+        saved = LoaderCheckpoint.from_dict(state)
         if self._fixed_topology is not None or torch.distributed.is_initialized():
-            self._check_state(state, self.topology()[1])
+            self._check_state(saved, self.topology()[1])
         else:
-            self._pending_state = dict(state)  # checked once the process group exists (first iteration)
-        self._epoch = int(state["epoch"])
-        self._resume_skip = int(state["batches_seen"])
+            self._pending_state = saved  # checked once the process group exists (first iteration)
+        self._epoch = saved.epoch
+        self._resume_skip = saved.batches_seen
         self._batches_seen = self._resume_skip
         self._epoch_set_since_last = True

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zarrtorch.sizes import ceil_div
+
 
 def rng_for(seed: int, epoch: int, *stream: int) -> np.random.Generator:
     """A generator that depends only on (seed, epoch, stream...): identical in every process."""
@@ -64,8 +66,8 @@ def row_budget(rows: int, *, world_size: int, batch_size: int, drop_last: bool) 
             )
         per_rank = batches * batch_size
         return RowBudget(per_rank, batches, batch_size, rows - world_size * per_rank, 0)
-    per_rank = -(-rows // world_size)
-    batches = -(-per_rank // batch_size)
+    per_rank = ceil_div(rows, world_size)
+    batches = ceil_div(per_rank, batch_size)
     return RowBudget(per_rank, batches, per_rank - (batches - 1) * batch_size, 0, world_size * per_rank - rows)
 
 
@@ -183,7 +185,7 @@ def epoch_plan(
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     budget = row_budget(rows, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
-    n_chunks = -(-rows // chunk_rows)
+    n_chunks = ceil_div(rows, chunk_rows)
     order = chunk_order(n_chunks, seed=seed, epoch=0 if freeze_partition else epoch, shuffle=shuffle)
     rank_start = rank * budget.rows_per_rank
     workers = []
@@ -197,5 +199,6 @@ def epoch_plan(
         if b1 == budget.batches_per_rank and b1 > b0:
             sizes[-1] = budget.last_batch_size
         workers.append(WorkerPlan(worker=w, first_batch=b0, pieces=pieces, batch_sizes=sizes))
-    return RankPlan(epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget,
-                    workers=workers)
+    return RankPlan(
+        epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget, workers=workers
+    )

@@ -9,17 +9,19 @@ still opens with ``xarray.open_zarr``.
 
 from __future__ import annotations
 
-import math
 import shutil
+import sys
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import zarr
-from tqdm import tqdm  # tqdm.auto warns in Jupyter without ipywidgets
 
+from zarrtorch.dims import sample_dimension
 from zarrtorch.layout import LayoutError, check_first_axis_layout
+from zarrtorch.sizes import row_bytes
 
 CODECS = ("zstd", "blosc-zstd", "blosc-lz4", "none")
 
@@ -46,8 +48,32 @@ def rows_for_chunk_mb(row_bytes: int, chunk_mb: float) -> int:
     return max(1, int(chunk_mb * 2**20 // max(1, row_bytes)))
 
 
-def _row_bytes(arrays: Mapping[str, Any]) -> int:
-    return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        return None
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar when asked for and tqdm is installed (the course installs it; the core does not need it)."""
+    if enabled:
+        try:
+            from tqdm import tqdm  # tqdm.auto would warn in Jupyter without ipywidgets
+        except ImportError:
+            return _NoBar()
+        return tqdm(total=total, desc=desc, unit="row")
+    return _NoBar()
+
+
+def _is_xarray_dataset(obj) -> bool:
+    """Without importing xarray: an xarray.Dataset can only exist if xarray was imported already."""
+    xr = sys.modules.get("xarray")
+    return xr is not None and isinstance(obj, xr.Dataset)
 
 
 def _resolve_chunk_rows(rows: int, row_bytes: int, chunk_rows: int | None, chunk_mb: float | None) -> int:
@@ -82,12 +108,9 @@ def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
     missing = [n for n in names if n not in ds.data_vars]
     if missing:
         raise KeyError(f"unknown data variable(s) {missing}: the dataset has {list(ds.data_vars)}")
-    # the sample dimension: the first dimension of most variables, never an inner one, so that the error
-    # below names the odd variable (a static field), not the data
-    firsts = [ds[n].dims[0] for n in names if ds[n].ndim]
-    inner = {d for n in names for d in ds[n].dims[1:]}
-    pool = [d for d in firsts if d not in inner] or firsts
-    dim = max(sorted(set(pool)), key=pool.count) if pool else None
+    # one rule with the loader (zarrtorch.dims), so that the error below names the odd variable (a static
+    # field), not the data
+    dim = sample_dimension({n: ds[n].dims for n in names}, {n: ds[n].nbytes for n in names})
     others = [n for n in names if not ds[n].dims or ds[n].dims[0] != dim]
     if dim is None or others:
         raise LayoutError(
@@ -118,16 +141,14 @@ def prepare_zarr(
     The chunk length is ``chunk_rows``, or derived from ``chunk_mb`` (one row of every array counted
     together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a time.
     """
-    import xarray as xr
-
-    if isinstance(source, xr.Dataset):
-        _prepare_xarray(source, store, chunk_rows, chunk_mb, codec, level, variables, overwrite, max_memory_mb, progress)
+    if _is_xarray_dataset(source):
+        _prepare_xarray(
+            source, store, chunk_rows, chunk_mb, codec, level, variables, overwrite, max_memory_mb, progress
+        )
     elif isinstance(source, Mapping):
         _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress)
     else:
-        raise TypeError(
-            f"prepare_zarr takes an xarray.Dataset or a mapping name -> array, got {type(source).__name__}"
-        )
+        raise TypeError(f"prepare_zarr takes an xarray.Dataset or a mapping name -> array, got {type(source).__name__}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
         zarr.consolidate_metadata(str(store))  # lets xarray.open_zarr open the store without a warning
@@ -144,8 +165,8 @@ def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, ov
     if rows == 0:
         raise LayoutError(f"dimension {dim!r} has zero rows: there is nothing to write")
     arrays = {n: ds[n] for n in names}
-    row_bytes = _row_bytes(arrays)
-    chunk_rows = _resolve_chunk_rows(rows, row_bytes, chunk_rows, chunk_mb)
+    nbytes_row = row_bytes(arrays)
+    chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
     compressors = make_codec(codec, level)
 
     target = ds.chunk({d: (chunk_rows if d == dim else -1) for d in ds.dims})
@@ -166,17 +187,25 @@ def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, ov
     with warnings.catch_warnings():
         # string coordinate labels (e.g. variable names) have no frozen Zarr v3 spec yet; they are only labels
         warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
-        target.to_zarr(str(store), mode="w", compute=False, zarr_format=3, consolidated=False, encoding=encoding,
-                       write_empty_chunks=True)
+        target.to_zarr(
+            str(store),
+            mode="w",
+            compute=False,
+            zarr_format=3,
+            consolidated=False,
+            encoding=encoding,
+            write_empty_chunks=True,
+        )
     along_dim = [n for n in target.variables if dim in target[n].dims]
-    step = _block_rows(chunk_rows, row_bytes, max_memory_mb)
-    with tqdm(total=rows, desc=f"prepare {Path(store).name}", unit="row", disable=not progress) as bar:
+    step = _block_rows(chunk_rows, nbytes_row, max_memory_mb)
+    with _progress_bar(rows, f"prepare {Path(store).name}", progress) as bar:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             block = target[along_dim].isel({dim: slice(start, stop)}).compute()
             block = block.drop_vars([v for v in block.variables if dim not in block[v].dims])
-            block.to_zarr(str(store), region={dim: slice(start, stop)}, zarr_format=3, consolidated=False,
-                          write_empty_chunks=True)
+            block.to_zarr(
+                str(store), region={dim: slice(start, stop)}, zarr_format=3, consolidated=False, write_empty_chunks=True
+            )
             bar.update(stop - start)
 
 
@@ -190,22 +219,30 @@ def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrit
     rows = int(source[names[0]].shape[0])
     for n, a in source.items():
         if int(a.shape[0]) != rows:
-            raise LayoutError(f"arrays have different first-axis lengths: {names[0]!r} has {rows}, {n!r} has {a.shape[0]}")
+            raise LayoutError(
+                f"arrays have different first-axis lengths: {names[0]!r} has {rows}, {n!r} has {a.shape[0]}"
+            )
     if rows == 0:
         raise LayoutError(f"array {names[0]!r} has zero rows: there is nothing to write")
-    row_bytes = _row_bytes(source)
-    chunk_rows = _resolve_chunk_rows(rows, row_bytes, chunk_rows, chunk_mb)
+    nbytes_row = row_bytes(source)
+    chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
     compressors = make_codec(codec, level)
     _prepare_output(store, overwrite)
     group = zarr.open_group(str(store), mode="w", zarr_format=3)
     group.attrs["zarrtorch"] = {"dim": "row", "variables": names, "chunk_rows": chunk_rows}
     out = {
-        n: group.create_array(n, shape=a.shape, chunks=(chunk_rows, *a.shape[1:]), dtype=a.dtype,
-                              compressors=compressors, config={"write_empty_chunks": True})
+        n: group.create_array(
+            n,
+            shape=a.shape,
+            chunks=(chunk_rows, *a.shape[1:]),
+            dtype=a.dtype,
+            compressors=compressors,
+            config={"write_empty_chunks": True},
+        )
         for n, a in source.items()
     }
-    step = _block_rows(chunk_rows, row_bytes, max_memory_mb)
-    with tqdm(total=rows, desc=f"prepare {Path(store).name}", unit="row", disable=not progress) as bar:
+    step = _block_rows(chunk_rows, nbytes_row, max_memory_mb)
+    with _progress_bar(rows, f"prepare {Path(store).name}", progress) as bar:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             for n, a in source.items():

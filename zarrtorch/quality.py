@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zarrtorch.sizes import ceil_div
+
 
 def expected_distinct_chunks(rows: int, chunk_rows: int, batch_size: int) -> float:
     """Mean number of distinct chunks hit by ``batch_size`` rows drawn without replacement from ``rows``."""
-    lengths = np.full(-(-rows // chunk_rows), chunk_rows, dtype=np.float64)
+    lengths = np.full(ceil_div(rows, chunk_rows), chunk_rows, dtype=np.float64)
     lengths[-1] = rows - chunk_rows * (len(lengths) - 1)
     i = np.arange(batch_size, dtype=np.float64)
     # P(a chunk of length L is missed) = prod_i (rows - L - i) / (rows - i)
@@ -59,4 +61,4 @@ def shuffle_quality(batches: list[np.ndarray], rows: int, chunk_rows: int) -> Sh
 def perfect_shuffle_batches(rows: int, batch_size: int, seed: int = 0) -> list[np.ndarray]:
     """The reference point: one uniform permutation of all rows cut into batches."""
     perm = np.random.default_rng(seed).permutation(rows)
-    return [perm[i:i + batch_size] for i in range(0, rows - batch_size + 1, batch_size)]
+    return [perm[i : i + batch_size] for i in range(0, rows - batch_size + 1, batch_size)]

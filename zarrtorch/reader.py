@@ -9,8 +9,8 @@ the chunk and the store key. Arrays stored the simple way are decoded by :mod:`z
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import numpy as np
 import zarr
@@ -26,8 +26,16 @@ class ChunkReadError(RuntimeError):
 class PieceReader:
     """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead, in ``threads`` threads."""
 
-    def __init__(self, arrays: dict[str, zarr.Array], chunk_rows: int, *, threads: int = 1, prefetch: int = 2,
-                 check_missing: bool = True, cache: dict | None = None):
+    def __init__(
+        self,
+        arrays: dict[str, zarr.Array],
+        chunk_rows: int,
+        *,
+        threads: int = 1,
+        prefetch: int = 2,
+        check_missing: bool = True,
+        cache: dict | None = None,
+    ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
         self.threads = max(1, threads)
@@ -41,13 +49,17 @@ class PieceReader:
         return f"{arr.store_path.path}/{arr.metadata.encode_chunk_key(coords)}".lstrip("/")
 
     def _where(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
-        return (f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {self._chunk_key(arr, chunk)!r} "
-                f"in store {arr.store_path.store}")
+        return (
+            f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {self._chunk_key(arr, chunk)!r} "
+            f"in store {arr.store_path.store}"
+        )
 
     def _missing_message(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
-        return (f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value. "
-                "Rewrite the store (zarrtorch.prepare_zarr writes every chunk), or pass check_chunks=False "
-                "if it was written with write_empty_chunks=False and the chunk is legitimately empty.")
+        return (
+            f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value. "
+            "Rewrite the store (zarrtorch.prepare_zarr writes every chunk), or pass check_chunks=False "
+            "if it was written with write_empty_chunks=False and the chunk is legitimately empty."
+        )
 
     def read_piece(self, start: int, stop: int) -> dict[str, np.ndarray]:
         """The rows ``[start, stop)`` of every array (they lie in one chunk)."""
@@ -67,21 +79,23 @@ class PieceReader:
             if decode is not None:
                 try:
                     first = chunk * self.chunk_rows
-                    out[name] = decode(self._chunk_key(arr, chunk))[start - first:stop - first]
+                    out[name] = decode(self._chunk_key(arr, chunk))[start - first : stop - first]
                     continue
                 except FileNotFoundError:
                     if self.check_missing:
                         raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
                 except Exception as exc:
-                    raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: "
-                                         f"{type(exc).__name__}: {exc}") from exc
+                    raise ChunkReadError(
+                        f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
+                    ) from exc
             if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
                 raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop))
             try:
-                out[name] = arr[int(start):int(stop)]
+                out[name] = arr[int(start) : int(stop)]
             except Exception as exc:
-                raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+                raise ChunkReadError(
+                    f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
+                ) from exc
         return out
 
     def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import zarr
 
-ACCEPTED = (
-    "a zarr.Group, a zarr.Array, a path or URL of a Zarr store, or a mapping name -> zarr.Array"
-)
+from zarrtorch.dims import sample_dimension
+
+ACCEPTED = "a zarr.Group, a zarr.Array, a path or URL of a Zarr store, or a mapping name -> zarr.Array"
 
 
 def _is_url(text: str) -> bool:
@@ -36,16 +36,17 @@ def _open_path(path: str | os.PathLike):
 
 def _data_variables(group: zarr.Group) -> list[str]:
     """The arrays to stream from a group: those listed by ``prepare_zarr``, else (a store written by
-    xarray) the data variables sharing the sample dimension, else every array. The sample dimension is a
-    first dimension that is never an inner one (a static ``(lat, lon, level)`` field larger than the
-    ``(time, lat, lon)`` data must not make ``lat`` the sample axis), shared by the most variables, then
-    holding the most bytes."""
+    xarray) the data variables along the sample dimension (:func:`zarrtorch.dims.sample_dimension`), else
+    every array."""
     meta = group.attrs.get("zarrtorch")
     if isinstance(meta, Mapping) and "variables" in meta:
         return list(meta["variables"])
     arrays = dict(group.arrays())
-    dims = {n: (a.metadata.dimension_names if hasattr(a.metadata, "dimension_names") else None)
-            or a.attrs.get("_ARRAY_DIMENSIONS") for n, a in arrays.items()}
+    dims = {
+        n: (a.metadata.dimension_names if hasattr(a.metadata, "dimension_names") else None)
+        or a.attrs.get("_ARRAY_DIMENSIONS")
+        for n, a in arrays.items()
+    }
     if not any(dims.values()):
         return sorted(arrays)
     coords = {c for a in arrays.values() for c in str(a.attrs.get("coordinates", "")).split()}
@@ -53,11 +54,7 @@ def _data_variables(group: zarr.Group) -> list[str]:
     candidates = {n: d for n, d in dims.items() if d and n not in coords | dimension_coords}
     if not candidates:
         return sorted(arrays)
-    inner = {d for dims_ in candidates.values() for d in dims_[1:]}
-    firsts = {d[0] for d in candidates.values()}
-    firsts = {d for d in firsts if d not in inner} or firsts
-    by_dim = {d: [n for n, dd in candidates.items() if dd[0] == d] for d in firsts}
-    sample_dim = max(sorted(by_dim), key=lambda d: (len(by_dim[d]), sum(arrays[n].nbytes for n in by_dim[d])))
+    sample_dim = sample_dimension(candidates, {n: arrays[n].nbytes for n in candidates})
     return sorted(n for n, d in candidates.items() if d[0] == sample_dim)
 
 

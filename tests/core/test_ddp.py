@@ -1,0 +1,109 @@
+"""Real multi-process DDP (gloo, CPU): ranks launched like torchrun, with and without spawned DataLoader
+workers. Every rank must yield the same number of batches (an ``all_reduce`` after each batch would fail
+otherwise), no row may appear twice in an epoch, rows of all arrays stay paired, and epochs differ."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zarrtorch import prepare_zarr
+
+ROWS, CHUNK = 403, 25  # 17 chunks, the last one 3 rows long
+WORKER = Path(__file__).with_name("ddp_worker.py")
+TIMEOUT = 300  # seconds for a whole launch; a hang fails the test
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ddp") / "data.zarr"
+    x = (6 * np.arange(ROWS, dtype=np.float32)[:, None] + np.arange(6, dtype=np.float32)).reshape(ROWS, 2, 3)
+    prepare_zarr({"x": x, "y": 10 * np.arange(ROWS, dtype=np.int64) + 7}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2):
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [
+            sys.executable,
+            str(WORKER),
+            "--store",
+            str(store),
+            "--out",
+            str(out),
+            "--batch-size",
+            str(batch_size),
+            "--num-workers",
+            str(num_workers),
+            "--drop-last",
+            str(int(drop_last)),
+            "--epochs",
+            str(epochs),
+        ]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=TIMEOUT)[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"DDP launch (world {world}, {num_workers} workers) did not finish in {TIMEOUT} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{log[-4000:]}"
+    return [dict(np.load(out / f"rank{r}.npz")) for r in range(world)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,num_workers,drop_last", [(2, 0, True), (3, 0, False), (2, 2, False), (3, 2, True)])
+def test_ddp_ranks(store, tmp_path, world, num_workers, drop_last):
+    batch = 16
+    results = launch(store, tmp_path, world, batch_size=batch, num_workers=num_workers, drop_last=drop_last)
+    for rank, res in enumerate(results):
+        assert tuple(res["topology"]) == (rank, world)  # the loader read the process group
+    for epoch in range(2):
+        counts = [len(res[f"sizes_{epoch}"]) for res in results]
+        assert len(set(counts)) == 1 and counts[0] == int(results[0]["len"])  # same count, = len(loader)
+        seen = []
+        for res in results:
+            idx = res[f"index_{epoch}"]
+            np.testing.assert_array_equal(res[f"x_{epoch}"], 6 * idx)  # arrays stay paired
+            np.testing.assert_array_equal(res[f"y_{epoch}"], 10 * idx + 7)
+            sizes = res[f"sizes_{epoch}"]
+            assert (sizes[:-1] == batch).all() and (not drop_last or sizes[-1] == batch)
+            seen.append(idx)
+        seen = np.concatenate(seen)
+        if drop_last:
+            assert len(np.unique(seen)) == len(seen)  # no row twice in the epoch
+            assert ROWS - len(seen) < world * batch
+        else:
+            assert set(seen.tolist()) == set(range(ROWS))  # every row, plus fewer than world repeats
+            assert len(seen) - ROWS < world
+    for res in results:  # a new chunk order: every rank reads other rows in epoch 1
+        assert set(res["index_0"].tolist()) != set(res["index_1"].tolist())

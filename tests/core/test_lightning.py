@@ -1,0 +1,283 @@
+"""Lightning integration: the time split (two row windows of one store), the model, the epoch reaching the
+loader with Lightning's default settings (data module and bare loader), and a real 2-process DDP fit on CPU
+(gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.course.callbacks import RowRecorder, summarize_rows
+from zarrtorch.course.models import ForecastModule, channel_stats
+from zarrtorch.lightning import ZarrDataModule, plan_split
+
+CHUNK = 16
+ROWS = 9 * CHUNK + 5  # a partial last chunk
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_store(path: Path, rows: int = ROWS, chunk_rows: int = CHUNK, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    fields = rng.normal(size=(rows, 4, 8, 16)).astype(np.float32)
+    fields[:, 0] += np.arange(rows, dtype=np.float32)[:, None, None] * 0.01
+    target = (fields[:, 0] + 0.1 * rng.normal(size=(rows, 8, 16))).astype(np.float32)
+    prepare_zarr({"fields": fields, "target": target}, path, chunk_rows=chunk_rows, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return make_store(tmp_path_factory.mktemp("lightning") / "train.zarr")
+
+
+def quiet_trainer(**kwargs) -> L.Trainer:
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return L.Trainer(**options)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*IterableDataset.*__len__.*")
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+        warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
+        yield
+
+
+# -- split -------------------------------------------------------------------------------------------------
+def test_plan_split_by_whole_chunks():
+    p = plan_split(ROWS, CHUNK, 0.2)  # 10 chunks, 2 validate
+    assert (p.n_chunks, p.val_chunks, p.split_row) == (10, 2, 8 * CHUNK)
+    assert plan_split(100, 10, 0.01).val_chunks == 1  # at least one
+    assert plan_split(100, 10, 0.99).val_chunks == 9  # at least one chunk left to fit
+    with pytest.raises(ValueError):
+        plan_split(10, 10, 0.2)
+    with pytest.raises(ValueError):
+        plan_split(100, 10, 1.0)
+
+
+def test_datamodule_splits_by_row_windows_without_copying(tmp_path):
+    src = make_store(tmp_path / "train.zarr")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    dm = ZarrDataModule(src, batch_size=8, shuffle="none", return_index=True)
+    dm.setup("fit")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written next to the store
+    assert dm.split_plan.fit_range == (0, 8 * CHUNK) and dm.split_plan.val_range == (8 * CHUNK, ROWS)
+    fit, val = dm.train_dataset, dm.val_dataset
+    assert (fit.row_offset, fit.rows, val.row_offset, val.rows) == (0, 8 * CHUNK, 8 * CHUNK, ROWS - 8 * CHUNK)
+    orig = zarr.open_group(str(src), mode="r")
+    # validation: every row of the last chunks (partial last chunk included), in time order, store row numbers
+    batches = list(dm.val_dataloader())
+    index = np.concatenate([b["index"].numpy() for b in batches])
+    np.testing.assert_array_equal(index, np.arange(8 * CHUNK, ROWS))
+    np.testing.assert_array_equal(np.concatenate([b["target"].numpy() for b in batches]), orig["target"][8 * CHUNK :])
+    # training: fitting rows only
+    rows = np.concatenate([b["index"].numpy() for b in dm.train_dataloader()])
+    assert rows.max() < 8 * CHUNK and len(rows) == 8 * CHUNK
+    assert "fit on rows [0, 128)" in dm.describe()
+
+
+def test_datamodule_shuffle_modes(tmp_path):
+    src = make_store(tmp_path / "train.zarr")
+    options = {
+        mode: ZarrDataModule(src, shuffle=mode, buffer_chunks=3)._dataset_options()
+        for mode in ("none", "chunks", "full")
+    }
+    assert options == {"none": (False, 1), "chunks": (True, 0), "full": (True, 3)}
+    dm = ZarrDataModule(src, batch_size=8, shuffle="chunks", return_index=True, seed=2)
+    rows = np.concatenate([b["index"].numpy() for b in dm.train_dataloader()])
+    chunks = rows // CHUNK
+    starts = np.r_[0, np.nonzero(np.diff(chunks))[0] + 1]
+    assert len(starts) == 8 and not np.array_equal(chunks[starts], np.arange(8))  # whole chunks, shuffled
+    for a, b in zip(starts, np.r_[starts[1:], len(rows)], strict=True):
+        np.testing.assert_array_equal(rows[a:b], np.arange(rows[a], rows[a] + CHUNK))  # rows in order
+
+
+def test_split_of_an_xarray_store_keeps_dates(tmp_path):
+    import pandas as pd
+    import xarray as xr
+
+    rows = 3 * CHUNK + 3
+    ds = xr.Dataset(
+        {
+            "fields": (("time", "variable", "lat", "lon"), np.ones((rows, 2, 4, 8), np.float32)),
+            "target": (("time", "lat", "lon"), np.zeros((rows, 4, 8), np.float32)),
+        },
+        coords={"time": pd.date_range("2000-01-01", periods=rows, freq="6h")},
+    )
+    src = tmp_path / "train.zarr"
+    prepare_zarr(ds, src, chunk_rows=CHUNK, progress=False)
+    dm = ZarrDataModule(src, val_fraction=0.25)
+    assert dm.split_plan.split_row == 3 * CHUNK
+    dm.setup("fit")
+    assert dm.train_dataset.rows == 3 * CHUNK and dm.val_dataset.rows == 3
+    day = str(ds["time"].values[3 * CHUNK])[:10]
+    assert f"validate {day}" in dm.describe()
+
+
+# -- model ---------------------------------------------------------------------------------------------------
+def test_channel_stats_and_untrained_model_is_persistence(store):
+    stats = channel_stats(store, chunks=[0, 3])
+    f = zarr.open_group(str(store), mode="r")["fields"]
+    x = np.concatenate([f[0:CHUNK], f[3 * CHUNK : 4 * CHUNK]]).astype(np.float64)
+    np.testing.assert_allclose(stats["mean"], x.mean(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(stats["std"], x.std(axis=(0, 2, 3)), rtol=1e-5)
+    model = ForecastModule(stats, hidden=4, depth=2)
+    fields = torch.from_numpy(f[:8])
+    torch.testing.assert_close(model(fields), fields[:, 0])  # the last layer starts at zero: skill 0
+
+
+# -- the epoch reaches the loader with Lightning's default settings ---------------------------------------------
+def test_datamodule_epochs_reach_the_loader(store, tmp_path):
+    L.seed_everything(0, verbose=False)
+    dm = ZarrDataModule(store, batch_size=8, return_index=True, seed=3)
+    rec = RowRecorder()
+    model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
+    quiet_trainer(max_epochs=3, callbacks=[rec]).fit(model, datamodule=dm)
+    assert [e["loader_epoch"] for e in rec.epochs] == [0, 1, 2]
+    bound = dm.train_dataloader().dataset  # the dataset as configured by a loader like Lightning's
+    for e in rec.epochs:
+        expected = np.concatenate(bound.batch_row_ids(epoch=e["epoch"]))
+        np.testing.assert_array_equal(e["rows"][0], expected)
+    assert rec.epochs[0]["rows"][0] != rec.epochs[1]["rows"][0]
+    assert [h["epoch"] for h in model.history] == [0, 1, 2]
+    assert all(np.isfinite(h["val_skill"]) for h in model.history)
+    summary = summarize_rows(rec.epochs)
+    assert all(s["duplicates_within_rank"] == [0] for s in summary)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bare_loader_follows_lightning_epochs(store, num_workers):
+    """A ZarrDataLoader handed straight to Trainer.fit: Lightning's set_epoch reaches it (and its workers)."""
+    ds = ZarrIterableDataset(store, seed=5, return_index=True)
+    kw = {"persistent_workers": True} if num_workers else {}
+    loader = ZarrDataLoader(ds, batch_size=8, drop_last=True, num_workers=num_workers, **kw)
+    rec = RowRecorder()
+    model = ForecastModule(channel_stats(store, n_chunks=2), hidden=4, depth=2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*starts again with the same order.*")
+        quiet_trainer(max_epochs=3, callbacks=[rec], limit_val_batches=0).fit(model, train_dataloaders=loader)
+    assert [e["loader_epoch"] for e in rec.epochs] == [0, 1, 2]
+    for e in rec.epochs:
+        expected = np.concatenate(loader.dataset.batch_row_ids(epoch=e["epoch"]))
+        np.testing.assert_array_equal(e["rows"][0], expected)
+    assert len({tuple(e["rows"][0]) for e in rec.epochs}) == 3  # a new order every epoch
+
+
+# -- a real 2-process DDP fit --------------------------------------------------------------------------------
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import lightning as L
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+    from zarrtorch.course.callbacks import HistoryWriter, RowRecorder
+    from zarrtorch.lightning import ZarrDataModule
+    from zarrtorch.course.models import ForecastModule, channel_stats
+
+    if __name__ == "__main__":
+        store, out = sys.argv[1], sys.argv[2]
+        torch.set_num_threads(1)
+        L.seed_everything(0, verbose=False)
+        dm = ZarrDataModule(store, batch_size=8, return_index=True, seed=11, buffer_chunks=2)
+        model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[RowRecorder(out + "/rows.json"), HistoryWriter(out + "/history.json")])
+        trainer.fit(model, datamodule=dm)
+        open(f"{out}/done-fit-{trainer.global_rank}", "w").close()
+        # the same processes, a bare ZarrDataLoader over the whole store (partial last chunk) for training
+        loader = ZarrDataLoader(ZarrIterableDataset(store, seed=12, buffer_chunks=2, return_index=True),
+                                batch_size=8, drop_last=True)
+        bare = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, callbacks=[RowRecorder(out + "/rows_bare.json")])
+        stats = channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row)
+        bare.fit(ForecastModule(stats, hidden=4, depth=2), train_dataloaders=loader)
+        open(f"{out}/done-bare-{bare.global_rank}", "w").close()
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(store), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "done-fit-0").exists() and (tmp_path / "done-fit-1").exists()
+    record = json.loads((tmp_path / "rows.json").read_text())
+    assert record["world_size"] == 2
+    epochs = record["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1] and [e["loader_epoch"] for e in epochs] == [0, 1]
+    fit_rows = 8 * CHUNK  # the fitting part: whole chunks; the partial chunk went to validation
+    per_rank_batches = fit_rows // (2 * 8)
+    for e in epochs:
+        r0, r1 = (set(r) for r in e["rows"])
+        assert e["batches"] == [per_rank_batches, per_rank_batches]
+        assert len(r0) == len(e["rows"][0]) == per_rank_batches * 8
+        assert not r0 & r1, "ranks must see disjoint rows within an epoch"
+        assert r0 | r1 <= set(range(fit_rows))
+    for rank in (0, 1):
+        assert epochs[0]["rows"][rank] != epochs[1]["rows"][rank]
+        assert set(epochs[0]["rows"][rank]) != set(epochs[1]["rows"][rank]), "the partition must change per epoch"
+    # the rows each rank saw are exactly the plan's (computed here without any process group)
+    ds = ZarrIterableDataset(store, seed=11, buffer_chunks=2, return_index=True, row_range=(0, fit_rows))
+    loader = ZarrDataLoader(ds, batch_size=8, drop_last=True, rank=0, world_size=2)
+    for e in epochs:
+        for rank in (0, 1):
+            expected = np.concatenate(loader.dataset.batch_row_ids(epoch=e["epoch"], rank=rank, world_size=2))
+            np.testing.assert_array_equal(e["rows"][rank], expected)
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["world_size"] == 2 and len(history["history"]) == 2
+    assert all("val_skill" in h for h in history["history"])  # validation: partial chunk, padded across ranks
+
+    # training over the partial last chunk itself
+    assert (tmp_path / "done-bare-0").exists() and (tmp_path / "done-bare-1").exists()
+    bare = json.loads((tmp_path / "rows_bare.json").read_text())["epochs"]
+    ds = ZarrIterableDataset(store, seed=12, buffer_chunks=2, return_index=True)
+    planner = ZarrDataLoader(ds, batch_size=8, drop_last=True, rank=0, world_size=2).dataset
+    per_rank = ROWS // (2 * 8)
+    for e in bare:
+        assert e["batches"] == [per_rank, per_rank]
+        assert not set(e["rows"][0]) & set(e["rows"][1])
+        for rank in (0, 1):
+            expected = np.concatenate(planner.batch_row_ids(epoch=e["epoch"], rank=rank, world_size=2))
+            np.testing.assert_array_equal(e["rows"][rank], expected)
+    assert [e["loader_epoch"] for e in bare] == [0, 1]
+    assert any(r >= 9 * CHUNK for e in bare for rows in e["rows"] for r in rows)  # the partial chunk is read
+    for rank in (0, 1):
+        assert set(bare[0]["rows"][rank]) != set(bare[1]["rows"][rank])

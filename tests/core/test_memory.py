@@ -1,0 +1,164 @@
+"""The memory bound of a worker, measured by instrumenting the reads: every piece array the reader returns
+is tracked with a weak reference until it is freed, so the tests see how many decoded pieces (and bytes)
+one process holds at once, and how many reads happen before the first batch.
+
+Claim (ZarrIterableDataset docstring): a worker holds at most the shuffle buffer (``buffer_chunks``
+chunks) plus ``decode_threads + 2`` chunks being decoded or consumed, whatever the size of the array.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.buffer import SlotBuffer
+from zarrtorch.reader import PieceReader
+
+CHUNK, FEATURES = 32, 256  # 32 rows x 1 KiB per chunk of x
+THREADS, BUFFER_CHUNKS = 2, 3
+
+
+class Tracker:
+    """Live piece arrays of this process (reset in a forked worker on first use)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        self.pid = os.getpid()
+        self.live = self.live_bytes = self.peak = self.peak_bytes = self.reads = 0
+        self.buffer_bytes = 0
+        self.reads_before_first_batch = None
+
+    def _check_pid(self):
+        if os.getpid() != self.pid:
+            self.reset()
+
+    def add_piece(self, piece: dict[str, np.ndarray]) -> None:
+        self._check_pid()
+        with self.lock:
+            self.reads += 1
+            self.live += 1
+            self.live_bytes += sum(a.nbytes for a in piece.values())
+            self.peak = max(self.peak, self.live)
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        first = next(iter(piece.values()))
+        weakref.finalize(first, self._drop, 1, 0)  # the piece lives as long as its first array
+        for a in piece.values():
+            weakref.finalize(a, self._drop, 0, a.nbytes)
+
+    def _drop(self, pieces: int, nbytes: int) -> None:
+        with self.lock:
+            self.live -= pieces
+            self.live_bytes -= nbytes
+
+    def add_buffer(self, buf: SlotBuffer) -> None:
+        self._check_pid()
+        self.buffer_bytes = max(self.buffer_bytes, sum(c.nbytes for name, c in buf.slots.items() if name != "index"))
+
+    def first_batch(self) -> None:
+        self._check_pid()
+        if self.reads_before_first_batch is None:
+            self.reads_before_first_batch = self.reads
+
+    def report(self) -> dict[str, int]:
+        return {
+            "peak_pieces": self.peak,
+            "peak_piece_bytes": self.peak_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "reads": self.reads,
+            "reads_before_first_batch": self.reads_before_first_batch,
+        }
+
+
+TRACK = Tracker()
+
+
+@pytest.fixture()
+def tracked(monkeypatch):
+    read_piece, init = PieceReader.read_piece, SlotBuffer.__init__
+
+    def tracked_read_piece(self, start, stop):
+        out = read_piece(self, start, stop)
+        TRACK.add_piece(out)
+        return out
+
+    def tracked_init(self, capacity, columns):
+        init(self, capacity, columns)
+        TRACK.add_buffer(self)
+
+    monkeypatch.setattr(PieceReader, "read_piece", tracked_read_piece)
+    monkeypatch.setattr(SlotBuffer, "__init__", tracked_init)
+    TRACK.reset()
+    return TRACK
+
+
+def report_in_batch(batch):
+    """A transform: runs in the worker, so the worker's own numbers travel with each batch."""
+    TRACK.first_batch()
+    return {**batch, **{k: torch.tensor(-1 if v is None else v) for k, v in TRACK.report().items()}}
+
+
+def make_store(path, chunks):
+    rows = chunks * CHUNK - 5  # a partial last chunk
+    x = np.broadcast_to(np.arange(rows, dtype=np.float32)[:, None], (rows, FEATURES))
+    prepare_zarr({"x": x, "y": np.arange(rows)}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+def chunk_bytes(ds) -> int:
+    return ds.chunk_rows * ds.row_bytes
+
+
+@pytest.mark.parametrize("chunks", [12, 96])
+def test_memory_bound_in_process(tracked, tmp_path, chunks):
+    ds = ZarrIterableDataset(
+        make_store(tmp_path / "d.zarr", chunks),
+        buffer_chunks=BUFFER_CHUNKS,
+        decode_threads=THREADS,
+        transform=report_in_batch,
+    )
+    loader = ZarrDataLoader(ds, batch_size=16)
+    reports = [{k: int(v) for k, v in b.items() if k not in ("x", "y")} for b in loader]
+    last = reports[-1]
+    held_pieces = last["peak_pieces"]
+    print(
+        f"\n{chunks} chunks: peak {held_pieces} pieces ({last['peak_piece_bytes']} B) + buffer "
+        f"{last['buffer_bytes']} B; chunk {chunk_bytes(ds)} B; {last['reads_before_first_batch']} reads before "
+        f"batch 1 of {last['reads']}"
+    )
+    assert last["reads"] >= chunks  # every piece was read (and tracked)
+    assert held_pieces <= THREADS + 2
+    assert last["peak_piece_bytes"] <= (THREADS + 2) * chunk_bytes(ds)
+    assert last["buffer_bytes"] <= BUFFER_CHUNKS * chunk_bytes(ds)
+    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
+    # the first batch needs one chunk; the reader runs at most THREADS + 1 pieces ahead
+    assert last["reads_before_first_batch"] <= THREADS + 2
+
+
+@pytest.mark.slow
+def test_memory_bound_per_worker(tracked, tmp_path):
+    """The same bound in each of two forked DataLoader workers (the instrumented class is inherited)."""
+    ds = ZarrIterableDataset(
+        make_store(tmp_path / "d.zarr", 96),
+        buffer_chunks=BUFFER_CHUNKS,
+        decode_threads=THREADS,
+        transform=report_in_batch,
+    )
+    loader = ZarrDataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork")
+    per_worker = {}
+    for i, b in enumerate(loader):
+        per_worker[i % 2] = {k: int(v) for k, v in b.items() if k not in ("x", "y")}  # round-robin: worker i % 2
+    for w, rep in sorted(per_worker.items()):
+        print(f"\nworker {w}: {rep}")
+        assert rep["reads"] >= 96 // 2
+        assert rep["peak_pieces"] <= THREADS + 2
+        assert rep["peak_piece_bytes"] + rep["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
+        assert rep["reads_before_first_batch"] <= THREADS + 2

@@ -1,0 +1,75 @@
+"""The benchmark harness end to end in its smallest mode (no timing thresholds: the numbers only have to
+exist and be positive), plus the determinism of its generated data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import harness  # noqa: E402
+
+EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
+    ("1x", "l0", 1): 1,
+    ("1x", "l0", 2): 1,
+    ("1x", "zarrtorch", 0): 2,
+    ("1x", "zarrtorch", 2): 2,
+    ("1x", "reference", 0): 2,
+    ("1x", "reference", 2): 2,
+    ("1x", "naive", 0): 1,
+    ("1x", "naive", 2): 1,
+    ("1x", "numpy", 0): 1,
+    ("1x", "numpy", 2): 1,
+    ("big", "zarrtorch", 0): 2,
+    ("big", "zarrtorch", 2): 2,
+    ("big", "reference", 0): 2,
+    ("big", "reference", 2): 2,
+}
+
+
+def test_generated_rows_do_not_depend_on_the_block():
+    whole = harness.generate_rows(0, 64, chunk_rows=16, seed=3)
+    assert whole.dtype == np.float32 and whole.shape == (64, *harness.SAMPLE_SHAPE)
+    np.testing.assert_array_equal(harness.generate_rows(5, 40, chunk_rows=16, seed=3), whole[5:40])
+    assert not np.array_equal(harness.generate_rows(0, 16, chunk_rows=16, seed=4), whole[:16])
+
+
+@pytest.mark.slow
+def test_bench_tiny_end_to_end(tmp_path):
+    out = tmp_path / "tiny.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "run.py"),
+        "--tiny",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "targets" in proc.stdout and "samples/s" in proc.stdout
+
+    data = json.loads(out.read_text())
+    got = {(s["size"], s["kind"], s["par"]): s for s in data["summary"]}
+    assert set(got) == set(EXPECTED)
+    for key, n_epochs in EXPECTED.items():
+        s = got[key]
+        assert len(s["epochs"]) == n_epochs, key
+        for e in s["epochs"]:
+            for name in ("samples_per_s", "seconds", "ttfb_s", "rss_main_peak_mib"):
+                assert e[name] is not None and e[name] > 0, (key, name, e[name])
+            assert e["held_mib"] >= 0 and e["cpu_s"] >= 0, key
+            if key[1] != "l0" and key[2] > 0:
+                assert e["rss_worker_peak_mib"] > 0 and e["uss_worker_peak_mib"] > 0, key
+    assert data["meta"]["l0_2_threads_samples_per_s"] > 0
+    assert data["targets"] and all(isinstance(t["pass"], bool) for t in data["targets"])
+    assert len(data["runs"]) == len(EXPECTED)
+    assert all(Path(info["path"]).exists() for info in data["stores"].values())

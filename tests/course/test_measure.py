@@ -1,0 +1,66 @@
+"""zarrtorch.course.measure: counts, bounds and worker memory of a loader run."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from zarrtorch.course.measure import batch_len, measure_loader, mib
+
+
+def test_batch_len():
+    assert batch_len(torch.zeros(7, 3)) == 7
+    assert batch_len({"a": np.zeros((5, 2)), "b": np.zeros(5)}) == 5
+    assert batch_len((torch.zeros(4), torch.zeros(4))) == 4
+    assert batch_len([1, 2, 3]) == 3
+    assert mib(3 * 2**20) == 3.0
+
+
+def test_counts_and_bound():
+    batches = [np.zeros((10, 2))] * 6 + [np.zeros((3, 2))]
+    full = measure_loader(batches)
+    assert (full["batches"], full["samples"]) == (7, 63)
+    assert full["samples_per_s"] > 0 and full["first_batch_s"] >= 0
+    assert full["first_batch_s"] <= full["seconds"]
+    assert full["workers_seen"] == 0 and full["peak_rss_workers"] == 0
+    assert full["peak_rss_main"] > 0
+
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return iter(batches)
+
+    bounded = measure_loader(factory, max_batches=2)
+    assert calls == [1]
+    assert (bounded["batches"], bounded["samples"]) == (2, 20)
+
+    one = measure_loader(batches, max_batches=1)
+    assert one["batches"] == 1 and math.isnan(one["steady_samples_per_s"])
+    with pytest.raises(ValueError):
+        measure_loader(batches, max_batches=0)
+
+
+def test_sees_dataloader_workers():
+    ds = TensorDataset(torch.arange(400, dtype=torch.float32).reshape(100, 4))
+    stats = measure_loader(lambda: DataLoader(ds, batch_size=10, num_workers=2), max_batches=5)
+    assert stats["batches"] == 5 and stats["samples"] == 50
+    assert stats["workers_seen"] >= 2
+    assert stats["peak_rss_workers"] >= stats["peak_rss_per_worker"] > 0
+    assert 0 < stats["peak_uss_per_worker"] <= stats["peak_rss_per_worker"]
+
+
+def test_ignores_processes_started_before():
+    import multiprocessing
+    import time
+
+    older = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    older.start()
+    try:
+        stats = measure_loader([np.zeros((10, 2))] * 3)
+    finally:
+        older.terminate()
+        older.join()
+    assert stats["workers_seen"] == 0 and stats["peak_rss_workers"] == 0

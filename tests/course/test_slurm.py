@@ -1,0 +1,138 @@
+"""The Slurm templates: valid bash, and every ``python -m zarrtorch train`` they run is accepted by the real
+command-line parser, with the Slurm variables replaced by plausible values."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from zarrtorch.course.train import build_parser, launcher_topology
+
+SLURM = Path(__file__).resolve().parents[2] / "slurm"
+SCRIPTS = sorted(SLURM.glob("*.sbatch"))
+
+PLAUSIBLE = {
+    "SLURM_NTASKS_PER_NODE": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NAME": "zarrtorch-ddp",
+    "SLURM_CPUS_PER_TASK": "8",
+    "SLURM_JOB_NODELIST": "node[01-02]",
+    "DATA": "/scratch/data/train.zarr",
+    "OUT": "/scratch/runs/job",
+    "ZARRTORCH_DATA_DIR": "/scratch/data",
+    "SCRATCH": "/scratch",
+    "WORK": "/work",
+    "HOME": "/home/user",
+    "JOBSCRATCH": "/jobscratch",
+    "PWD": "/home/user/zarrtorch",
+    "VENV": "/home/user/venv",
+}
+
+
+def test_there_are_templates():
+    names = {p.name for p in SCRIPTS}
+    assert {"generic_multinode.sbatch", "jean_zay.sbatch", "hal.sbatch"} <= names
+    assert (SLURM / "README.md").exists()
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_bash_syntax(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Join backslash continuations and drop comments."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def _substitute(line: str) -> str:
+    """Replace ``$NAME``, ``${NAME}`` and ``${NAME:-default}`` by plausible values; drop ``"$@"``."""
+    line = line.replace('"$@"', "")
+
+    def value(m: re.Match) -> str:
+        name, default = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), None)
+        if name in PLAUSIBLE:
+            return PLAUSIBLE[name]
+        return default if default is not None else f"/placeholder/{name}"
+
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", value, line)
+
+
+def train_commands(script: Path) -> list[list[str]]:
+    """The argument lists given to ``python -m zarrtorch train`` in a script (with or without srun)."""
+    commands = []
+    for line in _logical_lines(script.read_text()):
+        if "-m zarrtorch train" not in line:
+            continue
+        line = line.split("||")[0].split(" # ")[0]
+        words = shlex.split(_substitute(line))
+        i = words.index("zarrtorch")
+        assert words[i - 1] == "-m" and words[i + 1] == "train", line
+        commands.append(words[i + 2 :])
+    return commands
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_train_options_are_accepted(script):
+    commands = train_commands(script)
+    assert commands, f"{script.name} runs no `python -m zarrtorch train`"
+    parser = build_parser()
+    assert len(commands) == 1, "one training command, run by srun (nothing to prepare: the split is a row window)"
+    for argv in commands:
+        args = parser.parse_args(argv)  # argparse exits (SystemExit) on an unknown or malformed option
+        assert args.accelerator == "gpu"
+        assert args.devices == 4 and args.nodes == 2  # from $SLURM_NTASKS_PER_NODE / $SLURM_NNODES
+        assert str(args.data).endswith("train.zarr")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_one_task_per_gpu_and_srun(script):
+    text = script.read_text()
+    sbatch = dict(re.findall(r"^#SBATCH\s+--([\w-]+)=(\S+)", text, flags=re.M))
+    gpus = re.search(r"gpu:(\d+)", sbatch.get("gres", "")) or re.search(r"(\d+)", sbatch.get("gpus-per-node", ""))
+    assert gpus, "the script must request GPUs"
+    assert sbatch["ntasks-per-node"] == gpus.group(1), "one task (process) per GPU"
+    assert re.search(r"^srun python -m zarrtorch train", text, flags=re.M)
+    assert "scontrol show hostnames" in text and "MASTER_PORT" in text
+
+
+def test_site_conventions():
+    jz = (SLURM / "jean_zay.sbatch").read_text()
+    assert "module load pytorch-gpu/py3/" in jz and "--hint=nomultithread" in jz
+    assert "TMPDIR=$JOBSCRATCH" in jz and "--system-site-packages" in jz and "--account=" in jz
+    hal = (SLURM / "hal.sbatch").read_text()
+    assert "module load pytorch-lightning/" in hal and "--system-site-packages" in hal
+    generic = (SLURM / "generic_multinode.sbatch").read_text()
+    assert "NCCL" in generic and "#SBATCH --nodes=2" in generic
+
+
+def test_launcher_topology_from_environment():
+    assert launcher_topology({})["launcher"] is None
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": "3"}
+    assert launcher_topology(torchrun) == {"launcher": "torchrun", "devices": 2, "nodes": 2, "world_size": 4}
+    slurm = {"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "4(x2)"}
+    assert launcher_topology(slurm) == {"launcher": "slurm", "devices": 4, "nodes": 2, "world_size": 8}
+    gpus_only = {"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "4"}
+    assert launcher_topology(gpus_only)["devices"] == 4
+    assert launcher_topology({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"})["launcher"] is None  # plain sbatch step
+
+
+def test_the_check_catches_a_wrong_option(tmp_path):
+    bad = tmp_path / "bad.sbatch"
+    bad.write_text('#!/bin/bash\nsrun python -m zarrtorch train --data "$DATA" --gpus-per-rank 4 \\\n    --epochs 2\n')
+    (argv,) = train_commands(bad)
+    assert argv == ["--data", PLAUSIBLE["DATA"], "--gpus-per-rank", "4", "--epochs", "2"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)

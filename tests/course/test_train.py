@@ -1,0 +1,222 @@
+"""``python -m zarrtorch train``: help, a one-epoch run writing metrics.json, and the two multi-process
+launchers it supports on a laptop: torchrun, and a simulated ``srun`` (Slurm's environment, 2 tasks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zarrtorch import prepare_zarr
+
+REPO = Path(__file__).resolve().parents[2]
+CHUNK = 16
+ROWS = 12 * CHUNK + 7  # partial last chunk
+SMALL = ["--batch-size", "8", "--hidden", "4", "--depth", "2", "--no-checkpoint"]
+LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    rng = np.random.default_rng(0)
+    fields = rng.normal(size=(ROWS, 4, 8, 16)).astype(np.float32)
+    target = (fields[:, 0] + 0.1 * rng.normal(size=(ROWS, 8, 16))).astype(np.float32)
+    path = tmp_path_factory.mktemp("cli") / "train.zarr"
+    prepare_zarr({"fields": fields, "target": target}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("SLURM_")}
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra})
+    return env
+
+
+def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env or clean_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_help(tmp_path):
+    proc = run([sys.executable, "-m", "zarrtorch", "train", "--help"], cwd=tmp_path)
+    for option in (
+        "--data",
+        "--size",
+        "--accelerator",
+        "--devices",
+        "--nodes",
+        "--strategy",
+        "--epochs",
+        "--batch-size",
+        "--workers",
+        "--buffer-chunks",
+        "--seed",
+        "--max-steps",
+        "--limit-train-batches",
+        "--out",
+        "--record-rows",
+        "--progress",
+        "torchrun",
+        "srun",
+    ):
+        assert option in proc.stdout
+
+
+def test_one_epoch_writes_metrics(store, tmp_path):
+    out = tmp_path / "out"
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "zarrtorch",
+            "train",
+            "--data",
+            str(store),
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            "--record-rows",
+            *SMALL,
+        ],
+        cwd=tmp_path,
+    )
+    assert "samples/s" in proc.stdout and "skill" in proc.stdout
+    assert "%|" not in proc.stdout + proc.stderr  # no progress bar by default
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["launcher"] is None
+    (epoch,) = metrics["epochs"]
+    for key in ("train_loss", "val_loss", "val_skill", "samples_per_s"):
+        assert np.isfinite(epoch[key]), key
+    assert metrics["data"]["fit_rows"] + metrics["data"]["val_rows"] == ROWS
+    assert metrics["rows_check"][0]["rows"] == [metrics["data"]["fit_rows"] // 8 * 8]
+    assert (out / "logs").is_dir()
+
+
+def test_bad_option_is_refused(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "zarrtorch", "train", "--devices", "zero"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--devices" in proc.stderr
+
+
+def _check_two_ranks(metrics: dict, launcher: str) -> None:
+    assert metrics["world_size"] == 2 and metrics["launcher"] == launcher
+    fit_rows = metrics["data"]["fit_rows"]
+    checks = metrics["rows_check"]
+    assert len(checks) == 2
+    for c in checks:
+        assert c["disjoint"] and c["batches"][0] == c["batches"][1] == fit_rows // 16
+    rows = metrics["rows_per_rank"]
+    for rank in (0, 1):
+        assert set(rows[0]["rows"][rank]) != set(rows[1]["rows"][rank])
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_processes(store, tmp_path):
+    out = tmp_path / "out"
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "zarrtorch",
+            "train",
+            "--data",
+            str(store),
+            "--accelerator",
+            "cpu",
+            "--epochs",
+            "2",
+            "--out",
+            str(out),
+            "--record-rows",
+            *SMALL,
+        ],
+        cwd=tmp_path,
+    )
+    _check_two_ranks(json.loads((out / "metrics.json").read_text()), "torchrun")
+    assert "TorchElasticEnvironment" in proc.stdout
+
+
+@pytest.mark.slow
+def test_simulated_srun_two_tasks(store, tmp_path):
+    """What srun gives each task (SLURM_* variables): Lightning's SLURMEnvironment forms the DDP group."""
+    out = tmp_path / "out"
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = clean_env(
+            SLURM_NTASKS="2",
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NODEID="0",
+            SLURM_NNODES="1",
+            SLURM_NTASKS_PER_NODE="2",
+            SLURM_JOB_NAME="zarrtorch-test",
+            SLURM_JOB_ID="4242",
+            SLURM_NODELIST="localhost",
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "zarrtorch",
+            "train",
+            "--data",
+            str(store),
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--nodes",
+            "1",
+            "--epochs",
+            "2",
+            "--out",
+            str(out),
+            "--record-rows",
+            *SMALL,
+        ]
+        procs.append(
+            subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (so, se) in zip(procs, results, strict=True):
+        assert p.returncode == 0, so[-3000:] + se[-4000:]
+    assert "SLURMEnvironment" in results[0][0] and "launched by slurm" in results[0][0]
+    _check_two_ranks(json.loads((out / "metrics.json").read_text()), "slurm")

@@ -1,0 +1,353 @@
+"""``python -m zarrtorch train``: train the course's forecast model with Lightning, on one process or many.
+
+The same command runs everywhere; how many processes there are is decided by the launcher:
+
+* one process: ``python -m zarrtorch train --size tiny``;
+* several processes on one machine: ``torchrun --nproc-per-node 2 -m zarrtorch train ...`` (the number
+  of devices is read from torchrun's environment);
+* a Slurm job: ``srun python -m zarrtorch train --accelerator gpu ...`` with one task per GPU (devices and
+  nodes are read from ``SLURM_NTASKS_PER_NODE``/``SLURM_GPUS_ON_NODE`` and ``SLURM_NNODES``; Lightning picks
+  up ranks and the master address from Slurm itself).
+
+At the end, rank 0 writes ``<out>/metrics.json``: the configuration, per-epoch train/validation loss,
+skill against persistence and training throughput, and (``--record-rows``) the rows each rank trained on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+EPILOG = """\
+examples:
+  python -m zarrtorch train --size tiny --epochs 2
+  torchrun --nproc-per-node 2 -m zarrtorch train --size tiny --accelerator cpu --epochs 1
+  srun python -m zarrtorch train --accelerator gpu --devices $SLURM_NTASKS_PER_NODE --nodes $SLURM_NNODES
+
+Processes: under torchrun or srun, --devices and --nodes default to what the launcher started (one process
+per device); the strategy is then DDP. Results: <out>/metrics.json (rank 0), CSV logs under <out>/logs.
+"""
+
+
+def _int_or_auto(text: str):
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a value >= 1, got {value}")
+    return value
+
+
+def _batches(text: str):
+    """An integer number of batches, or a fraction of the epoch in (0, 1]."""
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return int(value) if ("." not in text and "e" not in text.lower()) else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from zarrtorch.course.paths import SIZES
+
+    p = argparse.ArgumentParser(
+        prog="python -m zarrtorch train",
+        description="Train a small CNN that forecasts the next 6-hourly temperature field from the current\n"
+        "fields, with PyTorch Lightning, streaming a first-axis-chunked Zarr store through zarrtorch's loader.\n"
+        "Validation uses the last chunks in time; skill = 1 - MSE(model) / MSE(persistence).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = p.add_argument_group("data")
+    d.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="a store prepared with prepare_zarr holding 'fields' and 'target' (default: the course's "
+        "train.zarr for --size)",
+    )
+    d.add_argument(
+        "--size", choices=SIZES, default=None, help="course dataset size (default: $ZARRTORCH_SIZE or small)"
+    )
+    d.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.2,
+        help="share of the chunks, at the end in time, kept for validation (default 0.2)",
+    )
+    ld = p.add_argument_group("loading")
+    ld.add_argument("--batch-size", type=int, default=32, help="rows per batch on each process (default 32)")
+    ld.add_argument(
+        "--workers", type=int, default=0, help="DataLoader worker processes per training process (default 0)"
+    )
+    ld.add_argument("--buffer-chunks", type=int, default=8, help="shuffle-buffer size in chunks (default 8)")
+    ld.add_argument(
+        "--shuffle",
+        choices=("none", "chunks", "full"),
+        default="full",
+        help="none: time order; chunks: random chunk order only; full: chunk order + buffer (default)",
+    )
+    ld.add_argument("--seed", type=int, default=0, help="seed shared by every process (default 0)")
+    h = p.add_argument_group("hardware and processes")
+    h.add_argument("--accelerator", default="auto", help="auto | cpu | gpu | cuda | mps (default auto)")
+    h.add_argument(
+        "--devices",
+        type=_int_or_auto,
+        default="auto",
+        help="processes (devices) per node; default: from torchrun/Slurm, else Lightning's choice",
+    )
+    h.add_argument(
+        "--nodes", type=int, default=None, help="number of nodes (default: $SLURM_NNODES, from torchrun, or 1)"
+    )
+    h.add_argument(
+        "--strategy", default="auto", help="Lightning strategy (default: ddp when there are several processes)"
+    )
+    h.add_argument(
+        "--precision", default=None, help="Lightning precision, e.g. bf16-mixed on recent GPUs (default 32-true)"
+    )
+    h.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads per process (default: the CPUs "
+        "this process may use, shared between the processes of a node)",
+    )
+    t = p.add_argument_group("training")
+    t.add_argument("--epochs", type=int, default=2, help="epochs (default 2)")
+    t.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps (default: no limit)")
+    t.add_argument(
+        "--limit-train-batches",
+        type=_batches,
+        default=None,
+        help="batches per epoch: an integer count or a fraction (default: all)",
+    )
+    t.add_argument("--limit-val-batches", type=_batches, default=None, help="validation batches: count or fraction")
+    t.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    t.add_argument("--hidden", type=int, default=16, help="CNN channels (default 16)")
+    t.add_argument("--depth", type=int, default=3, help="CNN convolution layers (default 3)")
+    t.add_argument(
+        "--deterministic", action="store_true", help="deterministic algorithms (reproducible, slower on GPU)"
+    )
+    o = p.add_argument_group("output")
+    o.add_argument(
+        "--out",
+        type=Path,
+        default=Path("lightning_logs/zarrtorch-train"),
+        help="folder for metrics.json, CSV logs and the checkpoint (default lightning_logs/zarrtorch-train)",
+    )
+    o.add_argument(
+        "--record-rows",
+        action="store_true",
+        help="record the rows each process trained on, every "
+        "epoch, in metrics.json (checks the partition: disjoint ranks, new rows every epoch)",
+    )
+    o.add_argument("--no-checkpoint", action="store_true", help="do not save a checkpoint")
+    o.add_argument("--progress", action="store_true", help="show Lightning's progress bar (off by default)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------
+# How many processes: from the launcher's environment
+# ---------------------------------------------------------------------------------------------------------
+def _first_int(text: str | None) -> int | None:
+    """``SLURM_NTASKS_PER_NODE`` looks like ``4`` or ``4(x2)``; GPU counts may be ``gpu:4``."""
+    if not text:
+        return None
+    m = re.search(r"\d+", text)
+    return int(m.group()) if m else None
+
+
+def launcher_topology(env: dict | None = None) -> dict:
+    """What the launcher started: ``{"launcher", "devices", "nodes", "world_size"}`` (devices/nodes may be None)."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" in env or "LOCAL_WORLD_SIZE" in env:  # torchrun
+        world = int(env.get("WORLD_SIZE", "1"))
+        local = int(env.get("LOCAL_WORLD_SIZE", world))
+        return {"launcher": "torchrun", "devices": local, "nodes": max(1, world // max(1, local)), "world_size": world}
+    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        nodes = _first_int(env.get("SLURM_NNODES")) or 1
+        devices = _first_int(env.get("SLURM_NTASKS_PER_NODE")) or _first_int(env.get("SLURM_GPUS_ON_NODE"))
+        if devices is None:
+            devices = max(1, int(env["SLURM_NTASKS"]) // nodes)
+        return {"launcher": "slurm", "devices": devices, "nodes": nodes, "world_size": int(env["SLURM_NTASKS"])}
+    return {"launcher": None, "devices": None, "nodes": None, "world_size": 1}
+
+
+def _resolve_processes(args) -> tuple[object, int, str, dict]:
+    topo = launcher_topology()
+    devices = args.devices
+    if devices == "auto" and topo["devices"] is not None:
+        devices = topo["devices"]
+    nodes = args.nodes if args.nodes is not None else (topo["nodes"] or 1)
+    strategy = args.strategy
+    if strategy == "auto" and (topo["world_size"] > 1 or (isinstance(devices, int) and devices * nodes > 1)):
+        strategy = "ddp"
+    return devices, nodes, strategy, topo
+
+
+def _local_processes(devices, topo) -> int:
+    if topo["devices"]:
+        return int(topo["devices"])
+    return devices if isinstance(devices, int) else 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+
+    import lightning as L
+    import torch
+
+    from zarrtorch.course.callbacks import HistoryWriter, RowRecorder, quiet_lightning, summarize_rows
+    from zarrtorch.lightning import ZarrDataModule
+    from zarrtorch.process import available_cpus
+
+    quiet_lightning()
+    from zarrtorch.course.models import ForecastModule, channel_stats
+    from zarrtorch.course.paths import course_size, train_store_path
+
+    store = args.data
+    if store is None:
+        size = course_size(args.size)
+        if launcher_topology()["world_size"] > 1:  # several processes: none of them may write the data
+            store = train_store_path(size)
+            if not store.exists():
+                print(
+                    f"error: no course data for size {size!r}: generate it once before a multi-process run with "
+                    f"`python -m zarrtorch make-data --size {size}`, or pass --data",
+                    file=sys.stderr,
+                )
+                return 2
+        else:
+            from zarrtorch.course.synthetic import ensure_data
+
+            store = ensure_data(size)["train"]
+    store = Path(store)
+    dm = ZarrDataModule(
+        store,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        buffer_chunks=args.buffer_chunks,
+        seed=args.seed,
+        val_fraction=args.val_fraction,
+        shuffle=args.shuffle,
+        return_index=args.record_rows,
+    )
+
+    devices, nodes, strategy, topo = _resolve_processes(args)
+    threads = args.threads or max(1, available_cpus() // _local_processes(devices, topo))
+    torch.set_num_threads(threads)
+    L.seed_everything(args.seed, workers=True, verbose=False)
+
+    out = args.out
+    callbacks = [HistoryWriter(out / "history.json")]
+    recorder = RowRecorder() if args.record_rows else None
+    if recorder is not None:
+        callbacks.append(recorder)
+    if not args.no_checkpoint:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        callbacks.append(ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0))
+    from lightning.pytorch.loggers import CSVLogger
+
+    trainer_kwargs = dict(
+        accelerator=args.accelerator,
+        devices=devices,
+        num_nodes=nodes,
+        strategy=strategy,
+        max_epochs=args.epochs,
+        max_steps=args.max_steps,
+        deterministic=args.deterministic or None,
+        enable_progress_bar=args.progress,
+        enable_model_summary=False,
+        logger=CSVLogger(out, name="logs"),
+        callbacks=callbacks,
+        enable_checkpointing=not args.no_checkpoint,
+        default_root_dir=out,
+        num_sanity_val_steps=0,
+        log_every_n_steps=min(10, args.limit_train_batches) if isinstance(args.limit_train_batches, int) else 10,
+    )
+    if args.precision:
+        trainer_kwargs["precision"] = args.precision
+    if args.limit_train_batches is not None:
+        trainer_kwargs["limit_train_batches"] = args.limit_train_batches
+    if args.limit_val_batches is not None:
+        trainer_kwargs["limit_val_batches"] = args.limit_val_batches
+    trainer = L.Trainer(**trainer_kwargs)
+
+    stats = channel_stats(dm.store, stop_row=dm.split_plan.split_row)
+    model = ForecastModule(stats, hidden=args.hidden, depth=args.depth, lr=args.lr, print_epochs=True)
+    if trainer.is_global_zero:
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"data: {dm.describe()}", flush=True)
+        print(
+            f"processes: {trainer.world_size} ({trainer.num_nodes} node(s) x {trainer.num_devices} device(s), "
+            f"{type(trainer.accelerator).__name__.replace('Accelerator', '')}, {type(trainer.strategy).__name__}"
+            f"{', ' + type(env).__name__ if (env := getattr(trainer.strategy, 'cluster_environment', None)) else ''}"
+            f"{', launched by ' + topo['launcher'] if topo['launcher'] else ''}); {threads} CPU thread(s) per "
+            f"process; model: {n_params} parameters; batch {args.batch_size} per process, shuffle {args.shuffle}",
+            flush=True,
+        )
+
+    t0 = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    wall = time.perf_counter() - t0
+
+    if not trainer.is_global_zero:
+        return 0
+    history = model.history
+    speeds = [h["samples_per_s"] for h in history]
+    metrics = {
+        "command": "python -m zarrtorch train " + " ".join(sys.argv[1:] if argv is None else argv),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "data": {
+            "store": store.name,
+            "rows": dm.split_plan.rows,
+            "chunk_rows": dm.split_plan.chunk_rows,
+            "fit_rows": dm.split_plan.fit_rows,
+            "val_rows": dm.split_plan.val_rows,
+        },
+        "world_size": trainer.world_size,
+        "num_nodes": trainer.num_nodes,
+        "devices_per_node": trainer.num_devices,
+        "accelerator": type(trainer.accelerator).__name__,
+        "strategy": type(trainer.strategy).__name__,
+        "launcher": topo["launcher"],
+        "threads_per_process": threads,
+        "epochs": history,
+        "samples_per_s": speeds[-1] if speeds else None,
+        "samples_per_s_note": "all processes together, last epoch (the first epoch includes start-up)",
+        "fit_seconds": wall,
+        "final": {
+            k: history[-1][k]
+            for k in ("train_loss", "val_loss", "val_skill", "val_mse", "persistence_mse")
+            if history and k in history[-1]
+        },
+    }
+    if recorder is not None:
+        metrics["rows_check"] = summarize_rows(recorder.epochs)
+        metrics["rows_per_rank"] = recorder.epochs
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    final = metrics["final"]
+    if final:
+        print(
+            f"done in {wall:.1f} s: val_loss {final.get('val_loss', float('nan')):.4f}, skill vs persistence "
+            f"{final.get('val_skill', float('nan')):.3f}, {metrics['samples_per_s']:.0f} samples/s in the last epoch; "
+            f"metrics in {out / 'metrics.json'}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

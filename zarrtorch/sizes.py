@@ -1,0 +1,26 @@
+"""The few arithmetic rules the package relies on, each written once."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative integers, without floating point."""
+    return -(-int(a) // int(b))
+
+
+def row_bytes(arrays: Mapping[str, Any]) -> int:
+    """Decoded bytes of one row of every array together (anything with ``shape`` and ``dtype``):
+    the unit a chunk length in MiB and the memory per worker are computed from."""
+    return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
+
+
+def held_chunks(*, buffer_chunks: int, decode_threads: int, row_shuffle: bool) -> int:
+    """Chunks of decoded data one reading process holds at most: the shuffle buffer (when rows are
+    shuffled), one chunk per decode thread, the chunk being consumed and one decoded ahead."""
+    return (int(buffer_chunks) if row_shuffle else 0) + int(decode_threads) + 2

@@ -1,0 +1,59 @@
+"""One worker's epoch as batches: its plan, the buffer schedule, the row cursor and the reader, put together.
+
+The dataset decides *what* a worker reads (:mod:`zarrtorch.plan`); this module turns that share into
+batches of NumPy arrays: it reads the pieces ahead in threads, pushes the rows through the bounded shuffle
+buffer and, when resuming mid-epoch, replays the schedule on row ids alone to rebuild the buffer without
+reading the rows already consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from zarrtorch.buffer import INDEX_ONLY, SlotBuffer, buffer_capacity, schedule
+from zarrtorch.cursor import RowCursor
+from zarrtorch.plan import WorkerPlan
+from zarrtorch.reader import PieceReader
+
+
+def stream_batches(
+    reader: PieceReader,
+    share: WorkerPlan,
+    columns: dict[str, tuple[tuple[int, ...], np.dtype]],
+    *,
+    row_offset: int,
+    buffer_rows: int,
+    warmup_rows: int,
+    rng: np.random.Generator | None,
+    skip: int = 0,
+    copy_direct: bool = False,
+) -> Iterator[dict[str, np.ndarray]]:
+    """The batches of one worker's share (``{"index": row ids, name: rows}``), after skipping ``skip``.
+
+    ``row_offset`` moves the plan's rows to the store's (a row window); ``rng=None`` keeps stream order.
+    ``copy_direct`` copies batches that would otherwise be views of the reader's arrays (a cache reuses them).
+    """
+    pieces, sizes = share.pieces + row_offset, share.batch_sizes
+    capacity = buffer_capacity(buffer_rows, sizes, rng is not None)
+    steps = schedule(sizes, share.rows, capacity=buffer_rows, warmup_rows=warmup_rows, rng=rng)
+    buf = SlotBuffer(capacity, {**INDEX_ONLY, **columns})
+    cursor = RowCursor(pieces)
+    if skip:  # replay the schedule on row ids only, then load what the buffer holds at that point
+        ids = SlotBuffer(capacity, INDEX_ONLY)
+        for _ in range(skip):
+            ids.apply(next(steps), cursor.read)
+        ids.flush()  # the last step's refill is deferred: run it before reading the buffer's contents
+        if ids.filled:
+            held = ids.slots["index"][: ids.filled]
+            buf.load({"index": held, **reader.read_rows(held)})
+    cursor.attach(reader.iter_pieces(pieces[cursor.piece :]))
+    try:
+        for step in steps:
+            batch = buf.apply(step, cursor.read)
+            if copy_direct and step.direct:
+                batch = {name: arr.copy() for name, arr in batch.items()}
+            yield batch
+    finally:
+        cursor.close()

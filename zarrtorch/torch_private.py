@@ -1,0 +1,45 @@
+"""Every use of a private or guarded part of ``torch.utils.data``, in one place, each with its reason.
+
+``tests/core/test_torch_private.py`` checks each of them against the installed torch, so an upgrade that
+removes or changes one fails there, loudly, rather than somewhere inside an epoch.
+"""
+
+from __future__ import annotations
+
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+
+def set_sampler(loader: DataLoader, sampler: Sampler) -> None:
+    """Give an iterable-style DataLoader a sampler after construction.
+
+    Why: Lightning calls ``set_epoch`` on ``loader.sampler`` every epoch and nowhere else, but DataLoader
+    refuses a ``sampler=`` argument with an iterable dataset and forbids setting the attribute after
+    ``__init__``; ``object.__setattr__`` bypasses that guard. DataLoader itself only iterates the sampler,
+    which must then yield ``None`` forever, as its own default sampler for iterable datasets does.
+    """
+    object.__setattr__(loader, "sampler", sampler)
+
+
+def stop_workers(loader: DataLoader, iterator) -> bool:
+    """Stop the worker processes of ``iterator`` now; ``False`` if it has none (``num_workers=0``).
+
+    Why: after a worker raised (a missing chunk), DataLoader leaves its workers to the garbage collector,
+    which closes their queues first; DataLoader then waits 5 s per worker before killing it, and a
+    persistent loader keeps the broken iterator in ``loader._iterator`` and hands it out again.
+    ``_shutdown_workers`` is what DataLoader itself calls at the end of an epoch.
+    """
+    if not isinstance(iterator, _MultiProcessingDataLoaderIter):
+        return False
+    iterator._shutdown_workers()
+    if getattr(loader, "_iterator", None) is iterator:  # persistent workers: start fresh ones next time
+        loader._iterator = None
+    return True
+
+
+def worker_processes(iterator) -> list:
+    """The worker processes of a DataLoader iterator (empty with ``num_workers=0``), to watch or debug them.
+
+    Why: DataLoader keeps them in the private ``_workers`` list and offers no public accessor.
+    """
+    return list(getattr(iterator, "_workers", []))
