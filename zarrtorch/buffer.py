@@ -167,9 +167,14 @@ def simulate(
     return [buf.apply(step, cursor.read)["index"] for step in steps]
 
 
-def buffer_rng(seed: int, epoch: int, rank: int, worker: int, row_shuffle: bool) -> np.random.Generator | None:
-    """The shuffle buffer's generator for one worker (``None``: rows in stream order)."""
-    return rng_for(seed, epoch, 2, rank, worker) if row_shuffle else None
+def buffer_rng(
+    seed: int, epoch: int, rank: int, worker: int, row_shuffle: bool, segment: int = 0
+) -> np.random.Generator | None:
+    """The shuffle buffer's generator for one worker (``None``: rows in stream order); a resumed segment
+    of an epoch (``segment >= 1``) draws from a generator of its own."""
+    if not row_shuffle:
+        return None
+    return rng_for(seed, epoch, 2, rank, worker, *((segment,) if segment else ()))
 
 
 def rank_batches(
@@ -183,7 +188,7 @@ def rank_batches(
             w.batch_sizes,
             capacity=buffer_chunks * chunk_rows,
             warmup_rows=chunk_rows,
-            rng=buffer_rng(seed, plan.epoch, plan.rank, w.worker, row_shuffle),
+            rng=buffer_rng(seed, plan.epoch, plan.rank, w.worker, row_shuffle, plan.segment),
         )
         for w in plan.workers
     ]

@@ -22,6 +22,7 @@ from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
 from zarrtorch.process import available_cpus, distributed_topology
 from zarrtorch.reader import PieceReader
+from zarrtorch.resume import EpochSpec, resumed_plan
 from zarrtorch.sizes import held_chunks, row_bytes
 from zarrtorch.source import open_arrays
 from zarrtorch.state import EpochState, EpochView, LoaderConfig
@@ -151,9 +152,12 @@ class ZarrIterableDataset(IterableDataset):
         rank, world = distributed_topology()
         return EpochView(epoch=0, skip=0, rank=rank, world_size=world)
 
-    def plan(self, *, epoch: int, rank: int = 0, world_size: int = 1, **loader_settings) -> RankPlan:
+    def plan(
+        self, *, epoch: int, rank: int = 0, world_size: int = 1, history: tuple = (), **loader_settings
+    ) -> RankPlan:
         """The epoch's plan for one rank. ``num_workers``, ``batch_size`` and ``drop_last`` default to the
-        loader's configuration."""
+        loader's configuration; ``history`` (the epoch's earlier segments on other topologies, see
+        :mod:`zarrtorch.resume`) gives the plan of what is left of an interrupted epoch."""
         cfg = self.config
         settings = {"num_workers": cfg.num_workers if cfg else 0}
         if cfg is not None:
@@ -161,6 +165,16 @@ class ZarrIterableDataset(IterableDataset):
         settings.update((k, v) for k, v in loader_settings.items() if v is not None)
         if "batch_size" not in settings or "drop_last" not in settings:
             self._require_config()
+        if history:
+            if self.cache:
+                raise ValueError("cache=True freezes the partition on one topology: it cannot continue an epoch "
+                                 "on another; resume on the saved topology or start the epoch afresh")  # fmt: skip
+            spec = EpochSpec(
+                self.rows, self.chunk_rows, self.seed, epoch, settings["batch_size"], settings["drop_last"],
+                self.shuffle, self.buffer_chunks,
+            )  # fmt: skip
+            return resumed_plan(spec, tuple(history), world_size=world_size, rank=rank,
+                                num_workers=settings["num_workers"])  # fmt: skip
         return epoch_plan(
             self.rows, self.chunk_rows, seed=self.seed, epoch=epoch, world_size=world_size, rank=rank,
             shuffle=self.shuffle, freeze_partition=self.cache, **settings,
@@ -171,9 +185,9 @@ class ZarrIterableDataset(IterableDataset):
         """Whether rows go through the shuffle buffer (``shuffle`` and ``buffer_chunks >= 1``)."""
         return self.shuffle and self.buffer_chunks > 0
 
-    def _buffer_rng(self, epoch: int, rank: int, worker: int):
+    def _buffer_rng(self, epoch: int, rank: int, worker: int, segment: int = 0):
         """The buffer's generator; ``None`` streams the rows in order (no shuffle, or chunk order only)."""
-        return buffer_rng(self.seed, epoch, rank, worker, self._row_shuffle)
+        return buffer_rng(self.seed, epoch, rank, worker, self._row_shuffle, segment)
 
     def batch_row_ids(self, *, epoch: int, rank: int = 0, world_size: int = 1, **loader_settings) -> list[np.ndarray]:
         """The global row numbers of every batch the loader yields on ``rank``, in order, computed without
@@ -188,9 +202,9 @@ class ZarrIterableDataset(IterableDataset):
     def __len__(self) -> int:
         cfg = self._require_config()
         view = self.current_epoch()
-        return self.plan(
-            epoch=view.epoch, rank=view.rank, world_size=view.world_size, num_workers=cfg.num_workers
-        ).batches
+        plan = self.plan(epoch=view.epoch, rank=view.rank, world_size=view.world_size, history=view.history,
+                         num_workers=cfg.num_workers)  # fmt: skip
+        return sum(seg.batches for seg in view.history) + plan.batches
 
     # -- iteration (runs in each worker, or in the main process) ------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -200,7 +214,9 @@ class ZarrIterableDataset(IterableDataset):
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         if n_workers != cfg.num_workers:
             raise RuntimeError(f"the loader was configured for {cfg.num_workers} workers but runs {n_workers}")
-        plan = self.plan(epoch=view.epoch, rank=view.rank, world_size=view.world_size, num_workers=n_workers)
+        plan = self.plan(
+            epoch=view.epoch, rank=view.rank, world_size=view.world_size, history=view.history, num_workers=n_workers
+        )
         logical, worker_skip = resume_roles([len(w.batch_sizes) for w in plan.workers], view.skip)[worker]
         threads = self.decode_threads or max(1, available_cpus() // max(1, n_workers))
         if self.cache and (self._cache_store is None or self._cache_owner != logical):
@@ -213,7 +229,7 @@ class ZarrIterableDataset(IterableDataset):
             check_missing=self.check_chunks,
             cache=self._cache_store if self.cache else None,
         )
-        rng = self._buffer_rng(view.epoch, view.rank, logical)
+        rng = self._buffer_rng(view.epoch, view.rank, logical, plan.segment)
         columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
         batches = stream_batches(
             reader,

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.process import distributed_topology
+from zarrtorch.resume import Segment
 from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfig
 from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 
@@ -129,6 +130,7 @@ class ZarrDataLoader(DataLoader):
         self._batches_seen = 0
         self._epoch_done = False
         self._epoch_set_since_last = True
+        self._history: tuple[Segment, ...] = ()  # this epoch's segments on earlier topologies
         self._pending_state: LoaderCheckpoint | None = None
 
     # -- epochs and topology ------------------------------------------------------------------------
@@ -136,7 +138,7 @@ class ZarrDataLoader(DataLoader):
         """Start ``epoch``: a new chunk order and new partition on every rank. Call it every epoch."""
         epoch = int(epoch)
         if epoch != self._epoch:
-            self._resume_skip = 0
+            self._resume_skip, self._history = 0, ()
         self._epoch = epoch
         self._epoch_set_since_last = True
 
@@ -149,24 +151,21 @@ class ZarrDataLoader(DataLoader):
         return self._fixed_topology or distributed_topology()
 
     def _plan(self, rank: int, world: int):
+        cfg = self.config
         return self.dataset.plan(
-            epoch=self._epoch,
-            rank=rank,
-            world_size=world,
-            num_workers=self.config.num_workers,
-            batch_size=self.config.batch_size,
-            drop_last=self.config.drop_last,
-        )
+            epoch=self._epoch, rank=rank, world_size=world, history=self._history, num_workers=cfg.num_workers,
+            batch_size=cfg.batch_size, drop_last=cfg.drop_last,
+        )  # fmt: skip
 
     def __len__(self) -> int:
-        """Exact number of batches this rank yields per epoch (the same on every rank)."""
-        return self._plan(*self.topology()).batches
+        """Exact number of batches this rank yields per epoch (the same on every rank). In an epoch resumed
+        on another topology: the batches yielded before, plus what every rank yields of the rest."""
+        return sum(seg.batches for seg in self._history) + self._plan(*self.topology()).batches
 
     def __iter__(self):
-        rank, world = self.topology()
         if self._pending_state is not None:
-            self._check_state(self._pending_state, world)
-            self._pending_state = None
+            self._apply_state()
+        rank, world = self.topology()
         if self._epoch_done and not self._epoch_set_since_last and self.dataset.shuffle:
             warnings.warn(
                 f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
@@ -177,59 +176,61 @@ class ZarrDataLoader(DataLoader):
         self._epoch_set_since_last = False
         self._plan(rank, world)  # raise here, not in a worker
         self.dataset.attach(self.config, self.epoch_state)
-        self.epoch_state.publish(EpochView(epoch=self._epoch, skip=self._resume_skip, rank=rank, world_size=world))
+        earlier = sum(seg.batches for seg in self._history)
+        view = EpochView(self._epoch, self._resume_skip - earlier, rank, world, self._history)
+        self.epoch_state.publish(view)
         self._batches_seen = self._resume_skip
         return EpochIterator(super().__iter__(), self)
 
     def _finished_epoch(self) -> None:
         self._epoch_done = True
-        self._resume_skip = 0
+        self._resume_skip, self._history = 0, ()
 
     # -- checkpointing ------------------------------------------------------------------------------
-    def checkpoint(self, world: int | None = None) -> LoaderCheckpoint:
-        """This rank's position and the set-up it is valid for."""
-        rank, now_world = self.topology()
+    def checkpoint(self) -> LoaderCheckpoint:
+        """This rank's position, the topology it runs on and the set-up the position is valid for."""
+        rank, world = self.topology()
         ds, cfg = self.dataset, self.config
         return LoaderCheckpoint(
-            epoch=self._epoch,
-            batches_seen=self._batches_seen,
-            rank=rank,
-            world_size=now_world if world is None else world,
-            num_workers=cfg.num_workers,
-            batch_size=cfg.batch_size,
-            drop_last=cfg.drop_last,
-            seed=ds.seed,
-            shuffle=ds.shuffle,
-            buffer_chunks=ds.buffer_chunks,
-            row_offset=ds.row_offset,
-            rows=ds.rows,
-            chunk_rows=ds.chunk_rows,
-            cache=ds.cache,
-        )
+            epoch=self._epoch, batches_seen=self._batches_seen, rank=rank, world_size=world,
+            num_workers=cfg.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last, seed=ds.seed,
+            shuffle=ds.shuffle, buffer_chunks=ds.buffer_chunks, row_offset=ds.row_offset, rows=ds.rows,
+            chunk_rows=ds.chunk_rows, cache=ds.cache,
+            history=tuple((seg.world_size, seg.num_workers, seg.batches) for seg in self._history),
+        )  # fmt: skip
 
     def state_dict(self) -> dict:
-        """Where this rank is (epoch, batches already yielded) and the set-up it was run on, as a plain dict
+        """Where this rank is (epoch, batches already yielded), the topology and the set-up, as a plain dict
         (what Lightning stores in its checkpoints)."""
         return self.checkpoint().to_dict()
 
-    def _check_state(self, saved: LoaderCheckpoint, world: int) -> None:
-        diff = saved.setup_differences(self.checkpoint(world))
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the saved epoch after the batches already yielded.
+
+        On the saved topology (same world size and workers) the epoch continues exactly as it would have.
+        On another one, the rows not yet consumed by any saved rank are split again over the new ranks
+        (:mod:`zarrtorch.resume`): every row once (``drop_last=False``, plus fewer than ``world_size``
+        repeated rows to even out the ranks) or no row twice (``drop_last=True``), equal batches per rank.
+        The batch size, seed, shuffling and data must be those of the saved run."""
+        saved = LoaderCheckpoint.from_dict(state)
+        self._epoch = saved.epoch
+        self._resume_skip = self._batches_seen = saved.batches_seen
+        self._epoch_set_since_last = True
+        self._pending_state = saved
+        if self._fixed_topology is not None or torch.distributed.is_initialized():
+            self._apply_state()  # else once the process group exists (first iteration)
+
+    def _apply_state(self) -> None:
+        saved, self._pending_state = self._pending_state, None
+        diff = saved.setup_differences(self.checkpoint())
         if diff:
             raise ValueError(
-                "cannot resume this loader: the state was saved on another topology or data ("
-                + "; ".join(diff)
-                + "). Resume on the same set-up, or start the epoch afresh "
-                "with loader.set_epoch(epoch) instead of load_state_dict."
-            )
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue after ``state['batches_seen']`` batches of ``state['epoch']`` with the same topology."""
-        saved = LoaderCheckpoint.from_dict(state)
-        if self._fixed_topology is not None or torch.distributed.is_initialized():
-            self._check_state(saved, self.topology()[1])
-        else:
-            self._pending_state = saved  # checked once the process group exists (first iteration)
-        self._epoch = saved.epoch
-        self._resume_skip = saved.batches_seen
-        self._batches_seen = self._resume_skip
-        self._epoch_set_since_last = True
+                "cannot resume this loader: the state was saved with other data or settings (" + "; ".join(diff)
+                + "). Resume with the saved batch_size, seed, shuffle, buffer_chunks, drop_last and store, or "
+                "start the epoch afresh with loader.set_epoch(epoch) instead of load_state_dict."
+            )  # fmt: skip
+        history = saved.segments
+        if (saved.world_size, saved.num_workers) != (self.topology()[1], self.config.num_workers):
+            history += (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
+        self._history = history
+        self._plan(*self.topology())  # refuse here (cache=True, a state from other data), not in a worker

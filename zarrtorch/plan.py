@@ -107,26 +107,37 @@ def resume_roles(counts: list[int], skip: int) -> list[tuple[int, int]]:
     return [(role, int(np.sum(order[:skip] == role))) for role in roles]
 
 
-def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
-    """Rows at stream positions ``[start, stop)`` as ``(k, 2)`` half-open global row ranges, each inside
-    one chunk. Positions past ``rows`` wrap around to the start of the stream (evaluation padding)."""
+def chunk_runs(order: np.ndarray, rows: int, chunk_rows: int) -> np.ndarray:
+    """The epoch's stream as ``(n_chunks, 2)`` half-open row ranges: the chunks in ``order``."""
+    lo = np.asarray(order, dtype=np.int64) * chunk_rows
+    return np.stack([lo, np.minimum(lo + chunk_rows, rows)], axis=1)
+
+
+def slice_runs(runs: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Stream positions ``[start, stop)`` of the rows laid out by ``runs`` (``(m, 2)`` row ranges, in
+    order), as ``(k, 2)`` row ranges each inside one run. Positions past the stream's length wrap around
+    to its start (evaluation padding)."""
+    lengths = runs[:, 1] - runs[:, 0]
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    begins = ends - lengths
     pieces = []
     while start < stop:
-        end = min(stop, (start // rows + 1) * rows)  # stay within one pass over the stream
-        a, b = start % rows, end - (start // rows) * rows
-        lengths = np.minimum(chunk_rows, rows - order * chunk_rows)  # the last chunk may be partial
-        ends = np.cumsum(lengths)
-        begins = ends - lengths
-        first = int(np.searchsorted(ends, a, side="right"))
-        last = int(np.searchsorted(begins, b, side="left"))
-        sel = slice(first, last)
-        lo = np.maximum(begins[sel], a) - begins[sel] + order[sel] * chunk_rows
-        hi = np.minimum(ends[sel], b) - begins[sel] + order[sel] * chunk_rows
+        end = min(stop, (start // total + 1) * total)  # stay within one pass over the stream
+        a, b = start % total, end - (start // total) * total
+        sel = slice(int(np.searchsorted(ends, a, side="right")), int(np.searchsorted(begins, b, side="left")))
+        lo = np.maximum(begins[sel], a) - begins[sel] + runs[sel, 0]
+        hi = np.minimum(ends[sel], b) - begins[sel] + runs[sel, 0]
         pieces.append(np.stack([lo, hi], axis=1))
         start = end
     if not pieces:
         return np.zeros((0, 2), dtype=np.int64)
     return np.concatenate(pieces).astype(np.int64)
+
+
+def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
+    """Rows at stream positions ``[start, stop)`` of the chunks laid end to end in ``order``."""
+    return slice_runs(chunk_runs(order, rows, chunk_rows), start, stop)
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,7 @@ class RankPlan:
     batch_size: int
     budget: RowBudget
     workers: list[WorkerPlan]
+    segment: int = 0  # 0: a whole epoch; k: the k-th resumption of it on another topology
 
     @property
     def batches(self) -> int:
@@ -172,11 +184,16 @@ def epoch_plan(
     num_workers: int = 0,
     shuffle: bool = True,
     freeze_partition: bool = False,
+    runs: np.ndarray | None = None,
+    segment: int = 0,
 ) -> RankPlan:
     """The plan of ``rank`` for ``epoch``: a pure function of its arguments.
 
     ``freeze_partition`` (the cached mode) keeps epoch 0's chunk-to-rank assignment in every epoch, so a
     process can keep the rows it read in memory; the order of its pieces still changes every epoch.
+    ``runs`` replaces the epoch's stream (default: the chunks in the epoch's order) by given row ranges,
+    the rows not yet consumed when an epoch resumes on another topology (:mod:`zarrtorch.resume`); such a
+    remainder may be too short for a batch per rank, and then every rank gets none.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -184,15 +201,21 @@ def epoch_plan(
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    budget = row_budget(rows, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
-    n_chunks = ceil_div(rows, chunk_rows)
-    order = chunk_order(n_chunks, seed=seed, epoch=0 if freeze_partition else epoch, shuffle=shuffle)
+    if runs is None:
+        n_chunks = ceil_div(rows, chunk_rows)
+        order = chunk_order(n_chunks, seed=seed, epoch=0 if freeze_partition else epoch, shuffle=shuffle)
+        runs = chunk_runs(order, rows, chunk_rows)
+    stream_rows = int((runs[:, 1] - runs[:, 0]).sum())
+    if segment and stream_rows < (world_size * batch_size if drop_last else 1):
+        budget = RowBudget(0, 0, 0, stream_rows, 0)  # what is left of a resumed epoch: not one batch per rank
+    else:
+        budget = row_budget(stream_rows, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
     rank_start = rank * budget.rows_per_rank
     workers = []
     for w, (b0, b1) in enumerate(worker_batch_ranges(budget.batches_per_rank, num_workers)):
         start = rank_start + b0 * batch_size
         stop = rank_start + min(b1 * batch_size, budget.rows_per_rank)
-        pieces = stream_pieces(order, rows, chunk_rows, start, stop)
+        pieces = slice_runs(runs, start, stop)
         if freeze_partition and shuffle and len(pieces):
             pieces = pieces[rng_for(seed, epoch, 1, rank, w).permutation(len(pieces))]
         sizes = np.full(b1 - b0, batch_size, dtype=np.int64)
@@ -200,5 +223,6 @@ def epoch_plan(
             sizes[-1] = budget.last_batch_size
         workers.append(WorkerPlan(worker=w, first_batch=b0, pieces=pieces, batch_sizes=sizes))
     return RankPlan(
-        epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget, workers=workers
-    )
+        epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget, workers=workers,
+        segment=segment,
+    )  # fmt: skip

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zarrtorch.resume import Segment
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -30,27 +32,40 @@ class EpochView:
     """One reading of :class:`EpochState`."""
 
     epoch: int
-    skip: int  # batches of this rank's epoch already yielded before a resume
+    skip: int  # batches of this rank's current segment already yielded before a resume
     rank: int
     world_size: int
+    history: tuple[Segment, ...] = ()  # earlier segments of this epoch, on other topologies
 
 
 class EpochState:
-    """Epoch, resume point and topology, shared with worker processes through shared memory."""
+    """Epoch, resume point, topology and the epoch's earlier segments, shared with worker processes
+    through shared memory (a fixed-size tensor: at most ``MAX_SEGMENTS`` interruptions per epoch)."""
 
-    _FIELDS = ("epoch", "skip", "rank", "world_size", "published")
+    MAX_SEGMENTS = 32
+    _HEAD = 6  # epoch, skip, rank, world_size, published, number of segments; then 3 values per segment
 
     def __init__(self) -> None:
-        self._values = torch.zeros(len(self._FIELDS), dtype=torch.int64).share_memory_()
+        self._values = torch.zeros(self._HEAD + 3 * self.MAX_SEGMENTS, dtype=torch.int64).share_memory_()
 
     def publish(self, view: EpochView) -> None:
         """Set the values every worker will read at the start of its next epoch."""
-        self._values.copy_(torch.tensor([view.epoch, view.skip, view.rank, view.world_size, 1]))
+        if len(view.history) > self.MAX_SEGMENTS:
+            raise ValueError(f"an epoch resumed on another topology more than {self.MAX_SEGMENTS} times: "
+                             "start the epoch afresh with loader.set_epoch(epoch)")  # fmt: skip
+        values = [view.epoch, view.skip, view.rank, view.world_size, 1, len(view.history)]
+        for seg in view.history:
+            values += [seg.world_size, seg.num_workers, seg.batches]
+        self._values.zero_()
+        self._values[: len(values)] = torch.tensor(values)
 
     def read(self) -> EpochView | None:
         """The published values, or ``None`` before the loader first published any."""
-        epoch, skip, rank, world_size, published = (int(v) for v in self._values)
-        return EpochView(epoch, skip, rank, world_size) if published else None
+        values = self._values.tolist()
+        epoch, skip, rank, world_size, published, n = values[: self._HEAD]
+        flat = values[self._HEAD : self._HEAD + 3 * n]
+        history = tuple(Segment(*flat[i : i + 3]) for i in range(0, len(flat), 3))
+        return EpochView(epoch, skip, rank, world_size, history) if published else None
 
 
 @dataclass(frozen=True)
@@ -71,11 +86,15 @@ class LoaderCheckpoint:
     rows: int
     chunk_rows: int
     cache: bool
+    history: tuple[tuple[int, int, int], ...] = ()  # (world_size, num_workers, batches) of earlier segments
 
-    POSITION = ("epoch", "batches_seen", "rank")  # where the rank is; every other field is the set-up
+    # where the rank is and on which topology; every other field must match to resume
+    POSITION = ("epoch", "batches_seen", "rank", "world_size", "num_workers", "history")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["history"] = [list(seg) for seg in self.history]
+        return out
 
     @classmethod
     def from_dict(cls, state: dict) -> LoaderCheckpoint:
@@ -86,7 +105,18 @@ class LoaderCheckpoint:
                 f"not a ZarrDataLoader state: keys {missing} are missing (saved by "
                 "ZarrDataLoader.state_dict() of zarrtorch >= 0.1?)"
             )
-        return cls(**{n: state[n] for n in names})
+        values = {n: state[n] for n in names}
+        values["history"] = tuple(tuple(int(v) for v in seg) for seg in values["history"])
+        return cls(**values)
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return tuple(Segment(*seg) for seg in self.history)
+
+    @property
+    def segment_batches(self) -> int:
+        """Batches yielded on the saved topology (``batches_seen`` counts the earlier segments too)."""
+        return self.batches_seen - sum(seg.batches for seg in self.segments)
 
     def setup_differences(self, other: LoaderCheckpoint) -> list[str]:
         """``"field: saved X, now Y"`` for every set-up field that differs."""

@@ -1,0 +1,170 @@
+"""Elastic resume (zarrtorch.resume): an epoch saved on W ranks x K workers continues on W' x K'.
+
+Properties over random set-ups, on row ids alone: every new rank yields the same number of batches; no row
+already consumed is read again; drop_last=False reads every row of the epoch (fewer than W' repeated as
+padding), drop_last=True reads none twice and leaves out fewer than W' x batch. Then the same through
+ZarrDataLoader on real data, with workers, twice in a row, and into the next epoch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.resume import EpochSpec, Segment, resumed_plan
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def rank_batches(spec, history, world, workers):
+    return [
+        spec.batches(resumed_plan(spec, history, world_size=world, rank=r, num_workers=workers)) for r in range(world)
+    ]
+
+
+@st.composite
+def resumes(draw):
+    rows = draw(st.integers(1, 700))
+    chunk = draw(st.integers(1, 64))
+    batch = draw(st.integers(1, 24))
+    drop_last = draw(st.booleans())
+    world = draw(st.integers(1, 4))
+    if drop_last and rows < world * batch:
+        world = 1
+        rows = max(rows, batch)
+    spec = EpochSpec(
+        rows, chunk, draw(st.integers(0, 5)), draw(st.integers(0, 3)), batch, drop_last,
+        shuffle=draw(st.booleans()), buffer_chunks=draw(st.integers(0, 4)),
+    )  # fmt: skip
+    topologies = [(world, draw(st.integers(0, 3)))]
+    topologies += [(draw(st.integers(1, 5)), draw(st.integers(0, 3))) for _ in range(draw(st.integers(1, 2)))]
+    fractions = [draw(st.floats(0, 1)) for _ in topologies[:-1]]
+    return spec, topologies, fractions
+
+
+@SETTINGS
+@given(resumes())
+def test_elastic_resume_exactly_once_and_equal_batches(case):
+    spec, topologies, fractions = case
+    history, consumed = (), []
+    for (world, workers), fraction in zip(topologies[:-1], fractions, strict=True):
+        per_rank = rank_batches(spec, history, world, workers)
+        counts = {len(b) for b in per_rank}
+        assert len(counts) == 1  # equal batches on every rank, in every segment
+        seen = int(fraction * counts.pop())
+        consumed += [b for rank in per_rank for b in rank[:seen]]
+        history += (Segment(world, workers, seen),)
+    world, workers = topologies[-1]
+    rest = rank_batches(spec, history, world, workers)
+    assert len({len(b) for b in rest}) == 1
+    old = np.concatenate(consumed) if consumed else np.zeros(0, np.int64)
+    new = np.concatenate([b for rank in rest for b in rank]) if any(rest) else np.zeros(0, np.int64)
+    assert not np.isin(new, old).any(), "a consumed row was read again"
+    assert len(new) - len(np.unique(new)) < world, "more padding than the new world size"
+    if spec.drop_last:
+        assert len(old) == len(np.unique(old)) and len(new) == len(np.unique(new))
+        assert spec.rows - len(old) - len(new) < world * spec.batch_size  # rows left out of the rest
+        assert all(len(b) == spec.batch_size for rank in rest for b in rank)
+    else:
+        assert set(old.tolist()) | set(new.tolist()) == set(range(spec.rows))
+
+
+def test_resume_without_history_is_the_plain_plan():
+    spec = EpochSpec(300, 16, seed=2, epoch=1, batch_size=8, drop_last=True, buffer_chunks=2)
+    a = rank_batches(spec, (), 2, 1)
+    ds_rows = [spec.batches(spec.plan(None, 0, world_size=2, rank=r, num_workers=1)) for r in range(2)]
+    assert all(np.array_equal(x, y) for ra, rb in zip(a, ds_rows, strict=True) for x, y in zip(ra, rb, strict=True))
+
+
+def test_a_state_from_other_data_is_refused():
+    spec = EpochSpec(100, 10, seed=0, epoch=0, batch_size=10, drop_last=True)
+    with pytest.raises(ValueError, match="does not belong to this data"):
+        resumed_plan(spec, (Segment(2, 0, 6),), world_size=1, rank=0, num_workers=0)  # 5 batches per rank at most
+
+
+# -- through the loader, on data ------------------------------------------------------------------------
+
+ROWS, CHUNK = 437, 20
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("resume") / "data.zarr"
+    x = np.arange(ROWS, dtype=np.float32)[:, None].repeat(3, axis=1)
+    prepare_zarr({"x": x, "y": 10 * np.arange(ROWS, dtype=np.int64)}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+def run_ranks(store, world, workers, *, state=None, stop_after=None, epoch=1, drop_last=False):
+    """Every rank of a simulated topology (``rank=``/``world_size=``): the rows of its batches, its loader."""
+    out = []
+    for rank in range(world):
+        ds = ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True)
+        loader = ZarrDataLoader(
+            ds, batch_size=16, drop_last=drop_last, num_workers=workers, rank=rank, world_size=world
+        )
+        loader.set_epoch(epoch)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = []
+        loader.length_at_start = len(loader)
+        for batch in loader:
+            np.testing.assert_array_equal(batch["x"][:, 0].numpy(), batch["index"].numpy())
+            np.testing.assert_array_equal(batch["y"].numpy(), 10 * batch["index"].numpy())
+            batches.append(batch["index"].numpy())
+            if stop_after is not None and len(batches) == stop_after:
+                break
+        out.append((batches, loader))
+    return out
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_loader_resumes_2x2_on_3x1_then_1x2(store, drop_last):
+    first = run_ranks(store, 2, 2, stop_after=5, drop_last=drop_last)
+    state = first[0][1].state_dict()
+    assert state["batches_seen"] == 5 and state["world_size"] == 2 and state["history"] == []
+    second = run_ranks(store, 3, 1, state=state, stop_after=3, drop_last=drop_last)
+    state2 = second[0][1].state_dict()
+    assert state2["history"] == [[2, 2, 5]] and state2["batches_seen"] == 8 and state2["world_size"] == 3
+    third = run_ranks(store, 1, 2, state=state2, drop_last=drop_last)
+    lengths = {loader.length_at_start for _, loader in second}
+    assert len(lengths) == 1  # len(loader) in the resumed epoch: batches before + the rest, equal on every rank
+    assert len(third[0][0]) == third[0][1].length_at_start - 8
+    rows = [b for part in (first, second, third) for batches, _ in part for b in batches]
+    allrows = np.concatenate(rows)
+    if drop_last:
+        assert len(allrows) == len(np.unique(allrows)) and ROWS - len(allrows) < 2 * 16 + 3 * 16 + 16
+    else:
+        assert set(allrows.tolist()) == set(range(ROWS))
+        assert len(allrows) - ROWS < 2 + 3 + 1  # padding of each topology
+    # the next epoch is an ordinary epoch of the new topology
+    loader = third[0][1]
+    loader.set_epoch(2)
+    fresh = ZarrDataLoader(ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True), batch_size=16,
+                           drop_last=drop_last, num_workers=2, rank=0, world_size=1)  # fmt: skip
+    fresh.set_epoch(2)
+    a = [b["index"].numpy() for b in loader]
+    b = [b["index"].numpy() for b in fresh]
+    assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+
+
+def test_same_topology_resume_is_exact(store):
+    """On the saved topology the rest of the epoch is exactly the uninterrupted run's."""
+    whole = run_ranks(store, 2, 2)
+    first = run_ranks(store, 2, 2, stop_after=3)
+    rest = run_ranks(store, 2, 2, state=first[0][1].state_dict())
+    for r in range(2):
+        got = first[r][0] + rest[r][0]
+        assert len(got) == len(whole[r][0]) and all(np.array_equal(u, v) for u, v in zip(got, whole[r][0], strict=True))
+
+
+def test_cache_refuses_another_topology(store):
+    ds = ZarrIterableDataset(store, seed=5, cache=True)
+    saved = ZarrDataLoader(ds, batch_size=16, rank=0, world_size=2)
+    next(iter(saved))
+    other = ZarrDataLoader(ZarrIterableDataset(store, seed=5, cache=True), batch_size=16, rank=0, world_size=3)
+    with pytest.raises(ValueError, match="cache=True freezes the partition"):
+        other.load_state_dict(saved.state_dict())
