@@ -5,6 +5,7 @@ Lightning; ``zarrtorch.course`` holds what exists only for the course (data gene
 the training entry point) and is never imported by the core.
 """
 
+from zarrtorch.audit import AuditReport, audit
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
@@ -16,6 +17,7 @@ from zarrtorch.state import LoaderCheckpoint
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditReport",
     "ChunkReadError",
     "FirstAxisLayout",
     "LayoutError",
@@ -24,6 +26,7 @@ __all__ = [
     "ZarrDataLoader",
     "ZarrIterableDataset",
     "__version__",
+    "audit",
     "check_first_axis_layout",
     "epoch_plan",
     "prepare_zarr",

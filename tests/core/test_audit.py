@@ -1,0 +1,84 @@
+"""zarrtorch.audit: the report agrees with what the loader really yields; the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from zarrtorch import AuditReport, ZarrDataLoader, ZarrIterableDataset, audit, prepare_zarr
+
+ROWS, CHUNK = 437, 20
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("audit") / "data.zarr"
+    prepare_zarr({"x": np.arange(ROWS, dtype=np.float32)}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+def yielded(store, world, workers, drop_last, *, state=None, stop_after=None):
+    out = []
+    for rank in range(world):
+        loader = ZarrDataLoader(ZarrIterableDataset(store, seed=4, buffer_chunks=2, return_index=True), batch_size=16,
+                                drop_last=drop_last, num_workers=workers, rank=rank, world_size=world)  # fmt: skip
+        loader.set_epoch(1)
+        if state is not None:
+            loader.load_state_dict(state)
+        rows = []
+        for batch in loader:
+            rows.append(batch["index"].numpy())
+            if len(rows) == stop_after:
+                break
+        out.append((rows, loader))
+    return out
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_report_matches_the_loader(store, drop_last):
+    report = audit(store, world_size=3, num_workers=2, batch_size=16, drop_last=drop_last, seed=4, epoch=1,
+                   buffer_chunks=2)  # fmt: skip
+    runs = yielded(store, 3, 2, drop_last)
+    assert report.batches_per_rank == [len(rows) for rows, _ in runs]
+    read = np.concatenate([b for rows, _ in runs for b in rows])
+    assert report.rows_read == len(read)
+    assert report.rows_left_out == ROWS - len(np.unique(read))
+    assert report.padding_rows == len(read) - len(np.unique(read))
+    assert report.duplicates == 0 and report.ok
+    assert (report.rows_left_out > 0) == drop_last and (report.padding_rows > 0) == (not drop_last)
+
+
+def test_report_of_a_resume_matches_the_resumed_loader(store):
+    first = yielded(store, 2, 1, False, stop_after=4)
+    state = first[0][1].state_dict()
+    report = audit(store, world_size=3, num_workers=0, batch_size=1, state=state)  # settings come from the state
+    rest = yielded(store, 3, 0, False, state=state)
+    assert report.batches_per_rank == [len(rows) for rows, _ in rest]
+    assert report.rows_consumed_before == 2 * 4 * 16
+    assert report.rows_left_out == 0 and report.duplicates == 0 and report.ok
+
+
+def test_ok_is_false_when_ranks_disagree():
+    fields = dict(epoch=0, world_size=2, num_workers=0, batch_size=8, drop_last=True, rows=100,
+                  rows_consumed_before=0, rows_read=96, rows_left_out=4, padding_rows=0, duplicates=0,
+                  chunk_diversity=1.0, order_correlation=0.0)  # fmt: skip
+    assert AuditReport(batches_per_rank=[6, 6], **fields).ok
+    assert not AuditReport(batches_per_rank=[7, 5], **fields).ok
+    assert "UNEQUAL [7, 5]" in AuditReport(batches_per_rank=[7, 5], **fields).summary()
+    assert not AuditReport(batches_per_rank=[6, 6], **{**fields, "duplicates": 1}).ok
+
+
+def test_cli(store, tmp_path):
+    run = [sys.executable, "-m", "zarrtorch", "audit", str(store)]
+    ok = subprocess.run(run + ["--world-size", "2", "--batch-size", "16", "--json"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["batches_per_rank"] == [13, 13]
+    loader = yielded(store, 2, 0, True, stop_after=2)[0][1]
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({**loader.state_dict(), "rows": ROWS + 1}))
+    bad = subprocess.run(run + ["--world-size", "3", "--state", str(state)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "the state was saved on 438 rows" in bad.stderr

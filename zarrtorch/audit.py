@@ -1,0 +1,168 @@
+"""Check an epoch before running it: what every rank will get, computed from the plan without reading data.
+
+``audit(store, world_size=..., batch_size=...)`` (or ``python -m zarrtorch audit STORE ...``) reports the
+batches per rank, the rows left out and repeated as padding, duplicates (must be 0) and the shuffle
+quality, for a fresh epoch or for the rest of an epoch resumed from a saved loader state (on the same or
+another topology). It is what to run before a long DDP job: a rank with more batches than another would
+make DDP hang in its next collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from zarrtorch.quality import chunk_diversity, order_correlation
+from zarrtorch.resume import EpochSpec, Segment, resumed_plan
+from zarrtorch.state import LoaderCheckpoint
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """One epoch (or its resumed rest) on one topology; ``ok`` when every guarantee holds."""
+
+    epoch: int
+    world_size: int
+    num_workers: int
+    batch_size: int
+    drop_last: bool
+    rows: int  # rows of the epoch (the store, or its row window)
+    batches_per_rank: list[int]
+    rows_consumed_before: int  # rows read before the resume (0 for a fresh epoch)
+    rows_read: int  # rows the ranks read from here on, repeats included
+    rows_left_out: int  # rows of the epoch never read (drop_last=True)
+    padding_rows: int  # rows read a second time to even out the ranks (drop_last=False)
+    duplicates: int  # rows read twice beyond the padding: must be 0
+    chunk_diversity: float  # rank 0's batches, 1.0 = as mixed as a perfect shuffle
+    order_correlation: float  # rank 0's stream, 1.0 = in row order, ~0 = shuffled
+
+    @property
+    def ok(self) -> bool:
+        limit = self.world_size * self.batch_size if self.drop_last else 1
+        return len(set(self.batches_per_rank)) == 1 and self.duplicates == 0 and self.rows_left_out < limit
+
+    def summary(self) -> str:
+        counts = sorted(set(self.batches_per_rank))
+        per_rank = f"{counts[0]}" if len(counts) == 1 else f"UNEQUAL {self.batches_per_rank}"
+        lines = [
+            f"epoch {self.epoch}: {self.world_size} rank(s) x {self.num_workers} worker(s), batch {self.batch_size}, "
+            f"drop_last={self.drop_last}, {self.rows} rows",
+            f"  batches per rank     {per_rank}",
+            f"  rows read            {self.rows_read}" + (f" (after {self.rows_consumed_before} consumed before "
+                                                          "the resume)" if self.rows_consumed_before else ""),
+            f"  rows left out        {self.rows_left_out}",
+            f"  padding rows         {self.padding_rows}",
+            f"  duplicates           {self.duplicates}",
+            f"  shuffle (rank 0)     chunk diversity {self.chunk_diversity:.2f}, order correlation "
+            f"{self.order_correlation:.2f}",
+            "  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above",
+        ]  # fmt: skip
+        return "\n".join(lines)
+
+
+def audit(
+    source, *, world_size: int, batch_size: int, num_workers: int = 0, drop_last: bool = True, seed: int = 0,
+    epoch: int = 0, shuffle: bool = True, buffer_chunks: int = 8, row_range: tuple[int, int] | None = None,
+    state: dict | None = None, arrays=None,
+) -> AuditReport:  # fmt: skip
+    """Audit one epoch of ``source`` (anything :class:`zarrtorch.ZarrIterableDataset` opens; only metadata is
+    read). With ``state`` (a ``ZarrDataLoader.state_dict()``), audit the rest of the saved epoch on this
+    topology: its epoch, batch size, seed and settings are taken from the state."""
+    from zarrtorch.dataset import ZarrIterableDataset
+
+    ds = ZarrIterableDataset(source, arrays=arrays, seed=seed, shuffle=shuffle, buffer_chunks=buffer_chunks,
+                             row_range=row_range)  # fmt: skip
+    history: tuple[Segment, ...] = ()
+    if state is not None:
+        saved = LoaderCheckpoint.from_dict(state)
+        if (saved.rows, saved.chunk_rows, saved.row_offset) != (ds.rows, ds.chunk_rows, ds.row_offset):
+            raise ValueError(f"the state was saved on {saved.rows} rows in chunks of {saved.chunk_rows} from row "
+                             f"{saved.row_offset}; this store has {ds.rows} in chunks of {ds.chunk_rows} from row "
+                             f"{ds.row_offset}: audit the store (and row_range) the state belongs to")  # fmt: skip
+        epoch, batch_size, drop_last, seed = saved.epoch, saved.batch_size, saved.drop_last, saved.seed
+        shuffle, buffer_chunks = saved.shuffle, saved.buffer_chunks
+        history = saved.segments + (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
+    spec = EpochSpec(ds.rows, ds.chunk_rows, seed, epoch, batch_size, drop_last, shuffle, buffer_chunks)
+    consumed = []
+    for i, past in enumerate(history):
+        for rank in range(past.world_size):
+            plan = resumed_plan(spec, history[:i], world_size=past.world_size, rank=rank, num_workers=past.num_workers)
+            consumed += spec.batches(plan)[: past.batches]
+    ranks = []
+    padding = 0
+    for rank in range(world_size):
+        plan = resumed_plan(spec, history, world_size=world_size, rank=rank, num_workers=num_workers)
+        ranks.append(spec.batches(plan))
+        padding = plan.budget.padding_rows
+    old = np.concatenate(consumed) if consumed else np.zeros(0, np.int64)
+    new = np.concatenate([b for r in ranks for b in r]) if any(ranks) else np.zeros(0, np.int64)
+    seen = np.union1d(old, new)
+    first = ranks[0]
+    return AuditReport(
+        epoch=epoch, world_size=world_size, num_workers=num_workers, batch_size=batch_size, drop_last=drop_last,
+        rows=ds.rows, batches_per_rank=[len(r) for r in ranks], rows_consumed_before=len(np.unique(old)),
+        rows_read=len(new), rows_left_out=ds.rows - len(seen), padding_rows=padding,
+        duplicates=len(new) - len(np.unique(new)) - padding + int(np.isin(new, old).sum()),
+        chunk_diversity=chunk_diversity(first, ds.rows, ds.chunk_rows) if len(first) else float("nan"),
+        order_correlation=order_correlation(first) if len(first) else float("nan"),
+    )  # fmt: skip
+
+
+def load_state(path: str) -> dict:
+    """A loader state from a JSON file (``loader.state_dict()``) or a Lightning checkpoint (``.ckpt``)."""
+    if path.endswith(".json"):
+        with open(path) as f:
+            return json.load(f)
+    import torch
+
+    found = []
+
+    def walk(obj):
+        if isinstance(obj, dict):
+            if {"batches_seen", "world_size", "chunk_rows", "history"} <= set(obj):
+                found.append(obj)
+            for value in obj.values():
+                walk(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                walk(value)
+
+    walk(torch.load(path, map_location="cpu", weights_only=False))
+    if not found:
+        raise ValueError(f"{path} holds no ZarrDataLoader state (was the training loader a ZarrDataLoader?)")
+    return found[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zarrtorch audit", description=__doc__.split("\n\n")[0])
+    p.add_argument("store", help="path or URL of the training store")
+    p.add_argument("--world-size", type=int, required=True, help="ranks (GPUs) of the run")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size per rank (required without --state)")
+    p.add_argument("--drop-last", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--buffer-chunks", type=int, default=8)
+    p.add_argument("--no-shuffle", action="store_true")
+    p.add_argument("--row-range", type=int, nargs=2, default=None, metavar=("START", "STOP"))
+    p.add_argument("--state", default=None, help="a saved loader state (.json) or Lightning checkpoint (.ckpt)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    a = p.parse_args(argv)
+    if a.batch_size is None and a.state is None:
+        p.error("--batch-size is required (or --state, which holds it)")
+    try:
+        report = audit(
+            a.store, world_size=a.world_size, num_workers=a.num_workers, batch_size=a.batch_size or 1,
+            drop_last=a.drop_last, seed=a.seed, epoch=a.epoch, shuffle=not a.no_shuffle,
+            buffer_chunks=a.buffer_chunks, row_range=tuple(a.row_range) if a.row_range else None,
+            state=load_state(a.state) if a.state else None,
+        )  # fmt: skip
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"audit: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({**asdict(report), "ok": report.ok}, indent=1) if a.json else report.summary())
+    return 0 if report.ok else 1
