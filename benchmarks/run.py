@@ -3,17 +3,22 @@
     .venv/bin/python benchmarks/run.py                 # 1 GiB array + a 4x one, 3 repetitions (minutes)
     .venv/bin/python benchmarks/run.py --small         # 0.1 GiB (+ 0.4 GiB), quick look
     .venv/bin/python benchmarks/run.py --tiny          # a few MB, 1 repetition: the end-to-end test
+    .venv/bin/python benchmarks/run.py --only zarrtorch --prototypes --by-thread   # profile + prototypes
 
 Every (configuration, size, repetition) runs in a fresh process (forked from a forkserver that has
 imported torch/zarr once, so no run inherits data, threads or DataLoader workers from another); the
 store's files are read once before each run so that every run finds them in the OS page cache
 (``--cache cold`` drops the page cache instead, which needs root). Medians over the repetitions are
 printed as a table and written with every raw measurement to ``--out`` (JSON). See benchmarks/README.md.
+
+Modules, each importing only the next: run.py (this orchestrator) -> harness.py (one run, in its fresh
+process) -> prototypes.py (patches on the zarrtorch run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -25,28 +30,15 @@ from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import harness  # noqa: E402  (light at import: numpy only; the heavy imports happen in the runs)
+import harness  # noqa: E402
 
-PRELOAD = [
-    "harness",
-    "profile_stream",
-    "numpy",
-    "numpy.random",
-    "torch",
-    "torch.utils.data",
-    "zarr",
-    "zarrtorch",
-    "zarrtorch.course.baselines",
-    "zarrdataset",
-    "psutil",
-]
+from zarrtorch.process import available_cpus  # noqa: E402
+
+PRELOAD = ["harness", "prototypes", "numpy", "torch", "zarr", "zarrtorch", "zarrtorch.course.baselines", "zarrdataset"]
 MiB = 2**20
-# --prototypes: the monkeypatched proposals of profile_stream.py run per number of workers
-# (direct decode and lazy refill, prototyped here first, are in the package now)
-PROTOTYPES = {2: "ring"}
+PROTOTYPES = {2: "ring"}  # --prototypes: the patch of prototypes.py run per number of workers
 
 # Targets (information only, never a test): thresholds and tolerances.
 TARGET_L0_RATIO = 0.9  # zarrtorch, every epoch, best configuration, vs L0 with 2 threads
@@ -62,55 +54,35 @@ TARGET_NAIVE_RATIO = 50
 # --------------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gib", type=float, default=1.0, help="decoded size of the first array in GiB (default 1.0)")
-    p.add_argument("--small", action="store_true", help="quick mode: --gib 0.1")
-    p.add_argument(
-        "--tiny",
-        action="store_true",
-        help="test mode: ~8 MB, 16-row chunks, batch 16, 1 repetition, 2 naive batches, --scale 2",
-    )
-    p.add_argument(
-        "--scale",
-        type=int,
-        default=4,
-        help="rows of the second array / rows of the first (default 4; <= 1: no second size)",
-    )
-    p.add_argument("--repeats", type=int, default=3, help="fresh-process repetitions per configuration (median)")
-    p.add_argument("--chunk-rows", type=int, default=128, help="rows per chunk (default 128 = 8 MiB)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--naive-batches", type=int, default=20, help="batches timed for the row-by-row loader")
-    p.add_argument(
-        "--naive-seconds",
-        type=float,
-        default=30,
-        help="... or fewer: it stops after this many seconds (at least 2 batches)",
-    )
-    p.add_argument("--epochs", type=int, default=2, help="epochs per run for zarrtorch and the reference")
-    p.add_argument("--only", default="", help="comma list of kinds: l0,zarrtorch,reference,naive,numpy")
-    p.add_argument(
-        "--cache",
-        choices=("warm", "cold"),
-        default="warm",
-        help="warm: read the store before each run (default); cold: drop the OS page cache (root)",
-    )
-    p.add_argument("--touch", action="store_true", help="the consumer reads one float per page of every batch")
-    p.add_argument(
-        "--prototypes",
-        action="store_true",
-        help="also run zarrtorch with the prototypes of profile_stream.py (monkeypatched, the package "
-        "is not changed): batches sent through a ring of reused shared-memory slots (2 workers)",
-    )
-    p.add_argument("--data-dir", default=str(ROOT / "data" / "bench"))
-    p.add_argument("--out", default=str(HERE / "results" / "latest.json"))
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated data")
-    p.add_argument("--timeout", type=float, default=1200, help="seconds before a run is killed")
-    p.add_argument("--uss-period", type=float, default=0.1, help="seconds between private-memory samples")
+    add = p.add_argument
+    add("--gib", type=float, default=1.0, help="decoded size of the first array in GiB (default 1.0)")
+    add("--small", action="store_true", help="quick mode: --gib 0.1")
+    add("--tiny", action="store_true", help="test mode: ~8 MB, 16-row chunks, batch 16, 1 repetition, --scale 2")
+    add("--scale", type=int, default=4, help="rows of the second array / rows of the first (<= 1: no second)")
+    add("--repeats", type=int, default=3, help="fresh-process repetitions per configuration (median)")
+    add("--chunk-rows", type=int, default=128, help="rows per chunk (default 128 = 8 MiB)")
+    add("--batch-size", type=int, default=64)
+    add("--naive-batches", type=int, default=20, help="batches timed for the row-by-row loader")
+    add("--naive-seconds", type=float, default=30, help="... or fewer: it stops after this many seconds")
+    add("--epochs", type=int, default=2, help="epochs per run for zarrtorch and the reference")
+    add("--only", default="", help="comma list of kinds: l0,zarrtorch,reference,naive,numpy,prototype")
+    add("--cache", choices=("warm", "cold"), default="warm", help="cold: drop the OS page cache (root) before each run")
+    add("--touch", action="store_true", help="the consumer reads one float per page of every batch")
+    add("--prototypes", action="store_true", help="also run zarrtorch with the patches of prototypes.py")
+    add("--by-thread", action="store_true", help="also split the CPU of every run by process and thread role")
+    add("--data-dir", default=str(HERE.parent / "data" / "bench"))
+    add("--out", default=str(HERE / "results" / "latest.json"))
+    add("--seed", type=int, default=0, help="seed of the generated data")
+    add("--timeout", type=float, default=1200, help="seconds before a run is killed")
+    add("--uss-period", type=float, default=0.1, help="seconds between private-memory samples")
     a = p.parse_args(argv)
     if a.small:
         a.gib = 0.1
     if a.tiny:
         a.gib, a.chunk_rows, a.batch_size, a.repeats, a.naive_batches = 0.008, 16, 16, 1, 2
         a.scale = min(a.scale, 2)
+    if a.prototypes and a.only:
+        a.only += ",prototype"
     return a
 
 
@@ -144,43 +116,30 @@ class Runner:
 
 
 def prepare_cache(store: str, mode: str) -> str:
-    if mode == "cold":
-        if harness.drop_page_cache():
-            return "dropped"
-        harness.warm_page_cache(store)
-        return "warm (could not drop: not root?)"
+    if mode == "cold" and harness.drop_page_cache():
+        return "dropped"
     harness.warm_page_cache(store)
-    return "warm"
+    return "warm" if mode == "warm" else "warm (could not drop: not root?)"
 
 
 def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
     base = {"batch_size": args.batch_size, "touch": args.touch, "uss_period": args.uss_period}
+    base["by_thread"] = args.by_thread
     specs = []
     for size, info in stores.items():
         first = size == "1x"
-        store = {"store": info["path"], "size": size, "rows": info["rows"]}
+        store = {"store": info["path"], "size": size, "rows": info["rows"], **base}
+        loaders = {"epochs": args.epochs, **store}
         if first:
             specs += [{"kind": "l0", "threads": t, **store} for t in (1, 2)]
-        specs += [{"kind": "zarrtorch", "workers": w, "epochs": args.epochs, **base, **store} for w in (0, 2)]
-        specs += [{"kind": "reference", "workers": w, "epochs": args.epochs, **base, **store} for w in (0, 2)]
+        specs += [{"kind": "zarrtorch", "workers": w, **loaders} for w in (0, 2)]
+        specs += [{"kind": "reference", "workers": w, **loaders} for w in (0, 2)]
         if args.prototypes:
-            specs += [
-                {"kind": "prototype", "workers": w, "variant": v, "epochs": args.epochs, **base, **store}
-                for w, v in PROTOTYPES.items()
-            ]
+            specs += [{"kind": "prototype", "workers": w, "variant": v, **loaders} for w, v in PROTOTYPES.items()]
         if first:
-            specs += [
-                {
-                    "kind": "naive",
-                    "workers": w,
-                    "batches": args.naive_batches,
-                    "max_seconds": args.naive_seconds,
-                    **base,
-                    **store,
-                }
-                for w in (0, 2)
-            ]
-            specs += [{"kind": "numpy", "workers": w, **base, **store} for w in (0, 2)]
+            naive = {"batches": args.naive_batches, "max_seconds": args.naive_seconds, **store}
+            specs += [{"kind": "naive", "workers": w, **naive} for w in (0, 2)]
+            specs += [{"kind": "numpy", "workers": w, **store} for w in (0, 2)]
     return [s for s in specs if not kinds or s["kind"] in kinds]
 
 
@@ -199,12 +158,11 @@ def label_of(kind: str, par: int) -> str:
     }[kind]
 
 
-def short(spec_result: dict) -> str:
-    parts = []
-    for e in spec_result["epochs"]:
-        held = e.get("held_bytes", 0) / MiB
-        parts.append(f"{e['samples_per_s']:,.0f}/s ttfb {1e3 * (e['ttfb_s'] or 0):.0f} ms held {held:.0f} MiB")
-    return " | ".join(parts)
+def short(result: dict) -> str:
+    return " | ".join(
+        f"{e['samples_per_s']:,.0f}/s ttfb {1e3 * (e['ttfb_s'] or 0):.0f} ms held {e['held_bytes'] / MiB:.0f} MiB"
+        for e in result["epochs"]
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,22 +174,21 @@ def _median(values):
 
 
 def _epoch_numbers(e: dict) -> dict:
-    mem = e["memory"]
-    workers = mem["workers"]
+    main, workers = e["memory"]["main"], e["memory"]["workers"]
+    per_sample = 1e6 / e["samples"] if e["samples"] else None
     return {
         "samples_per_s": e["samples_per_s"],
-        "steady_samples_per_s": e.get("steady_samples_per_s"),
+        "steady_samples_per_s": e["steady_samples_per_s"],
         "seconds": e["seconds"],
         "ttfb_s": e["ttfb_s"],
-        "cpu_s": e.get("cpu_s"),
-        "cpu_us_per_sample": 1e6 * e["cpu_s"] / e["samples"] if e.get("cpu_s") is not None and e["samples"] else None,
-        "rss_main_peak_mib": (mem["main"]["rss_peak"] or 0) / MiB,
-        "rss_main_start_mib": (mem["main"]["rss_start"] or 0) / MiB,
-        "rss_worker_peak_mib": max((w["rss_peak"] or 0) for w in workers) / MiB if workers else None,
-        "uss_worker_peak_mib": max((w["uss_peak"] or 0) for w in workers) / MiB if workers else None,
-        "rss_worker_peaks_mib": [(w["rss_peak"] or 0) / MiB for w in workers],
+        "cpu_s": e["cpu_s"],
+        "cpu_us_per_sample": per_sample and e["cpu_s"] * per_sample,
+        "rss_main_peak_mib": main["rss_peak"] / MiB,
+        "rss_main_start_mib": main["rss_start"] / MiB,
+        "rss_worker_peak_mib": max(w["rss_peak"] for w in workers) / MiB if workers else None,
+        "uss_worker_peak_mib": max(w["uss_peak"] or 0 for w in workers) / MiB if workers else None,
         "held_mib": e["held_bytes"] / MiB,
-    }
+    } | {f"threads/{role}": cpu_s * (per_sample or 0) for role, cpu_s in e.get("threads_cpu_s", {}).items()}
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -240,25 +197,16 @@ def summarize(runs: list[dict]) -> list[dict]:
         groups.setdefault(key_of(r["spec"]), []).append(r)
     out = []
     for (size, kind, par), rs in groups.items():
-        n_epochs = max(len(r["result"]["epochs"]) for r in rs)
         epochs = []
-        for i in range(n_epochs):
+        for i in range(max(len(r["result"]["epochs"]) for r in rs)):
             per = [_epoch_numbers(r["result"]["epochs"][i]) for r in rs if len(r["result"]["epochs"]) > i]
-            med = {k: _median([p[k] for p in per]) for k in per[0] if k != "rss_worker_peaks_mib"}
+            med = {k: _median([p.get(k) for p in per]) for k in dict.fromkeys(k for p in per for k in p)}
             med["epoch"] = i + 1
             med["repeats"] = {k: [p[k] for p in per] for k in ("samples_per_s", "ttfb_s", "held_mib")}
             epochs.append(med)
-        out.append(
-            {
-                "size": size,
-                "kind": kind,
-                "par": par,
-                "label": label_of(kind, par),
-                "rows": rs[0]["spec"]["rows"],
-                "epochs": epochs,
-                "repeats": len(rs),
-            }
-        )
+        label, rows = label_of(kind, par), rs[0]["spec"]["rows"]
+        out.append({"size": size, "kind": kind, "par": par, "label": label, "rows": rows, "epochs": epochs})
+        out[-1]["repeats"] = len(rs)
     return out
 
 
@@ -290,91 +238,80 @@ def _flat(small: float, big: float, slack: float) -> bool:
 def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
     out = []
 
-    def add(name, ok, detail):
-        out.append({"target": name, "pass": ok, "detail": detail})
+    def add(ok: bool, target: str, detail: str) -> None:
+        out.append({"target": target, "pass": ok, "detail": detail})
 
-    l0_2 = find(summary, "1x", "l0", 2)
-    l0_1 = find(summary, "1x", "l0", 1)
-    zt = find(summary, "1x", "zarrtorch")
-    naive = find(summary, "1x", "naive")
+    l0_2, l0_1 = find(summary, "1x", "l0", 2), find(summary, "1x", "l0", 1)
+    zt, naive = find(summary, "1x", "zarrtorch"), find(summary, "1x", "naive")
     best = max(zt, key=_min_epoch_rate) if zt else None
-    if best and l0_2:
-        l0 = l0_2[0]["epochs"][0]["samples_per_s"]
-        r = _min_epoch_rate(best) / l0
-        cpu = min(e["cpu_ratio_l0_2t"] or 0 for e in best["epochs"])
+    l0 = l0_2[0]["epochs"][0]["samples_per_s"] if l0_2 else None
+    if best and l0:
+        rate, cpu = _min_epoch_rate(best), min(e["cpu_ratio_l0_2t"] or 0 for e in best["epochs"])
         add(
+            rate >= TARGET_L0_RATIO * l0,
             f"zarrtorch every epoch >= {TARGET_L0_RATIO}x L0 (2 threads), best configuration",
-            r >= TARGET_L0_RATIO,
-            f"{best['label']}: slowest epoch {_min_epoch_rate(best):,.0f}/s = {r:.2f}x L0 {l0:,.0f}/s "
+            f"{best['label']}: slowest epoch {rate:,.0f}/s = {rate / l0:.2f}x L0 {l0:,.0f}/s "
             f"(CPU per sample: {cpu:.2f}x L0's)",
         )
     for s in zt:  # the reference at the same number of workers; its epoch 2 replays rows it holds in RAM
-        r = find(summary, "1x", "reference", s["par"])
-        if not r:
-            continue
-        r = r[0]
-        zrate, rrate = _min_epoch_rate(s), r["epochs"][-1]["samples_per_s"]
-        zmem = max(e["held_mib"] for e in s["epochs"])
-        rmem = max(e["held_mib"] for e in r["epochs"])
-        add(
-            f"{s['label']}: >= the reference's epoch-{len(r['epochs'])} speed (same workers)",
-            zrate >= rrate,
-            f"slowest epoch {zrate:,.0f}/s vs {rrate:,.0f}/s ({zrate / rrate:.2f}x; the reference's epoch 2 is "
-            "served from the partition it holds in RAM)",
-        )
-        add(
-            f"{s['label']}: ... holding <= {TARGET_MEMORY_FRACTION:.2f} of the reference's memory",
-            zmem <= TARGET_MEMORY_FRACTION * rmem,
-            f"held {zmem:,.0f} MiB vs {rmem:,.0f} MiB ({zmem / rmem:.2f}; held = main RSS growth + workers' USS)",
-        )
-    if zt and l0_1:
-        chunk_s = chunk_rows / l0_1[0]["epochs"][0]["samples_per_s"]
-        for s in zt:
-            t1 = max(e["ttfb_s"] for e in s["epochs"])
+        for r in find(summary, "1x", "reference", s["par"]):
+            zrate, rrate = _min_epoch_rate(s), r["epochs"][-1]["samples_per_s"]
+            zmem, rmem = max(e["held_mib"] for e in s["epochs"]), max(e["held_mib"] for e in r["epochs"])
             add(
-                f"{s['label']}: time to first batch <= {TARGET_TTFB_CHUNKS} chunk reads ({1e3 * TARGET_TTFB_CHUNKS * chunk_s:.0f} ms)",
-                t1 <= TARGET_TTFB_CHUNKS * chunk_s,
-                f"slowest epoch's first batch {1e3 * t1:.0f} ms = {t1 / chunk_s:.1f} chunk reads of {1e3 * chunk_s:.1f} ms",
+                zrate >= rrate,
+                f"{s['label']}: >= the reference's epoch-{len(r['epochs'])} speed (same workers)",
+                f"slowest epoch {zrate:,.0f}/s vs {rrate:,.0f}/s ({zrate / rrate:.2f}x; the reference's epoch 2 "
+                "is served from the partition it holds in RAM)",
             )
-            big = find(summary, "big" if scaled else None, "zarrtorch", s["par"])
-            if big:
-                t4 = max(e["ttfb_s"] for e in big[0]["epochs"])
-                add(
-                    f"{s['label']}: time to first batch flat when the array grows {big[0]['rows'] // s['rows']}x",
-                    _flat(t1, t4, chunk_s),
-                    f"{1e3 * t1:.0f} ms -> {1e3 * t4:.0f} ms",
-                )
-    if zt and scaled:
-        for s in zt:
-            big = find(summary, "big", "zarrtorch", s["par"])
-            if not big:
-                continue
+            add(
+                zmem <= TARGET_MEMORY_FRACTION * rmem,
+                f"{s['label']}: ... holding <= {TARGET_MEMORY_FRACTION:.2f} of the reference's memory",
+                f"held {zmem:,.0f} MiB vs {rmem:,.0f} MiB ({zmem / rmem:.2f}; held = main RSS growth + workers' USS)",
+            )
+    chunk_s = chunk_rows / l0_1[0]["epochs"][0]["samples_per_s"] if l0_1 else None
+    for s in zt if chunk_s else []:
+        t1 = max(e["ttfb_s"] for e in s["epochs"])
+        add(
+            t1 <= TARGET_TTFB_CHUNKS * chunk_s,
+            f"{s['label']}: time to first batch <= {TARGET_TTFB_CHUNKS} chunk reads "
+            f"({1e3 * TARGET_TTFB_CHUNKS * chunk_s:.0f} ms)",
+            f"slowest epoch's first batch {1e3 * t1:.0f} ms = {t1 / chunk_s:.1f} chunk reads of {1e3 * chunk_s:.1f} ms",
+        )
+        for big in find(summary, "big" if scaled else None, "zarrtorch", s["par"]):
+            t4 = max(e["ttfb_s"] for e in big["epochs"])
+            grows = f"when the array grows {big['rows'] // s['rows']}x"
+            add(
+                _flat(t1, t4, chunk_s),
+                f"{s['label']}: time to first batch flat {grows}",
+                f"{1e3 * t1:.0f} ms -> {1e3 * t4:.0f} ms",
+            )
+    for s in zt if scaled else []:
+        for big in find(summary, "big", "zarrtorch", s["par"]):
             key = "rss_worker_peak_mib" if s["par"] > 0 else "rss_main_peak_mib"
             who = "per worker" if s["par"] > 0 else "of the main process (it decodes)"
-            m1 = max(e[key] for e in s["epochs"])
-            m4 = max(e[key] for e in big[0]["epochs"])
+            m1, m4 = max(e[key] for e in s["epochs"]), max(e[key] for e in big["epochs"])
+            grows = f"when the array grows {big['rows'] // s['rows']}x"
             add(
-                f"{s['label']}: peak RSS {who} flat when the array grows {big[0]['rows'] // s['rows']}x",
                 _flat(m1, m4, FLAT_SLACK_MIB),
+                f"{s['label']}: peak RSS {who} flat {grows}",
                 f"{m1:,.0f} MiB -> {m4:,.0f} MiB",
             )
     proto = find(summary, "1x", "prototype")
-    if proto and l0_2:
+    if proto and l0:
         pbest = max(proto, key=_min_epoch_rate)
-        l0 = l0_2[0]["epochs"][0]["samples_per_s"]
-        r = _min_epoch_rate(pbest) / l0
+        rate = _min_epoch_rate(pbest)
         add(
+            rate >= TARGET_L0_RATIO * l0,
             f"[prototype, not the package] every epoch >= {TARGET_L0_RATIO}x L0 (2 threads)",
-            r >= TARGET_L0_RATIO,
-            f"{pbest['label']}: slowest epoch {_min_epoch_rate(pbest):,.0f}/s = {r:.2f}x L0",
+            f"{pbest['label']}: slowest epoch {rate:,.0f}/s = {rate / l0:.2f}x L0",
         )
     if best and naive:
         nbest = max(naive, key=lambda s: s["epochs"][0]["samples_per_s"])
-        r = _min_epoch_rate(best) / nbest["epochs"][0]["samples_per_s"]
+        rate, nrate = _min_epoch_rate(best), nbest["epochs"][0]["samples_per_s"]
         add(
+            rate >= TARGET_NAIVE_RATIO * nrate,
             f">= {TARGET_NAIVE_RATIO}x the naive map-style loader",
-            r >= TARGET_NAIVE_RATIO,
-            f"{_min_epoch_rate(best):,.0f}/s vs {nbest['label']} {nbest['epochs'][0]['samples_per_s']:,.1f}/s = {r:,.0f}x",
+            f"{rate:,.0f}/s vs {nbest['label']} {nrate:,.1f}/s = {rate / nrate:,.0f}x",
         )
     return out
 
@@ -382,130 +319,87 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 # Printing
 # --------------------------------------------------------------------------------------------------
-def _f(v, fmt="{:,.0f}", none="-"):
-    return none if v is None else fmt.format(v)
+def _f(v, fmt="{:,.0f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def _grid(rows) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def table(summary: list[dict], size: str) -> str:
-    head = (
-        "configuration",
-        "ep",
-        "samples/s",
-        "xL0(2t)",
-        "steady/s",
-        "TTFB ms",
-        "CPU us/smp",
-        "xL0 CPU",
-        "RSS main",
-        "RSS worker",
-        "held MiB",
-    )
-    rows = [head]
-    for s in summary:
-        if s["size"] != size:
-            continue
+    rows = [
+        ("configuration", "ep", "samples/s", "xL0(2t)", "steady/s", "TTFB ms", "CPU us/smp", "xL0 CPU")
+        + ("RSS main", "RSS worker", "held MiB")
+    ]
+    for s in (s for s in summary if s["size"] == size):
         for e in s["epochs"]:
             ep = "-" if s["kind"] in ("l0", "naive", "numpy") else str(e["epoch"])
             rows.append(
-                (
-                    s["label"],
-                    ep,
-                    _f(e["samples_per_s"]),
-                    _f(e["ratio_l0_2t"], "{:.2f}"),
-                    _f(e["steady_samples_per_s"]),
-                    _f(e["ttfb_s"] and 1e3 * e["ttfb_s"], "{:,.1f}"),
-                    _f(e["cpu_us_per_sample"]),
-                    _f(e["cpu_ratio_l0_2t"], "{:.2f}"),
-                    _f(e["rss_main_peak_mib"]),
-                    _f(e["rss_worker_peak_mib"]),
-                    _f(e["held_mib"]),
-                )
+                (s["label"], ep, _f(e["samples_per_s"]), _f(e["ratio_l0_2t"], "{:.2f}"))
+                + (_f(e["steady_samples_per_s"]), _f(e["ttfb_s"] and 1e3 * e["ttfb_s"], "{:,.1f}"))
+                + (_f(e["cpu_us_per_sample"]), _f(e["cpu_ratio_l0_2t"], "{:.2f}"), _f(e["rss_main_peak_mib"]))
+                + (_f(e["rss_worker_peak_mib"]), _f(e["held_mib"]))
             )
     return _grid(rows)
 
 
 def growth_table(summary: list[dict], scale: int) -> str:
-    head = (
-        "configuration",
-        "ep",
-        "samples/s 1x",
-        f"{scale}x",
-        "TTFB ms 1x",
-        f"{scale}x",
-        "RSS/proc 1x",
-        f"{scale}x",
-        "held MiB 1x",
-        f"{scale}x",
-    )
-    rows = [head]
+    x = f"{scale}x"
+    rows = [("configuration", "ep", "samples/s 1x", x, "TTFB ms 1x", x, "RSS/proc 1x", x, "held MiB 1x", x)]
     for kind in ("zarrtorch", "prototype", "reference"):
         for s in find(summary, "1x", kind):
-            big = find(summary, "big", kind, s["par"])
-            if not big:
-                continue
             key = "rss_worker_peak_mib" if s["par"] > 0 else "rss_main_peak_mib"
-            for e, b in zip(s["epochs"], big[0]["epochs"], strict=True):
-                rows.append(
-                    (
-                        s["label"] + (" (per worker)" if s["par"] else " (main)"),
-                        str(e["epoch"]),
-                        _f(e["samples_per_s"]),
-                        _f(b["samples_per_s"]),
-                        _f(1e3 * e["ttfb_s"], "{:,.1f}"),
-                        _f(1e3 * b["ttfb_s"], "{:,.1f}"),
-                        _f(e[key]),
-                        _f(b[key]),
-                        _f(e["held_mib"]),
-                        _f(b["held_mib"]),
+            for big in find(summary, "big", kind, s["par"]):
+                for e, b in zip(s["epochs"], big["epochs"], strict=True):
+                    rows.append(
+                        (s["label"] + (" (per worker)" if s["par"] else " (main)"), str(e["epoch"]))
+                        + (_f(e["samples_per_s"]), _f(b["samples_per_s"]))
+                        + (_f(1e3 * e["ttfb_s"], "{:,.1f}"), _f(1e3 * b["ttfb_s"], "{:,.1f}"))
+                        + (_f(e[key]), _f(b[key]), _f(e["held_mib"]), _f(b["held_mib"]))
                     )
-                )
     return _grid(rows)
 
 
-def _grid(rows) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for j, r in enumerate(rows):
-        cells = [str(c).ljust(widths[i]) if i == 0 else str(c).rjust(widths[i]) for i, c in enumerate(r)]
-        lines.append("  ".join(cells))
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+def threads_table(summary: list[dict], size: str) -> str:
+    """``--by-thread``: median CPU us/sample of the zarrtorch runs by process and thread role, per epoch."""
+    runs = [s for s in summary if s["size"] == size and s["kind"] in ("zarrtorch", "prototype")]
+    cols = [(f"{s['label']} ep{e['epoch']}", e) for s in runs for e in s["epochs"]]
+    roles = sorted({k for _, e in cols for k in e if k.startswith("threads/")})
+    rows = [("process / thread role", *(name for name, _ in cols))]
+    for role in roles:
+        values = [e.get(role) or 0.0 for _, e in cols]
+        if max(values) >= 0.05:
+            rows.append((role.removeprefix("threads/"), *(f"{v:,.1f}" for v in values)))
+    total = "TOTAL (process tree, incl. exited threads)"
+    return _grid([*rows, (total, *(_f(e["cpu_us_per_sample"], "{:,.1f}") for _, e in cols))])
 
 
 def machine() -> dict:
-    def version(name):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-
-    model = None
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "host": platform.node(),
-        "cpu_model": model,
-        "cpus": os.cpu_count(),
-        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "python": platform.python_version(),
-        "uid": os.getuid(),
-        "versions": {n: version(n) for n in ("torch", "zarr", "numcodecs", "numpy", "zarr-torch-dataset", "zarrtorch")},
-    }
+    with open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    versions = {}
+    for name in ("torch", "zarr", "numcodecs", "numpy", "zarr-torch-dataset", "zarrtorch"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    info = {"host": platform.node(), "cpu_model": model, "cpus": os.cpu_count(), "cpus_available": available_cpus()}
+    return info | {"memory_gib": memory_gib, "python": platform.python_version(), "versions": versions}
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     kinds = {k.strip() for k in args.only.split(",") if k.strip()}
     run = Runner(args.timeout)
-    t_start = time.time()
-    load_start = os.getloadavg()
+    t_start, load_start, cpus = time.time(), os.getloadavg(), os.cpu_count() or 1  # load is machine-wide
 
     sizes = {"1x": harness.rows_for(args.gib, args.chunk_rows)}
     if args.scale > 1:
@@ -513,25 +407,18 @@ def main(argv=None) -> int:
     stores = {}
     for size, rows in sizes.items():
         print(
-            f"array {size if size == '1x' else f'{args.scale}x'}: {rows} rows x {harness.SAMPLE_SHAPE} float32 = {rows * harness.ROW_BYTES / 2**30:.3f} GiB "
-            f"decoded, chunks of {args.chunk_rows} rows ({args.chunk_rows * harness.ROW_BYTES / MiB:.1f} MiB), zstd",
+            f"array {size if size == '1x' else f'{args.scale}x'}: {rows} rows x {harness.SAMPLE_SHAPE} float32 = "
+            f"{rows * harness.ROW_BYTES / 2**30:.3f} GiB decoded, chunks of {args.chunk_rows} rows "
+            f"({args.chunk_rows * harness.ROW_BYTES / MiB:.1f} MiB), zstd",
             flush=True,
         )
-        info = run(
-            {
-                "kind": "ensure_store",
-                "data_dir": args.data_dir,
-                "rows": rows,
-                "chunk_rows": args.chunk_rows,
-                "seed": args.seed,
-            }
-        )
+        spec = {"kind": "ensure_store", "data_dir": args.data_dir, "rows": rows, "chunk_rows": args.chunk_rows}
+        stores[size] = info = run({**spec, "seed": args.seed})
         print(
-            f"  {'generated' if info['generated'] else 'reused'} {info['path']} ({info['stored_bytes'] / MiB:,.0f} MiB "
-            f"on disk, ratio {info['compression_ratio']:.2f})",
+            f"  {'generated' if info['generated'] else 'reused'} {info['path']} ({info['stored_bytes'] / MiB:,.0f} "
+            f"MiB on disk, ratio {info['compression_ratio']:.2f})",
             flush=True,
         )
-        stores[size] = info
 
     specs = make_specs(args, stores, kinds)
     runs, failures = [], []
@@ -539,24 +426,18 @@ def main(argv=None) -> int:
     for rep in range(args.repeats):  # repetitions outermost: slow drifts of the machine hit every configuration
         for spec in specs:
             spec = {**spec, "repeat": rep}
+            what = f"{spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}"
             cache = prepare_cache(spec["store"], args.cache)
             t0 = time.perf_counter()
             try:
                 result = run(spec)
             except (RuntimeError, TimeoutError) as exc:  # report, go on with the other configurations
                 failures.append({"spec": spec, "error": str(exc)})
-                print(
-                    f"FAILED {spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}:\n{exc}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"FAILED {what}:\n{exc}", file=sys.stderr, flush=True)
                 continue
             runs.append({"spec": spec, "cache": cache, "result": result})
-            print(
-                f"[{len(runs) + len(failures)}/{n}] {spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}: "
-                f"{short(result)}  ({time.perf_counter() - t0:.1f} s)",
-                flush=True,
-            )
+            done = len(runs) + len(failures)
+            print(f"[{done}/{n}] {what}: {short(result)}  ({time.perf_counter() - t0:.1f} s)", flush=True)
 
     summary = summarize(runs)
     l0_rate = add_ratios(summary)
@@ -564,47 +445,40 @@ def main(argv=None) -> int:
     load_end = os.getloadavg()
 
     info1 = stores["1x"]
-    print()
     print(
-        f"== {info1['rows']} rows x 64 KiB = {info1['decoded_bytes'] / 2**30:.2f} GiB, chunks of {args.chunk_rows} rows, "
-        f"zstd ratio {info1['compression_ratio']:.2f}, batch {args.batch_size}, median of {args.repeats}; "
-        f"page cache: {args.cache}; load average {load_start[0]:.1f} -> {load_end[0]:.1f} on {os.cpu_count()} CPUs =="
+        f"\n== {info1['rows']} rows x 64 KiB = {info1['decoded_bytes'] / 2**30:.2f} GiB, chunks of {args.chunk_rows} "
+        f"rows, zstd ratio {info1['compression_ratio']:.2f}, batch {args.batch_size}, median of {args.repeats}; "
+        f"page cache: {args.cache}; load average {load_start[0]:.1f} -> {load_end[0]:.1f} on {cpus} CPUs =="
     )
     print(table(summary, "1x"))
-    if args.scale > 1 and any(s["size"] == "big" for s in summary):
-        print()
-        print(f"== growth: 1x ({info1['rows']} rows) vs {args.scale}x ({stores['big']['rows']} rows) ==")
+    if args.scale > 1 and find(summary, "big", "zarrtorch") + find(summary, "big", "reference"):
+        print(f"\n== growth: 1x ({info1['rows']} rows) vs {args.scale}x ({stores['big']['rows']} rows) ==")
         print(growth_table(summary, args.scale))
-    print()
-    print("== targets (information, not tests) ==")
+    if args.by_thread:
+        print("\n== CPU us/sample by process and thread role (1x; the total includes threads that exited) ==")
+        print(threads_table(summary, "1x"))
+    print("\n== targets (information, not tests) ==")
     for g in goals:
         print(f"{'PASS' if g['pass'] else 'MISS'}  {g['target']}: {g['detail']}")
-    if load_start[0] > (os.cpu_count() or 1) or load_end[0] > (os.cpu_count() or 1):
+    if max(load_start[0], load_end[0]) > cpus:
         print(
-            f"note: the machine was busy (load average {load_start[0]:.1f} / {load_end[0]:.1f} on "
-            f"{os.cpu_count()} CPUs): rates are lower and noisier than on a quiet machine; "
-            "CPU us/sample is less affected."
+            f"note: the machine was busy (load average {load_start[0]:.1f} / {load_end[0]:.1f} on {cpus} CPUs): "
+            "rates are lower and noisier than on a quiet machine; CPU us/sample is less affected."
         )
 
-    out = {
-        "meta": {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t_start)),
-            "seconds": round(time.time() - t_start, 1),
-            "args": vars(args),
-            "machine": machine(),
-            "load_average_start": load_start,
-            "load_average_end": load_end,
-            "isolation": "every run in a fresh process forked from a forkserver with torch/zarr preloaded",
-            "page_cache": args.cache,
-            "l0_2_threads_samples_per_s": l0_rate,
-            "held_definition": "main process peak RSS minus its RSS at start + each worker's peak private memory (USS)",
-        },
-        "stores": stores,
-        "summary": summary,
-        "targets": goals,
-        "runs": runs,
-        "failures": failures,
+    meta = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t_start)),
+        "seconds": round(time.time() - t_start, 1),
+        "args": vars(args),
+        "machine": machine(),
+        "load_average_start": load_start,
+        "load_average_end": load_end,
+        "isolation": "every run in a fresh process forked from a forkserver with torch/zarr preloaded",
+        "page_cache": args.cache,
+        "l0_2_threads_samples_per_s": l0_rate,
+        "held_definition": "main process peak RSS minus its RSS at start + each worker's peak private memory (USS)",
     }
+    out = {"meta": meta, "stores": stores, "summary": summary, "targets": goals, "runs": runs, "failures": failures}
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1, default=float))

@@ -1,4 +1,4 @@
-"""The benchmark harness end to end in its smallest mode (no timing thresholds: the numbers only have to
+"""The benchmark runner end to end in its smallest mode (no timing thresholds: the numbers only have to
 exist and be positive), plus the determinism of its generated data."""
 
 from __future__ import annotations
@@ -41,26 +41,20 @@ def test_generated_rows_do_not_depend_on_the_block():
     assert not np.array_equal(harness.generate_rows(0, 16, chunk_rows=16, seed=4), whole[:16])
 
 
-@pytest.mark.slow
-def test_bench_tiny_end_to_end(tmp_path):
+def run_tiny(tmp_path, *options) -> dict:
+    """``run.py --tiny`` in a subprocess; returns its JSON output."""
     out = tmp_path / "tiny.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "run.py"),
-        "--tiny",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--out",
-        str(out),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--tiny", "--data-dir", str(tmp_path / "data")]
+    proc = subprocess.run([*cmd, "--out", str(out), *options], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "targets" in proc.stdout and "samples/s" in proc.stdout
+    return json.loads(out.read_text())
 
-    data = json.loads(out.read_text())
+
+def check_epochs(data: dict, expected: dict) -> dict:
     got = {(s["size"], s["kind"], s["par"]): s for s in data["summary"]}
-    assert set(got) == set(EXPECTED)
-    for key, n_epochs in EXPECTED.items():
+    assert set(got) == set(expected)
+    for key, n_epochs in expected.items():
         s = got[key]
         assert len(s["epochs"]) == n_epochs, key
         for e in s["epochs"]:
@@ -69,7 +63,27 @@ def test_bench_tiny_end_to_end(tmp_path):
             assert e["held_mib"] >= 0 and e["cpu_s"] >= 0, key
             if key[1] != "l0" and key[2] > 0:
                 assert e["rss_worker_peak_mib"] > 0 and e["uss_worker_peak_mib"] > 0, key
+    assert len(data["runs"]) == len(expected)
+    return got
+
+
+@pytest.mark.slow
+def test_bench_tiny_end_to_end(tmp_path):
+    data = run_tiny(tmp_path)
+    check_epochs(data, EXPECTED)
     assert data["meta"]["l0_2_threads_samples_per_s"] > 0
     assert data["targets"] and all(isinstance(t["pass"], bool) for t in data["targets"])
-    assert len(data["runs"]) == len(EXPECTED)
     assert all(Path(info["path"]).exists() for info in data["stores"].values())
+
+
+@pytest.mark.slow
+def test_bench_tiny_prototypes_by_thread(tmp_path):
+    """The prototype patches still apply to the package (a patch that no longer fits fails its run), and
+    --by-thread splits the CPU of every run by thread role."""
+    data = run_tiny(tmp_path, "--only", "zarrtorch", "--prototypes", "--by-thread", "--scale", "1")
+    got = check_epochs(data, {("1x", "zarrtorch", 0): 2, ("1x", "zarrtorch", 2): 2, ("1x", "prototype", 2): 2})
+    for s in got.values():
+        for e in s["epochs"]:
+            roles = {k for k in e if k.startswith("threads/")}
+            assert roles and all(e[k] >= 0 for k in roles), s["label"]
+            assert any("main thread" in k for k in roles), roles

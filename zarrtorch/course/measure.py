@@ -5,8 +5,9 @@ and the memory of the main process and of its DataLoader worker processes.
     stats = measure_loader(lambda: DataLoader(...), max_batches=50)
     stats["samples_per_s"], stats["first_batch_s"], stats["peak_rss_workers"]
 
-Memory is sampled with psutil in a background thread (every ``sample_every_s``) and once more when the
-first batch arrives, so short runs still see their workers. Worker memory is reported two ways:
+Memory is sampled from ``/proc`` by :class:`zarrtorch.course.memory.MemorySampler` in a background thread
+(RSS every ``sample_every_s``, USS every 0.1 s) and once more when the first batch arrives, so short runs
+still see their workers. Worker memory is reported two ways:
 
 - RSS (resident set size): what ``top`` shows. A forked worker shares the pages it inherited from the
   main process (the imported libraries), so RSS counts them again in every worker.
@@ -20,10 +21,11 @@ measured side by side, never against a fixed threshold.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from zarrtorch.course.memory import MemorySampler
 
 __all__ = ["measure_loader", "batch_len", "mib"]
 
@@ -41,72 +43,6 @@ def batch_len(batch: Any) -> int:
         return batch_len(batch[0]) if batch and hasattr(batch[0], "shape") else len(batch)
     shape = getattr(batch, "shape", None)
     return int(shape[0]) if shape is not None and len(shape) else 1
-
-
-class _MemorySampler:
-    """Peak RSS of this process and peak RSS/USS of its descendant processes."""
-
-    def __init__(self, every_s: float):
-        import psutil
-
-        self._psutil = psutil
-        self.every_s = every_s
-        self.me = psutil.Process()
-        self.peak_rss_main = 0
-        self.rss_main_start = self.me.memory_info().rss
-        self.peak_rss_workers = 0  # largest total over the workers alive at one moment
-        self.peak_uss_workers = 0
-        self.peak_rss_per_worker = 0  # largest single worker
-        self.peak_uss_per_worker = 0
-        self.pids: set[int] = set()
-        # processes that existed before the measurement (a forkserver, an earlier loader's workers) are
-        # not this loader's workers
-        self._ignore = {c.pid for c in self.me.children(recursive=True)}
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="zarrtorch-measure", daemon=True)
-
-    def sample(self) -> None:
-        ps = self._psutil
-        try:
-            main = self.me.memory_info().rss
-            children = self.me.children(recursive=True)
-        except ps.Error:
-            return
-        rss = uss = 0
-        max_rss = max_uss = 0
-        pids = set()
-        for child in children:
-            if child.pid in self._ignore:
-                continue
-            try:
-                info = child.memory_full_info()
-            except (ps.Error, OSError):  # exited meanwhile
-                continue
-            pids.add(child.pid)
-            rss += info.rss
-            uss += info.uss
-            max_rss, max_uss = max(max_rss, info.rss), max(max_uss, info.uss)
-        with self._lock:
-            self.pids |= pids
-            self.peak_rss_main = max(self.peak_rss_main, main)
-            self.peak_rss_workers = max(self.peak_rss_workers, rss)
-            self.peak_uss_workers = max(self.peak_uss_workers, uss)
-            self.peak_rss_per_worker = max(self.peak_rss_per_worker, max_rss)
-            self.peak_uss_per_worker = max(self.peak_uss_per_worker, max_uss)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.sample()
-
-    def __enter__(self) -> _MemorySampler:
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def measure_loader(
@@ -129,7 +65,7 @@ def measure_loader(
         raise ValueError(f"max_batches must be >= 1 or None, got {max_batches}")
     batches = samples = first_samples = 0
     first_batch_s = float("nan")
-    with _MemorySampler(sample_every_s) as mem:
+    with MemorySampler(every_s=sample_every_s) as mem:
         t0 = time.perf_counter()
         iterable = loader() if callable(loader) and not hasattr(loader, "__iter__") else loader
         it = iter(iterable)
@@ -165,5 +101,5 @@ def measure_loader(
         "peak_uss_workers": mem.peak_uss_workers,
         "peak_rss_per_worker": mem.peak_rss_per_worker,
         "peak_uss_per_worker": mem.peak_uss_per_worker,
-        "workers_seen": len(mem.pids),
+        "workers_seen": len(mem.seen),
     }
