@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zarrtorch import prepare_zarr
+from zarrtorch import ZarrIterableDataset, prepare_zarr
 
 ROWS, CHUNK = 403, 25  # 17 chunks, the last one 3 rows long
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -34,7 +34,7 @@ def store(tmp_path_factory):
     return path
 
 
-def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2):
+def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2, extra=()):
     port = free_port()
     procs = []
     for rank in range(world):
@@ -62,6 +62,7 @@ def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2):
             str(int(drop_last)),
             "--epochs",
             str(epochs),
+            *extra,
         ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
@@ -107,3 +108,31 @@ def test_ddp_ranks(store, tmp_path, world, num_workers, drop_last):
             assert len(seen) - ROWS < world
     for res in results:  # a new chunk order: every rank reads other rows in epoch 1
         assert set(res["index_0"].tolist()) != set(res["index_1"].tolist())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before,after", [((2, 2), (3, 1)), ((3, 1), (2, 2))])
+def test_ddp_elastic_resume(store, tmp_path, before, after):
+    """The job "hits its time limit" after 4 batches on one world size and resumes on another, with spawned
+    workers: the rest of the epoch has equal batches on every new rank (an all_reduce after each batch), no
+    row consumed before is read again, every row of the epoch is read, and epoch 1 is an ordinary epoch."""
+    batch, first, second = 16, tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (w0, k0), (w1, k1) = before, after
+    old = launch(store, first, w0, batch_size=batch, num_workers=k0, drop_last=False, extra=["--stop-after", "4"])
+    assert all(len(res["sizes_0"]) == 4 for res in old)
+    state = first / "state.json"
+    new = launch(store, second, w1, batch_size=batch, num_workers=k1, drop_last=False, extra=["--resume", str(state)])
+    consumed = np.concatenate([res["index_0"] for res in old])
+    rest = [res["index_0"] for res in new]
+    counts = {len(res["sizes_0"]) for res in new}
+    assert len(counts) == 1 and counts.pop() == int(new[0]["len"]) - 4  # len(loader) counts the 4 batches before
+    rest = np.concatenate(rest)
+    assert not np.isin(rest, consumed).any()
+    assert set(rest.tolist()) | set(consumed.tolist()) == set(range(ROWS))
+    assert len(rest) + len(consumed) - ROWS < w0 + w1  # padding of each topology
+    ds = ZarrIterableDataset(store, seed=7, buffer_chunks=2)  # as in ddp_worker.py
+    for rank, res in enumerate(new):  # epoch 1 is an ordinary epoch of the new topology
+        plan = ds.batch_row_ids(epoch=1, rank=rank, world_size=w1, num_workers=k1, batch_size=batch, drop_last=False)
+        np.testing.assert_array_equal(res["index_1"], np.concatenate(plan))
