@@ -215,22 +215,25 @@ class ThreadCPU(threading.Thread):
 # --------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def phase(sampler: MemorySampler, out: dict, by_thread: bool = False):
-    """Memory peaks, held memory and CPU (of the process and its workers) while the block runs, into ``out``."""
+    """CPU (of the process and its workers) and memory while the block runs, per sample and in MiB, into
+    ``out`` (where the block has put ``samples``)."""
     sampler.reset()
     sampler.sample(with_uss=False)
     cpu0 = tree_cpu_s(sampler.pid)
     threads = ThreadCPU() if by_thread else None
     yield
     sampler.sample()  # the last sample, while the workers are still there
-    out["cpu_s"] = tree_cpu_s(sampler.pid) - cpu0
-    if threads is not None:
-        out["threads_cpu_s"] = threads.stop()
-    main = {"rss_peak": sampler.peak_rss_main, "rss_start": sampler.rss_main_start}
-    out["memory"] = {"main": main, "workers": [{"pid": pid, **w} for pid, w in sampler.workers.items()]}
+    cpu, per_sample = tree_cpu_s(sampler.pid) - cpu0, 1e6 / max(1, out["samples"])
+    out |= {f"threads/{role}": s * per_sample for role, s in (threads.stop() if threads else {}).items()}
+    workers = sampler.workers
     # held: what the main process grew plus each worker's private memory (pages a forked worker shares
     # with its parent are not counted; those it writes, buffers, decoded chunks, CoW copies, are)
-    held_workers = sum(w["uss_peak"] or 0 for w in sampler.workers.values())
-    out["held_bytes"] = max(0, main["rss_peak"] - main["rss_start"]) + held_workers
+    held = max(0, sampler.peak_rss_main - sampler.rss_main_start) + sum(w["uss_peak"] or 0 for w in workers.values())
+    out |= {"cpu_s": cpu, "cpu_us_per_sample": cpu * per_sample, "held_mib": held / MiB}
+    out |= {"rss_main_peak_mib": sampler.peak_rss_main / MiB, "rss_main_start_mib": sampler.rss_main_start / MiB}
+    out["rss_worker_peak_mib"] = sampler.peak_rss_per_worker / MiB if workers else None
+    out["uss_worker_peak_mib"] = sampler.peak_uss_per_worker / MiB if workers else None
+    out["workers"] = {str(pid): w for pid, w in workers.items()}  # bytes, for the JSON
 
 
 def _touch(batch) -> None:
@@ -303,8 +306,9 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
                 n += data.shape[0]
                 del data  # after the next read started, as a consumer of the chunk would
         seconds = time.perf_counter() - t0
-    out |= {"samples": n, "batches": ceil_div(rows, c), "seconds": seconds, "samples_per_s": n / seconds}
-    return {"epochs": [out | {"ttfb_s": first, "steady_samples_per_s": None}]}
+        out |= {"samples": n, "batches": ceil_div(rows, c), "seconds": seconds, "samples_per_s": n / seconds}
+        out |= {"ttfb_s": first, "steady_samples_per_s": None}
+    return {"epochs": [out]}
 
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:

@@ -159,9 +159,10 @@ def label_of(kind: str, par: int) -> str:
 
 
 def short(result: dict) -> str:
+    epochs = result["epochs"]
     return " | ".join(
-        f"{e['samples_per_s']:,.0f}/s ttfb {1e3 * (e['ttfb_s'] or 0):.0f} ms held {e['held_bytes'] / MiB:.0f} MiB"
-        for e in result["epochs"]
+        f"{e['samples_per_s']:,.0f}/s ttfb {1e3 * (e['ttfb_s'] or 0):.0f} ms held {e['held_mib']:.0f} MiB"
+        for e in epochs
     )
 
 
@@ -173,24 +174,6 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def _epoch_numbers(e: dict) -> dict:
-    main, workers = e["memory"]["main"], e["memory"]["workers"]
-    per_sample = 1e6 / e["samples"] if e["samples"] else None
-    return {
-        "samples_per_s": e["samples_per_s"],
-        "steady_samples_per_s": e["steady_samples_per_s"],
-        "seconds": e["seconds"],
-        "ttfb_s": e["ttfb_s"],
-        "cpu_s": e["cpu_s"],
-        "cpu_us_per_sample": per_sample and e["cpu_s"] * per_sample,
-        "rss_main_peak_mib": main["rss_peak"] / MiB,
-        "rss_main_start_mib": main["rss_start"] / MiB,
-        "rss_worker_peak_mib": max(w["rss_peak"] for w in workers) / MiB if workers else None,
-        "uss_worker_peak_mib": max(w["uss_peak"] or 0 for w in workers) / MiB if workers else None,
-        "held_mib": e["held_bytes"] / MiB,
-    } | {f"threads/{role}": cpu_s * (per_sample or 0) for role, cpu_s in e.get("threads_cpu_s", {}).items()}
-
-
 def summarize(runs: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
@@ -199,8 +182,9 @@ def summarize(runs: list[dict]) -> list[dict]:
     for (size, kind, par), rs in groups.items():
         epochs = []
         for i in range(max(len(r["result"]["epochs"]) for r in rs)):
-            per = [_epoch_numbers(r["result"]["epochs"][i]) for r in rs if len(r["result"]["epochs"]) > i]
-            med = {k: _median([p.get(k) for p in per]) for k in dict.fromkeys(k for p in per for k in p)}
+            per = [r["result"]["epochs"][i] for r in rs if len(r["result"]["epochs"]) > i]
+            keys = dict.fromkeys(k for p in per for k, v in p.items() if not isinstance(v, dict))
+            med = {k: _median([p.get(k) for p in per]) for k in keys}
             med["epoch"] = i + 1
             med["repeats"] = {k: [p[k] for p in per] for k in ("samples_per_s", "ttfb_s", "held_mib")}
             epochs.append(med)
