@@ -107,23 +107,20 @@ def ensure_store(data_dir: str, rows: int, chunk_rows: int, seed: int = 0) -> di
     return {**info, "path": str(path), "generated": True}
 
 
-def warm_page_cache(path: str) -> None:
-    """Read every file of the store once so that every run finds it in the page cache."""
-    for f in sorted(Path(path).rglob("*")):
+def prepare_cache(store: str, mode: str) -> str:
+    """``warm``: read every file of the store once so that the run finds it in the OS page cache; ``cold``:
+    drop the page cache instead (``sync; echo 1 > /proc/sys/vm/drop_caches``, root only)."""
+    with contextlib.suppress(OSError):
+        if mode == "cold":
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("1\n")
+            return "dropped"
+    for f in sorted(Path(store).rglob("*")):
         if f.is_file():
             with open(f, "rb", buffering=0) as fh:
                 while fh.read(16 * MiB):
                     pass
-
-
-def drop_page_cache() -> bool:
-    """Drop the OS page cache (root only): ``sync; echo 1 > /proc/sys/vm/drop_caches``."""
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
-        return True
-    except OSError:
-        return False
+    return "warm" if mode == "warm" else "warm (could not drop: not root?)"
 
 
 # --------------------------------------------------------------------------------------------------

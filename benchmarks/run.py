@@ -115,13 +115,6 @@ class Runner:
         return reply["result"]
 
 
-def prepare_cache(store: str, mode: str) -> str:
-    if mode == "cold" and harness.drop_page_cache():
-        return "dropped"
-    harness.warm_page_cache(store)
-    return "warm" if mode == "warm" else "warm (could not drop: not root?)"
-
-
 def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
     base = {"batch_size": args.batch_size, "touch": args.touch, "uss_period": args.uss_period}
     base["by_thread"] = args.by_thread
@@ -159,10 +152,9 @@ def label_of(kind: str, par: int) -> str:
 
 
 def short(result: dict) -> str:
-    epochs = result["epochs"]
     return " | ".join(
         f"{e['samples_per_s']:,.0f}/s ttfb {1e3 * (e['ttfb_s'] or 0):.0f} ms held {e['held_mib']:.0f} MiB"
-        for e in epochs
+        for e in result["epochs"]
     )
 
 
@@ -188,9 +180,8 @@ def summarize(runs: list[dict]) -> list[dict]:
             med["epoch"] = i + 1
             med["repeats"] = {k: [p[k] for p in per] for k in ("samples_per_s", "ttfb_s", "held_mib")}
             epochs.append(med)
-        label, rows = label_of(kind, par), rs[0]["spec"]["rows"]
-        out.append({"size": size, "kind": kind, "par": par, "label": label, "rows": rows, "epochs": epochs})
-        out[-1]["repeats"] = len(rs)
+        out.append({"size": size, "kind": kind, "par": par, "label": label_of(kind, par), "epochs": epochs})
+        out[-1] |= {"rows": rs[0]["spec"]["rows"], "repeats": len(rs)}
     return out
 
 
@@ -411,7 +402,7 @@ def main(argv=None) -> int:
         for spec in specs:
             spec = {**spec, "repeat": rep}
             what = f"{spec['size']} {label_of(spec['kind'], key_of(spec)[2])} rep {rep + 1}"
-            cache = prepare_cache(spec["store"], args.cache)
+            cache = harness.prepare_cache(spec["store"], args.cache)
             t0 = time.perf_counter()
             try:
                 result = run(spec)
