@@ -64,3 +64,23 @@ def test_ignores_processes_started_before():
         older.terminate()
         older.join()
     assert stats["workers_seen"] == 0 and stats["peak_rss_workers"] == 0
+
+
+def test_proc_readers():
+    """The /proc readers behind the sampler (shared with benchmarks/): this process, a child, a gone one."""
+    import multiprocessing
+    import os
+    import time
+
+    from zarrtorch.course.memory import descendants, rss, uss
+
+    me = os.getpid()
+    assert 0 < uss(me) <= rss(me)
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    child.start()
+    try:
+        assert child.pid in descendants(me)
+    finally:
+        child.terminate()
+        child.join()
+    assert rss(child.pid) is None and uss(child.pid) is None and child.pid not in descendants(me)
