@@ -19,6 +19,7 @@ Shuffle modes (``shuffle=``):
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,24 @@ from zarrtorch.sizes import ceil_div
 from zarrtorch.source import open_arrays
 
 SHUFFLE_MODES = ("none", "chunks", "full")
+
+
+class _TrainedBatches:
+    """The training batches of this epoch Lightning has processed, for the loader's checkpoint state.
+
+    Lightning fetches one batch ahead, so when it saves a checkpoint the loader has yielded one batch more
+    than was trained; on restart Lightning counts its processed batches, and the loader must continue
+    right after them. Held by weak reference: the loader must not keep the trainer alive."""
+
+    def __init__(self, datamodule: L.LightningDataModule):
+        self._datamodule = weakref.ref(datamodule)
+
+    def __call__(self) -> int | None:
+        dm = self._datamodule()
+        trainer = getattr(dm, "_trainer", None) if dm is not None else None
+        if trainer is None or getattr(trainer.state, "fn", None) != "fit":
+            return None
+        return trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,8 @@ class ZarrDataModule(L.LightningDataModule):
         self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction)
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
+        self._train_loader: ZarrDataLoader | None = None
+        self._train_state: dict | None = None  # a checkpoint's loader state, for the next training loader
 
     # -- data ---------------------------------------------------------------------------------------
     def _dataset_options(self) -> tuple[bool, int]:
@@ -171,7 +192,26 @@ class ZarrDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ZarrDataLoader:
         if self.train_dataset is None:
             self.setup("fit")
-        return ZarrDataLoader(self.train_dataset, batch_size=self.batch_size, drop_last=True, **self._loader_kwargs())
+        loader = ZarrDataLoader(self.train_dataset, batch_size=self.batch_size, drop_last=True, **self._loader_kwargs())
+        loader.consumed_batches = _TrainedBatches(self)
+        if self._train_state is not None:
+            loader.load_state_dict(self._train_state)
+            self._train_state = None
+        self._train_loader = loader
+        return loader
+
+    # -- checkpoints: the training loader's position travels with the DataModule's state ------------
+    def state_dict(self) -> dict:
+        """Saved by Lightning in every checkpoint. Lightning also saves the loader's own state, but restores
+        it only if the loader is created after the checkpoint is read, which is not the case when the model
+        asks for ``trainer.estimated_stepping_batches`` (a learning-rate schedule): this copy always is."""
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train_state is not None and self._train_loader is not None:
+            self._train_loader.load_state_dict(self._train_state)
+            self._train_state = None
 
     def val_dataloader(self) -> ZarrDataLoader:
         if self.val_dataset is None:

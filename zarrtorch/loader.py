@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -132,6 +133,9 @@ class ZarrDataLoader(DataLoader):
         self._epoch_set_since_last = True
         self._history: tuple[Segment, ...] = ()  # this epoch's segments on earlier topologies
         self._pending_state: LoaderCheckpoint | None = None
+        # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
+        # what the loader has yielded is then ahead of what was trained); see ZarrDataModule
+        self.consumed_batches: Callable[[], int | None] | None = None
 
     # -- epochs and topology ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -192,12 +196,17 @@ class ZarrDataLoader(DataLoader):
         rank, world = self.topology()
         ds, cfg = self.dataset, self.config
         return LoaderCheckpoint(
-            epoch=self._epoch, batches_seen=self._batches_seen, rank=rank, world_size=world,
+            epoch=self._epoch, batches_seen=self._position(), rank=rank, world_size=world,
             num_workers=cfg.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last, seed=ds.seed,
             shuffle=ds.shuffle, buffer_chunks=ds.buffer_chunks, row_offset=ds.row_offset, rows=ds.rows,
             chunk_rows=ds.chunk_rows, cache=ds.cache,
             history=tuple((seg.world_size, seg.num_workers, seg.batches) for seg in self._history),
         )  # fmt: skip
+
+    def _position(self) -> int:
+        """Batches of this epoch to count as done: those yielded, or fewer if the consumer says so."""
+        consumed = self.consumed_batches() if self.consumed_batches is not None else None
+        return self._batches_seen if consumed is None else min(self._batches_seen, int(consumed))
 
     def state_dict(self) -> dict:
         """Where this rank is (epoch, batches already yielded), the topology and the set-up, as a plain dict

@@ -1,0 +1,102 @@
+"""Mid-epoch checkpoints through Lightning: ``trainer.fit(ckpt_path=...)`` continues the epoch exactly on the
+same number of devices, and elastically on another one (2 CPU processes -> 3), with the rows of the rest
+neither lost nor read twice. Lightning fetches a batch ahead; the saved loader position is the trained one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_lightning import CHUNK, make_store  # noqa: I001  (tests/core is on sys.path under pytest)
+
+from zarrtorch import ZarrIterableDataset
+
+SCRIPT = r"""
+import json, sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from zarrtorch.lightning import ZarrDataModule
+from zarrtorch.course.models import ForecastModule, channel_stats
+
+store, out, devices, phase = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(1)
+
+
+class Rows(L.Callback):
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.rows.append(batch["index"].tolist())
+        with open(f"{out}/rows_{phase}_{trainer.global_rank}.json", "w") as f:
+            json.dump({"epoch": trainer.current_epoch, "rows": self.rows, "len": len(trainer.train_dataloader)}, f)
+
+
+dm = ZarrDataModule(store, batch_size=8, return_index=True, seed=11, buffer_chunks=2)
+model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
+kw = dict(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=1,
+          limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+          logger=False, default_root_dir=out)
+if phase == "first":  # a job that ends after 3 steps, with a checkpoint there (as at a time limit)
+    ckpt = ModelCheckpoint(dirpath=f"{out}/ckpt", every_n_train_steps=3, save_last=True, save_top_k=0)
+    trainer = L.Trainer(max_steps=3, callbacks=[Rows(), ckpt], **kw)
+    trainer.fit(model, datamodule=dm)
+else:
+    trainer = L.Trainer(callbacks=[Rows()], enable_checkpointing=False, **kw)
+    trainer.fit(model, datamodule=dm, ckpt_path=f"{out}/ckpt/last.ckpt")
+"""
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return make_store(tmp_path_factory.mktemp("lightning_resume") / "data.zarr", rows=24 * CHUNK)
+
+
+def fit(store, out, devices, phase):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    script = out / "fit.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(store), str(out), str(devices), phase], cwd=out,
+                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rows_{phase}_{r}.json").read_text()) for r in range(devices)]
+
+
+@pytest.mark.slow
+def test_same_devices_resume_is_exact(store, tmp_path):
+    first = fit(store, tmp_path, 1, "first")
+    second = fit(store, tmp_path, 1, "second")
+    rows = first[0]["rows"] + second[0]["rows"]
+    fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
+    ds = ZarrIterableDataset(store, seed=11, buffer_chunks=2, row_range=(0, fit_rows))
+    expected = ds.batch_row_ids(epoch=0, batch_size=8, drop_last=True)
+    assert len(first[0]["rows"]) == 3 and len(rows) == len(expected)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, expected, strict=True))
+
+
+@pytest.mark.slow
+def test_resume_on_more_devices(store, tmp_path):
+    first = fit(store, tmp_path, 2, "first")
+    second = fit(store, tmp_path, 3, "second")
+    assert [len(r["rows"]) for r in first] == [3, 3]
+    counts = {len(r["rows"]) for r in second}
+    assert len(counts) == 1, "every new rank trains the same number of batches"
+    assert {r["len"] for r in second} == {3 + counts.pop()}
+    before = [x for r in first for b in r["rows"] for x in b]
+    after = [x for r in second for b in r["rows"] for x in b]
+    assert len(set(before)) == len(before) and len(set(after)) == len(after)
+    assert not set(before) & set(after), "a row trained before the interruption was trained again"
+    fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
+    assert set(before) | set(after) <= set(range(fit_rows))
+    assert fit_rows - len(before) - len(after) < 3 * 8  # left out: less than one batch per new rank
+
