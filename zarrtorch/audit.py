@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -112,8 +113,9 @@ def audit(
     )  # fmt: skip
 
 
-def load_state(path: str) -> dict:
+def load_state(path) -> dict:
     """A loader state from a JSON file (``loader.state_dict()``) or a Lightning checkpoint (``.ckpt``)."""
+    path = os.fspath(path)
     if path.endswith(".json"):
         with open(path) as f:
             return json.load(f)

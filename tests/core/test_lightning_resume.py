@@ -99,4 +99,3 @@ def test_resume_on_more_devices(store, tmp_path):
     fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
     assert set(before) | set(after) <= set(range(fit_rows))
     assert fit_rows - len(before) - len(after) < 3 * 8  # left out: less than one batch per new rank
-

@@ -108,6 +108,15 @@ def test_one_task_per_gpu_and_srun(script):
     assert "scontrol show hostnames" in text and "MASTER_PORT" in text
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_requeue_before_the_time_limit(script):
+    """SIGUSR1 some time before the limit (Lightning checkpoints and requeues on it), and a requeueable job."""
+    text = script.read_text()
+    signal = re.search(r"^#SBATCH\s+--signal=(?:B:)?SIGUSR1@(\d+)", text, flags=re.M)
+    assert signal and int(signal.group(1)) >= 60, "send SIGUSR1 at least a minute before the time limit"
+    assert re.search(r"^#SBATCH\s+--requeue\b", text, flags=re.M)
+
+
 def test_site_conventions():
     jz = (SLURM / "jean_zay.sbatch").read_text()
     assert "module load pytorch-gpu/py3/" in jz and "--hint=nomultithread" in jz

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from zarrtorch import prepare_zarr
+from zarrtorch import ZarrIterableDataset, prepare_zarr
+from zarrtorch.audit import load_state as audit_state
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
@@ -171,52 +174,102 @@ def test_torchrun_two_cpu_processes(store, tmp_path):
     assert "TorchElasticEnvironment" in proc.stdout
 
 
+def slurm_env(rank: int, *, tasks: int, nodes: int, port: str, **extra) -> dict:
+    """What srun gives one task (plus the rendezvous on 127.0.0.1)."""
+    per_node = tasks // nodes
+    return clean_env(
+        SLURM_NTASKS=str(tasks),
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID=str(rank % per_node),
+        SLURM_NODEID=str(rank // per_node),
+        SLURM_NNODES=str(nodes),
+        SLURM_NTASKS_PER_NODE=str(per_node),
+        SLURM_JOB_NAME="zarrtorch-test",
+        SLURM_JOB_ID="4242",
+        SLURM_NODELIST="localhost",
+        SLURM_JOB_NODELIST="localhost",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        **extra,
+    )
+
+
 @pytest.mark.slow
-def test_simulated_srun_two_tasks(store, tmp_path):
-    """What srun gives each task (SLURM_* variables): Lightning's SLURMEnvironment forms the DDP group."""
+def test_simulated_srun_two_nodes_two_tasks_each(store, tmp_path):
+    """Two "nodes" x 2 tasks with srun's variables (node id, local id, task id): Lightning's SLURMEnvironment
+    forms one DDP group of 4, and the loader splits by global rank: equal, disjoint batches, as planned."""
     out = tmp_path / "out"
     port = str(free_port())
-    procs = []
-    for rank in (0, 1):
-        env = clean_env(
-            SLURM_NTASKS="2",
-            SLURM_PROCID=str(rank),
-            SLURM_LOCALID=str(rank),
-            SLURM_NODEID="0",
-            SLURM_NNODES="1",
-            SLURM_NTASKS_PER_NODE="2",
-            SLURM_JOB_NAME="zarrtorch-test",
-            SLURM_JOB_ID="4242",
-            SLURM_NODELIST="localhost",
-            SLURM_JOB_NODELIST="localhost",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-        )
-        cmd = [
-            sys.executable,
-            "-m",
-            "zarrtorch",
-            "train",
-            "--data",
-            str(store),
-            "--accelerator",
-            "cpu",
-            "--devices",
-            "2",
-            "--nodes",
-            "1",
-            "--epochs",
-            "2",
-            "--out",
-            str(out),
-            "--record-rows",
-            *SMALL,
-        ]
-        procs.append(
-            subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        )
+    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu", "--devices",
+           "2", "--nodes", "2", "--epochs", "1", "--out", str(out), "--record-rows", *SMALL]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=slurm_env(rank, tasks=4, nodes=2, port=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in range(4)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     for p, (so, se) in zip(procs, results, strict=True):
         assert p.returncode == 0, so[-3000:] + se[-4000:]
     assert "SLURMEnvironment" in results[0][0] and "launched by slurm" in results[0][0]
-    _check_two_ranks(json.loads((out / "metrics.json").read_text()), "slurm")
+    assert "2 node(s) x 2 device(s)" in results[0][0]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 4 and metrics["num_nodes"] == 2
+    fit_rows = metrics["data"]["fit_rows"]
+    (epoch,) = metrics["rows_per_rank"]
+    assert epoch["batches"] == [fit_rows // (4 * 8)] * 4
+    ds = ZarrIterableDataset(store, seed=0, row_range=(0, fit_rows))
+    for rank, rows in enumerate(epoch["rows"]):
+        planned = ds.batch_row_ids(epoch=0, rank=rank, world_size=4, batch_size=8, drop_last=True)
+        np.testing.assert_array_equal(rows, np.concatenate(planned))  # split by global rank
+    assert len(set().union(*map(set, epoch["rows"]))) == sum(map(len, epoch["rows"]))  # disjoint
+
+
+@pytest.mark.slow
+def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
+    """SIGUSR1 to a running job under Slurm's variables: Lightning saves hpc_ckpt_1.ckpt and calls
+    ``scontrol requeue`` (a stand-in records the call); Slurm then kills the job, which starts again with the
+    same command and job id: it resumes from that checkpoint and trains exactly the rest of the epoch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\n')
+    scontrol.chmod(0o755)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu", "--epochs",
+           "3", "--out", str(out), "--record-rows", "--batch-size", "4", "--hidden", "32", "--depth", "4",
+           "--threads", "1", "--checkpoint-every-n-steps", "1"]  # fmt: skip
+    env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoints" / "last.ckpt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a checkpoint every step: once there is one, training runs (and Lightning listens)
+        time.sleep(0.5)
+        assert job.poll() is None, "the run ended before the signal could be sent"
+        job.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "scontrol.log").exists() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.1)
+    finally:
+        job.kill()  # what Slurm does to a requeued job
+        job.communicate()
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    (ckpt,) = out.glob("hpc_ckpt_*.ckpt")
+    saved = audit_state(ckpt)
+    run(cmd, cwd=tmp_path, env=env)  # the requeued job: same command, same job id, same --out
+    metrics = json.loads((out / "metrics.json").read_text())
+    fit_rows = metrics["data"]["fit_rows"]
+    ds = ZarrIterableDataset(store, seed=0, row_range=(0, fit_rows))
+    recorded = {e["epoch"]: e for e in metrics["rows_per_rank"]}
+    first = recorded[saved["epoch"]]
+    planned = ds.batch_row_ids(epoch=saved["epoch"], batch_size=4, drop_last=True)
+    np.testing.assert_array_equal(first["rows"][0], np.concatenate(planned[saved["batches_seen"] :]))
+    for epoch in range(saved["epoch"] + 1, 3):  # later epochs: ordinary ones
+        planned = ds.batch_row_ids(epoch=epoch, batch_size=4, drop_last=True)
+        np.testing.assert_array_equal(recorded[epoch]["rows"][0], np.concatenate(planned))

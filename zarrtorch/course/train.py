@@ -149,6 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
         "epoch, in metrics.json (checks the partition: disjoint ranks, new rows every epoch)",
     )
     o.add_argument("--no-checkpoint", action="store_true", help="do not save a checkpoint")
+    o.add_argument(
+        "--checkpoint-every-n-steps",
+        type=int,
+        default=0,
+        help="also save <out>/checkpoints/last.ckpt every N optimizer steps, mid-epoch (default: at epoch ends)",
+    )
+    o.add_argument(
+        "--resume",
+        default=None,
+        help="continue from a checkpoint: a .ckpt path, or 'last' for <out>/checkpoints/last.ckpt; on another "
+        "number of processes the interrupted epoch continues without reading a row twice. Under Slurm a "
+        "requeued job resumes by itself from the checkpoint saved at the --signal (see slurm/README.md)",
+    )
     o.add_argument("--progress", action="store_true", help="show Lightning's progress bar (off by default)")
     return p
 
@@ -256,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_checkpoint:
         from lightning.pytorch.callbacks import ModelCheckpoint
 
-        callbacks.append(ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0))
+        every = args.checkpoint_every_n_steps or None
+        callbacks.append(
+            ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0, every_n_train_steps=every)
+        )
     from lightning.pytorch.loggers import CSVLogger
 
     trainer_kwargs = dict(
@@ -298,8 +314,16 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    ckpt_path = None  # under Slurm, Lightning resumes by itself from the checkpoint its requeue handler saved
+    if args.resume == "last":
+        ckpt_path = out / "checkpoints" / "last.ckpt"
+    elif args.resume:
+        ckpt_path = Path(args.resume)
+    if ckpt_path is not None and not ckpt_path.exists():
+        print(f"error: no checkpoint at {ckpt_path} to resume from", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
-    trainer.fit(model, datamodule=dm)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     wall = time.perf_counter() - t0
 
     if not trainer.is_global_zero:
