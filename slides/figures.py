@@ -37,6 +37,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from zarrtorch.process import available_cpus  # noqa: E402
+from zarrtorch.sizes import ceil_div  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH_JSON = REPO / "benchmarks" / "results" / "latest.json"
 
@@ -122,7 +125,7 @@ def data_facts() -> dict:
         f"{t.chunks[0] * (np.prod(t.chunks[1:]) + np.prod(t.chunks[2:])) * 4 / 2**10:,.0f}"
     )
     v["train_chunk_rows"] = str(t.chunks[0])
-    v["train_n_chunks"] = str(-(-t.shape[0] // t.chunks[0]))
+    v["train_n_chunks"] = str(ceil_div(t.shape[0], t.chunks[0]))
     return v
 
 
@@ -228,7 +231,7 @@ def fig_partition(out: Path) -> tuple[str, dict]:
     values = {
         "part_rows": f"{rows:,}",
         "part_chunk_rows": str(chunk_rows),
-        "part_n_chunks": str(-(-rows // chunk_rows)),
+        "part_n_chunks": str(ceil_div(rows, chunk_rows)),
         "part_last_chunk_rows": str(rows - chunk_rows * (rows // chunk_rows)),
         "part_world": str(W),
         "part_workers": str(NW),
@@ -337,12 +340,12 @@ def fig_shuffle_quality(out: Path) -> tuple[str, dict]:
     ax.legend(loc="upper left", frameon=False)
     ax.set_title(
         f"rank 0 of {SHUFFLE['world_size']}, {SHUFFLE['num_workers']} workers, batch "
-        f"{SHUFFLE['batch_size']}: {rows:,} rows in {-(-rows // chunk_rows)} chunks of {chunk_rows}",
+        f"{SHUFFLE['batch_size']}: {rows:,} rows in {ceil_div(rows, chunk_rows)} chunks of {chunk_rows}",
         fontsize=12,
     )
     values = {
         "sq_rows": f"{rows:,}",
-        "sq_chunks": str(-(-rows // chunk_rows)),
+        "sq_chunks": str(ceil_div(rows, chunk_rows)),
         "sq_chunk_rows": str(chunk_rows),
         "sq_noshuffle_div": f"{q0.chunk_diversity:.2f}",
         "sq_noshuffle_corr": f"{q0.order_correlation:.2f}",
@@ -450,7 +453,7 @@ def fig_chunk_tradeoff(out: Path, repeats: int = 5) -> tuple[str, dict]:
 # ---------------------------------------------------------------------------------------------------------
 def machine(load: bool = False) -> str:
     """The machine in words (with its current load average, which says how much the timings were disturbed)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = available_cpus()
     load = f", load average {os.getloadavg()[0]:.1f}" if load and hasattr(os, "getloadavg") else ""
     return f"{platform.system()} {platform.machine()}, {cpus} CPUs{load}, Python {platform.python_version()}"
 

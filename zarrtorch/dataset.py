@@ -20,7 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from zarrtorch.buffer import buffer_rng, rank_batches
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
-from zarrtorch.process import available_cpus, distributed_topology
+from zarrtorch.process import cpu_share, distributed_topology
 from zarrtorch.reader import PieceReader
 from zarrtorch.resume import EpochSpec, resumed_plan
 from zarrtorch.sizes import held_chunks, row_bytes
@@ -218,7 +218,7 @@ class ZarrIterableDataset(IterableDataset):
             epoch=view.epoch, rank=view.rank, world_size=view.world_size, history=view.history, num_workers=n_workers
         )
         logical, worker_skip = resume_roles([len(w.batch_sizes) for w in plan.workers], view.skip)[worker]
-        threads = self.decode_threads or max(1, available_cpus() // max(1, n_workers))
+        threads = self.decode_threads or cpu_share(n_workers)
         if self.cache and (self._cache_store is None or self._cache_owner != logical):
             self._cache_store, self._cache_owner = {}, logical  # rows of another share would never be reused
         reader = PieceReader(

@@ -13,6 +13,12 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_share(parts: int) -> int:
+    """This process's CPUs split evenly between ``parts`` consumers (DataLoader workers, or the processes
+    of one node), at least one each: the default number of decode threads or torch threads."""
+    return max(1, available_cpus() // max(1, int(parts)))
+
+
 def distributed_topology() -> tuple[int, int]:
     """(rank, world size) of this process from ``torch.distributed``, or (0, 1) outside DDP."""
     import torch.distributed as dist

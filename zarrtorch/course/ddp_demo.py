@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from zarrtorch.sizes import ceil_div
+
 RESULT_PREFIX = "ZARRTORCH-DDP-DEMO "
 SPLITS = ("naive", "zarrtorch")
 
@@ -55,12 +57,12 @@ def naive_batch_counts(
     rows: int, chunk_rows: int, *, world_size: int, batch_size: int, drop_last: bool = False
 ) -> list[int]:
     """Batches per rank with chunks dealt round-robin to ranks (no I/O): usually not all equal."""
-    n_chunks = -(-rows // chunk_rows)
+    n_chunks = ceil_div(rows, chunk_rows)
     counts = []
     for r in range(world_size):
         chunks = naive_rank_chunks(n_chunks, r, world_size)
         rank_rows = int(np.minimum(chunk_rows, rows - chunks * chunk_rows).sum()) if len(chunks) else 0
-        counts.append(rank_rows // batch_size if drop_last else -(-rank_rows // batch_size))
+        counts.append(rank_rows // batch_size if drop_last else ceil_div(rank_rows, batch_size))
     return counts
 
 

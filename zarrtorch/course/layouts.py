@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from zarrtorch.sizes import ceil_div, row_bytes
+
 MB = 1e6  # throughputs and sizes are reported in MB = 10**6 bytes
 
 LAYOUTS = ("zarr", "npy", "hdf5")
@@ -65,7 +67,7 @@ def _fresh(path: Path) -> None:
 
 def row_nbytes(arrays: Mapping[str, Any]) -> int:
     """Bytes of one sample: row ``i`` of every array, uncompressed."""
-    return sum(int(np.dtype(a.dtype).itemsize * np.prod(a.shape[1:], dtype=np.int64)) for a in arrays.values())
+    return row_bytes(arrays)
 
 
 def disk_usage(path: str | Path) -> dict:
@@ -88,7 +90,7 @@ def _written(layout: str, path: Path, rows: int, chunk_rows: int, seconds: float
         "path": path,
         "rows": rows,
         "chunk_rows": chunk_rows,
-        "n_chunks": -(-rows // chunk_rows),
+        "n_chunks": ceil_div(rows, chunk_rows),
         "write_s": seconds,
         "bytes": usage["bytes"],
         "files": usage["files"],
@@ -183,7 +185,7 @@ class LayoutReader:
 
     @property
     def n_chunks(self) -> int:
-        return -(-self.rows // self.chunk_rows)
+        return ceil_div(self.rows, self.chunk_rows)
 
     def chunk_bounds(self, i: int) -> tuple[int, int]:
         if not 0 <= i < self.n_chunks:

@@ -26,7 +26,7 @@ def course_size(size: str | None = None) -> str:
 
 def repo_root() -> Path:
     """The checkout this package lives in (or the current directory for an installed package)."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]  # zarrtorch/course/paths.py -> the checkout
     return here if (here / "pyproject.toml").exists() else Path.cwd()
 
 

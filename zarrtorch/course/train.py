@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from zarrtorch.course.callbacks import HistoryWriter, RowRecorder, quiet_lightning, summarize_rows
     from zarrtorch.lightning import ZarrDataModule
-    from zarrtorch.process import available_cpus
+    from zarrtorch.process import cpu_share
 
     quiet_lightning()
     from zarrtorch.course.models import ForecastModule, channel_stats
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     devices, nodes, strategy, topo = _resolve_processes(args)
-    threads = args.threads or max(1, available_cpus() // _local_processes(devices, topo))
+    threads = args.threads or cpu_share(_local_processes(devices, topo))
     torch.set_num_threads(threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
 
