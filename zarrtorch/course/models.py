@@ -201,6 +201,10 @@ class ForecastModule(L.LightningModule):
         self._train_t0 = time.perf_counter()
         self._train_t1 = None
 
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self._train_t0 is None:  # an epoch resumed from a mid-epoch checkpoint starts without epoch-start hooks
+            self._train_t0 = time.perf_counter()
+
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         self._train_t1 = time.perf_counter()
 
@@ -215,6 +219,7 @@ class ForecastModule(L.LightningModule):
             "train_seconds": seconds,
             "samples_per_s": samples / seconds if seconds > 0 else float("nan"),
         }
+        self._train_t0 = None
         # identical on every rank (summed over ranks above): sync_dist only keeps Lightning from warning
         self.log("train_loss_epoch", row["train_loss"], sync_dist=True)
         if self._last_val.get("epoch") == self.current_epoch:
