@@ -28,6 +28,11 @@ from zarrtorch.source import open_arrays
 from zarrtorch.state import EpochState, EpochView, LoaderConfig
 from zarrtorch.stream import stream_batches
 
+THROUGH_THE_LOADER = (
+    "iterate a ZarrIterableDataset through zarrtorch.ZarrDataLoader(dataset, batch_size=...): the loader "
+    "decides the batch size, epoch and rank split that every worker must agree on"
+)
+
 
 class ZarrIterableDataset(IterableDataset):
     """Stream rows of first-axis-chunked Zarr arrays as batches: ``{name: tensor}``.
@@ -100,6 +105,7 @@ class ZarrIterableDataset(IterableDataset):
         self.epoch_state: EpochState | None = None
         self._cache_store: dict | None = None
         self._cache_owner: int | None = None
+        self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
 
     def attach(self, config: LoaderConfig, epoch_state: EpochState) -> None:
         """Called by :class:`zarrtorch.ZarrDataLoader` each time it starts an epoch, before its workers copy
@@ -136,10 +142,7 @@ class ZarrIterableDataset(IterableDataset):
 
     def _require_config(self) -> LoaderConfig:
         if self.config is None:
-            raise TypeError(
-                "iterate a ZarrIterableDataset through zarrtorch.ZarrDataLoader(dataset, batch_size=...): "
-                "the loader decides the batch size, epoch and rank split that every worker must agree on"
-            )
+            raise TypeError(THROUGH_THE_LOADER)
         return self.config
 
     def current_epoch(self) -> EpochView:
@@ -208,9 +211,11 @@ class ZarrIterableDataset(IterableDataset):
 
     # -- iteration (runs in each worker, or in the main process) ------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        if info is None and not self._loader_starting:
+            raise TypeError(THROUGH_THE_LOADER)  # outside a DataLoader nothing says how to batch or split
         cfg = self._require_config()
         view = self.current_epoch()
-        info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         if n_workers != cfg.num_workers:
             raise RuntimeError(f"the loader was configured for {cfg.num_workers} workers but runs {n_workers}")

@@ -184,7 +184,11 @@ class ZarrDataLoader(DataLoader):
         view = EpochView(self._epoch, self._resume_skip - earlier, rank, world, self._history)
         self.epoch_state.publish(view)
         self._batches_seen = self._resume_skip
-        return EpochIterator(super().__iter__(), self)
+        self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
+        try:
+            return EpochIterator(super().__iter__(), self)
+        finally:
+            self.dataset._loader_starting = False
 
     def _finished_epoch(self) -> None:
         self._epoch_done = True
