@@ -30,7 +30,9 @@ def main(argv: list[str]) -> int:
             continue
         nb = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        client = NotebookClient(nb, timeout=1800, kernel_name="zarrtorch", resources={"metadata": {"path": str(path.parent)}})
+        client = NotebookClient(
+            nb, timeout=1800, kernel_name="zarrtorch", resources={"metadata": {"path": str(path.parent)}}
+        )
         try:
             client.execute()
             status = "ok"
