@@ -1,4 +1,4 @@
-"""Command line: ``python -m zarrtorch make-data | train | audit``.
+"""Command line: ``python -m zarrtorch make-data | train | audit | roofline``.
 
 Each sub-command lives in its own module; this file only parses and dispatches.
 """
@@ -41,12 +41,18 @@ def _audit(argv: list[str]) -> int:
     return audit_main(argv)
 
 
-COMMANDS = {"make-data": _make_data, "train": _train, "audit": _audit}
+def _roofline(argv: list[str]) -> int:
+    from zarrtorch.roofline import main as roofline_main
+
+    return roofline_main(argv)
+
+
+COMMANDS = {"make-data": _make_data, "train": _train, "audit": _audit, "roofline": _roofline}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m zarrtorch {make-data,train,audit} [options]   (add --help after a command)")
+        print("usage: python -m zarrtorch {make-data,train,audit,roofline} [options]   (add --help after a command)")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])

@@ -1,0 +1,54 @@
+"""zarrtorch.roofline: the report's structure and consistency on a small store (no timing threshold: the
+numbers only have to exist, be positive and agree with each other)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from zarrtorch import prepare_zarr
+from zarrtorch.roofline import measure_loader, roofline
+
+
+@pytest.fixture(scope="module", params=["zstd", "none"])
+def store(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("roofline") / "data.zarr"
+    x = np.random.default_rng(0).normal(size=(600, 8, 16)).astype(np.float32)
+    prepare_zarr({"x": x, "y": np.arange(600)}, path, chunk_rows=50, codec=request.param, progress=False)
+    return path
+
+
+def test_report(store):
+    report = roofline(store, batch_size=16, cpus=2, chunks=4, batches=10, step_ms=1.0)
+    assert report.rows == 600 and report.chunk_rows == 50 and report.row_bytes == 8 * 16 * 4 + 8
+    assert report.stored_row_bytes > 0 and report.read_rows_per_s > 0 and report.decode_rows_per_s_per_core > 0
+    assert [(r["num_workers"], r["decode_threads"]) for r in report.loader] == [(0, 2), (2, 1)]
+    assert all(r["rows_per_s"] > 0 for r in report.loader)
+    name, rate = report.ceiling
+    assert name in ("read", "decode") and rate == min(report.read_rows_per_s, 2 * report.decode_rows_per_s_per_core)
+    assert report.binding in ("read", "decode", "loader")
+    assert report.best in report.loader
+    assert 0.0 <= report.step["data_wait_share"] <= 1.0
+    text = report.summary()
+    assert "binding limit" in text and "suggested for 2 CPU(s)" in text and "against a 1 ms step" in text
+
+
+def test_data_wait_share_falls_when_the_step_is_long(store):
+    """A consumer that waits long enough between batches lets the prefetched batches pile up: the share of
+    time in next() is then far below that of a consumer with no step at all (which only ever waits)."""
+    fast = measure_loader(store, batch_size=16, num_workers=0, decode_threads=1, buffer_chunks=2, batches=8)
+    slow = measure_loader(store, batch_size=16, num_workers=2, decode_threads=1, buffer_chunks=2, batches=8,
+                          step_s=0.05)  # fmt: skip
+    assert fast["data_wait_share"] > 0.5 > slow["data_wait_share"]
+
+
+def test_cli(store):
+    out = subprocess.run([sys.executable, "-m", "zarrtorch", "roofline", str(store), "--batch-size", "16", "--chunks",
+                          "2", "--batches", "5", "--cpus", "1", "--json"], capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["cpus"] == 1 and len(report["loader"]) == 1 and report["binding"] in ("read", "decode", "loader")
