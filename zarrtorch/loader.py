@@ -21,6 +21,7 @@ from zarrtorch.process import distributed_topology
 from zarrtorch.resume import Segment
 from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfig
 from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
+from zarrtorch.workahead import WorkAhead
 
 
 class EpochSampler(Sampler):
@@ -85,9 +86,10 @@ class ZarrDataLoader(DataLoader):
     ``batch_size`` and ``drop_last`` apply to the whole rank: with ``drop_last=True`` every rank yields
     ``rows // (world_size * batch_size)`` full batches; with ``drop_last=False`` every row is read once,
     plus fewer than ``world_size`` rows repeated so that all ranks yield the same number of batches.
-    ``rank``/``world_size`` override ``torch.distributed`` (to simulate ranks in one process). Other
-    DataLoader arguments (``pin_memory``, ``prefetch_factor``, ``persistent_workers``,
-    ``multiprocessing_context``...) pass through.
+    ``rank``/``world_size`` override ``torch.distributed`` (to simulate ranks in one process).
+    ``work_ahead``: with ``num_workers=0``, batches assembled ahead of the consumer in a background thread
+    (each holds one batch of memory; 0 turns it off). Other DataLoader arguments (``pin_memory``,
+    ``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``...) pass through.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class ZarrDataLoader(DataLoader):
         *,
         rank: int | None = None,
         world_size: int | None = None,
+        work_ahead: int = 2,
         **kwargs,
     ):
         if not isinstance(dataset, ZarrIterableDataset):
@@ -120,6 +123,9 @@ class ZarrDataLoader(DataLoader):
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if dataset.cache and num_workers > 0 and not kwargs.get("persistent_workers", False):
             raise ValueError("cache=True keeps rows in the worker processes: also pass persistent_workers=True")
+        if isinstance(work_ahead, bool) or int(work_ahead) != work_ahead or work_ahead < 0:
+            raise ValueError(f"work_ahead must be an integer >= 0 (batches assembled ahead), got {work_ahead!r}")
+        self.work_ahead = int(work_ahead)
         self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers))
         self.epoch_state = EpochState()
         dataset.attach(self.config, self.epoch_state)
@@ -186,9 +192,12 @@ class ZarrDataLoader(DataLoader):
         self._batches_seen = self._resume_skip
         self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
         try:
-            return EpochIterator(super().__iter__(), self)
+            inner = super().__iter__()
         finally:
             self.dataset._loader_starting = False
+        if self.num_workers == 0 and self.work_ahead > 0:
+            inner = WorkAhead(inner, self.work_ahead)
+        return EpochIterator(inner, self)
 
     def _finished_epoch(self) -> None:
         self._epoch_done = True
