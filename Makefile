@@ -3,7 +3,7 @@ SIZE ?= small
 PY := $(shell bash scripts/python.sh)
 export ZARRTORCH_SIZE := $(SIZE)
 
-.PHONY: setup data course test test-fast lab bench slides clean-data
+.PHONY: setup data course test test-fast lint fmt lab bench slides clean-data
 
 setup:
 	@bash scripts/setup.sh
@@ -15,12 +15,20 @@ data: setup
 course: setup
 	$(PY) scripts/run_course.py --size $(SIZE)
 
-## (b) the tests: package tests + every notebook under nbval (on the tiny data)
-test: setup
+## (b) the tests: lint, package tests + every notebook under nbval (on the tiny data)
+test: setup lint
 	@bash scripts/install_browser.sh
 	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny --no-progress
 	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+fmt: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
