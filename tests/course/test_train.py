@@ -266,10 +266,13 @@ def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     fit_rows = metrics["data"]["fit_rows"]
     ds = ZarrIterableDataset(store, seed=0, row_range=(0, fit_rows))
-    recorded = {e["epoch"]: e for e in metrics["rows_per_rank"]}
-    first = recorded[saved["epoch"]]
-    planned = ds.batch_row_ids(epoch=saved["epoch"], batch_size=4, drop_last=True)
-    np.testing.assert_array_equal(first["rows"][0], np.concatenate(planned[saved["batches_seen"] :]))
-    for epoch in range(saved["epoch"] + 1, 3):  # later epochs: ordinary ones
+    recorded = {e["epoch"]: e["rows"][0] for e in metrics["rows_per_rank"]}
+    assert recorded and max(recorded) == 2  # the requeued run finished the job
+    for epoch, rows in recorded.items():  # the interrupted epoch: the rest after the saved position; later: whole
         planned = ds.batch_row_ids(epoch=epoch, batch_size=4, drop_last=True)
-        np.testing.assert_array_equal(recorded[epoch]["rows"][0], np.concatenate(planned))
+        skip = saved["batches_seen"] if epoch == saved["epoch"] else 0
+        np.testing.assert_array_equal(rows, np.concatenate(planned[skip:]))
+    # the signal may land between epochs (validation): then the saved epoch was complete and is not repeated
+    assert saved["epoch"] in recorded or saved["batches_seen"] == len(
+        ds.batch_row_ids(epoch=saved["epoch"], batch_size=4, drop_last=True)
+    )
