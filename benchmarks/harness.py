@@ -309,13 +309,14 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
 
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
-    """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers; with ``spec['variant']`` (a
-    prototype) the patch of ``prototypes.PATCHES`` is applied first."""
+    """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers (kind ``cache``: with
+    ``cache=True``); with ``spec['variant']`` (a prototype) the patch of ``prototypes.PATCHES`` is applied
+    first."""
     w, variant = spec["workers"], spec.get("variant")
     receive = None
     if variant:
         receive = prototypes.PATCHES[variant](workers=w, batch_size=spec["batch_size"], row_shape=SAMPLE_SHAPE)
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
+    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, cache=spec["kind"] == "cache")
     kwargs = {"persistent_workers": True} if w > 0 else {}
     loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
     epochs = timed_epochs(loader, spec, sampler, spec["epochs"], set_epoch=True, receive=receive)
@@ -380,6 +381,7 @@ RUNNERS = {
     "l0": run_l0,
     "zarrtorch": run_zarrtorch,
     "prototype": run_zarrtorch,
+    "cache": run_zarrtorch,  # cache=True: the rows a process read stay in RAM for the next epochs
     "reference": run_reference,
     "naive": run_naive,
     "numpy": run_numpy,

@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--naive-batches", type=int, default=20, help="batches timed for the row-by-row loader")
     add("--naive-seconds", type=float, default=30, help="... or fewer: it stops after this many seconds")
     add("--epochs", type=int, default=2, help="epochs per run for zarrtorch and the reference")
-    add("--only", default="", help="comma list of kinds: l0,zarrtorch,reference,naive,numpy,prototype")
+    add("--only", default="", help="comma list of kinds: l0,zarrtorch,cache,reference,naive,numpy,prototype")
     add("--cache", choices=("warm", "cold"), default="warm", help="cold: drop the OS page cache (root) before each run")
     add("--touch", action="store_true", help="the consumer reads one float per page of every batch")
     add("--prototypes", action="store_true", help="also run zarrtorch with the patches of prototypes.py")
@@ -127,6 +127,8 @@ def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
             specs += [{"kind": "l0", "threads": t, **store} for t in (1, 2)]
         specs += [{"kind": "zarrtorch", "workers": w, **loaders} for w in (0, 2)]
         specs += [{"kind": "reference", "workers": w, **loaders} for w in (0, 2)]
+        if first:
+            specs += [{"kind": "cache", "workers": w, **loaders} for w in (0, 2)]
         if args.prototypes:
             specs += [{"kind": "prototype", "workers": w, "variant": v, **loaders} for w, v in PROTOTYPES.items()]
         if first:
@@ -148,6 +150,7 @@ def label_of(kind: str, par: int) -> str:
         "naive": f"naive row-by-row, {par} workers",
         "numpy": f"numpy in RAM, {par} workers",
         "prototype": f"proto: zarrtorch+{PROTOTYPES.get(par)}, {par} workers",
+        "cache": f"zarrtorch cache=True, {par} workers",
     }[kind]
 
 
@@ -242,6 +245,15 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
                 zmem <= TARGET_MEMORY_FRACTION * rmem,
                 f"{s['label']}: ... holding <= {TARGET_MEMORY_FRACTION:.2f} of the reference's memory",
                 f"held {zmem:,.0f} MiB vs {rmem:,.0f} MiB ({zmem / rmem:.2f}; held = main RSS growth + workers' USS)",
+            )
+    for s in find(summary, "1x", "cache"):  # the comparable mode: rows kept in RAM after epoch 1
+        for r in find(summary, "1x", "reference", s["par"]):
+            zrate, rrate = s["epochs"][-1]["samples_per_s"], r["epochs"][-1]["samples_per_s"]
+            zmem, rmem = max(e["held_mib"] for e in s["epochs"]), max(e["held_mib"] for e in r["epochs"])
+            add(
+                zrate >= rrate and zmem <= rmem,
+                f"{s['label']}: epoch 2 >= the reference's epoch 2 (same workers), holding no more memory",
+                f"{zrate:,.0f}/s vs {rrate:,.0f}/s ({zrate / rrate:.2f}x); held {zmem:,.0f} vs {rmem:,.0f} MiB",
             )
     chunk_s = chunk_rows / l0_1[0]["epochs"][0]["samples_per_s"] if l0_1 else None
     for s in zt if chunk_s else []:

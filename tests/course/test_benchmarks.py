@@ -21,6 +21,8 @@ EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
     ("1x", "l0", 2): 1,
     ("1x", "zarrtorch", 0): 2,
     ("1x", "zarrtorch", 2): 2,
+    ("1x", "cache", 0): 2,
+    ("1x", "cache", 2): 2,
     ("1x", "reference", 0): 2,
     ("1x", "reference", 2): 2,
     ("1x", "naive", 0): 1,
