@@ -18,13 +18,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch.buffer import buffer_rng, rank_batches
+from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
 from zarrtorch.process import cpu_share, distributed_topology
 from zarrtorch.reader import PieceReader
 from zarrtorch.resume import EpochSpec, resumed_plan
+from zarrtorch.settings import check_settings
 from zarrtorch.sizes import held_chunks, row_bytes
-from zarrtorch.source import open_arrays
+from zarrtorch.source import for_this_process, is_local, open_arrays
 from zarrtorch.state import EpochState, EpochView, LoaderConfig
 from zarrtorch.stream import stream_batches
 
@@ -40,17 +42,20 @@ class ZarrIterableDataset(IterableDataset):
     Iterate it through :class:`zarrtorch.ZarrDataLoader`, which sets the batch size, epoch and topology.
 
     Args:
-        source: a zarr Group, a path/URL of a store, a mapping name -> zarr.Array, or a store written by
-            xarray (its data variables sharing the first dimension).
+        source: a zarr Group, a path or URL (``s3://``, ``https://``...: reopened in each process, so fork,
+            spawn and forkserver workers all work), a mapping name -> zarr.Array, or a store written by xarray.
         arrays: subset of array names to load (default: all data arrays).
         shuffle: shuffle the chunk order every epoch (shared seed) and rows in the buffer.
         seed: the seed every process shares; together with the epoch it fixes the whole epoch's order.
         buffer_chunks: shuffle-buffer size per worker, in chunks; memory per worker is about
-            ``(buffer_chunks + decode_threads + 2) x chunk bytes`` (see ``worker_memory_bytes``).
-            ``0`` means *chunk order only*: with ``shuffle=True`` the chunk order still changes every
-            epoch, but there is no row buffer, so each worker streams its rows in order (increasing runs
-            inside each chunk) and holds no buffer memory. Without ``shuffle`` the buffer is not used.
+            ``(buffer_chunks + requests_in_flight + 1) x chunk bytes`` (see ``worker_memory_bytes``).
+            ``0``: chunk order only (with ``shuffle`` the chunk order still changes every epoch, but each
+            worker streams its rows in order and holds no buffer). Without ``shuffle`` no buffer is used.
         decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
+        requests_in_flight: chunks read ahead at once per process; default ``decode_threads + 1`` for a
+            local store, 8 for a remote one, where each request waits for the network.
+        storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...).
+        retry: timeout and retries for each remote request (:class:`zarrtorch.fetch.RetryPolicy`).
         cache: keep the rows a process reads in RAM and reuse them in later epochs; the chunk-to-rank
             assignment is then frozen at epoch 0's (the order inside each process still changes).
             For data that fits in the cluster's memory.
@@ -79,16 +84,15 @@ class ZarrIterableDataset(IterableDataset):
         transform: Callable[[dict], dict] | None = None,
         check_chunks: bool = True,
         row_range: tuple[int, int] | None = None,
+        requests_in_flight: int | None = None,
+        storage_options: dict | None = None,
+        retry: RetryPolicy | None = None,
     ):
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int shared by every process, got {seed!r}")
-        if isinstance(buffer_chunks, bool) or int(buffer_chunks) != buffer_chunks or buffer_chunks < 0:
-            raise ValueError(
-                f"buffer_chunks must be an integer >= 0 (0: chunk order only, no row buffer), got {buffer_chunks!r}"
-            )
-        if decode_threads is not None and decode_threads < 1:
-            raise ValueError(f"decode_threads must be >= 1, got {decode_threads}")
-        self.arrays = open_arrays(source, arrays)
+        check_settings(seed=seed, buffer_chunks=buffer_chunks, decode_threads=decode_threads,
+                       requests_in_flight=requests_in_flight)  # fmt: skip
+        self.retry = retry or RetryPolicy()
+        self.arrays = open_arrays(source, arrays, storage_options=storage_options, timeout_s=self.retry.timeout_s)
+        self._arrays_pid = os.getpid()
         self.layout = check_first_axis_layout(self.arrays, allow_shards=allow_shards)
         self.row_offset = 0
         if row_range is not None:
@@ -97,6 +101,7 @@ class ZarrIterableDataset(IterableDataset):
         self.seed = int(seed)
         self.buffer_chunks = int(buffer_chunks)
         self.decode_threads = decode_threads
+        self.requests_in_flight = requests_in_flight
         self.cache = bool(cache)
         self.return_index = bool(return_index)
         self.transform = transform
@@ -132,11 +137,16 @@ class ZarrIterableDataset(IterableDataset):
         """Bytes of one row of every array together (decoded)."""
         return row_bytes(self.arrays)
 
+    def in_flight(self, decode_threads: int) -> int:
+        """Chunks one process decoding in ``decode_threads`` threads reads ahead at once (remote: 8)."""
+        remote = not all(is_local(a) for a in self.arrays.values())
+        return self.requests_in_flight or (8 if remote else decode_threads + 1)
+
     def worker_memory_bytes(self, decode_threads: int = 1) -> int:
         """Decoded data one worker holds at most (:func:`zarrtorch.sizes.held_chunks` chunks; no buffer
         without ``shuffle`` or with ``buffer_chunks=0``)."""
         chunks = held_chunks(
-            buffer_chunks=self.buffer_chunks, decode_threads=decode_threads, row_shuffle=self._row_shuffle
+            buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads), row_shuffle=self._row_shuffle
         )
         return chunks * self.chunk_rows * self.row_bytes
 
@@ -172,10 +182,8 @@ class ZarrIterableDataset(IterableDataset):
             if self.cache:
                 raise ValueError("cache=True freezes the partition on one topology: it cannot continue an epoch "
                                  "on another; resume on the saved topology or start the epoch afresh")  # fmt: skip
-            spec = EpochSpec(
-                self.rows, self.chunk_rows, self.seed, epoch, settings["batch_size"], settings["drop_last"],
-                self.shuffle, self.buffer_chunks,
-            )  # fmt: skip
+            spec = EpochSpec(self.rows, self.chunk_rows, self.seed, epoch, settings["batch_size"],
+                             settings["drop_last"], self.shuffle, self.buffer_chunks)  # fmt: skip
             return resumed_plan(spec, tuple(history), world_size=world_size, rank=rank,
                                 num_workers=settings["num_workers"])  # fmt: skip
         return epoch_plan(
@@ -226,14 +234,12 @@ class ZarrIterableDataset(IterableDataset):
         threads = self.decode_threads or cpu_share(n_workers)
         if self.cache and (self._cache_store is None or self._cache_owner != logical):
             self._cache_store, self._cache_owner = {}, logical  # rows of another share would never be reused
+        if self._arrays_pid != os.getpid():  # a worker (or a fork of one): its own connections
+            self.arrays, self._arrays_pid = for_this_process(self.arrays), os.getpid()
         reader = PieceReader(
-            self.arrays,
-            self.chunk_rows,
-            threads=threads,
-            prefetch=threads + 1,
-            check_missing=self.check_chunks,
-            cache=self._cache_store if self.cache else None,
-        )
+            self.arrays, self.chunk_rows, threads=threads, prefetch=self.in_flight(threads), policy=self.retry,
+            check_missing=self.check_chunks, cache=self._cache_store if self.cache else None,
+        )  # fmt: skip
         rng = self._buffer_rng(view.epoch, view.rank, logical, plan.segment)
         columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
         batches = stream_batches(

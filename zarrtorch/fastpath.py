@@ -1,10 +1,11 @@
-"""Decode chunks straight from local files in the common case: local store, no sharding, bytes + zstd.
+"""Decode chunks straight from their stored bytes in the common case: no sharding, bytes + zstd.
 
 Zarr's general read path sends every read through its asyncio loop and copies the decoded chunk into a
 new output array. For the loader's one-chunk reads that overhead was about a fifth of the decode itself
-(``benchmarks/README.md``). When an array is stored the simple way, the loader reads the chunk file and
-decodes it straight into the array it returns; any other array (remote store, sharding, other codecs,
-Zarr v2) is read through zarr as usual.
+(``benchmarks/README.md``). When an array is stored the simple way, the loader reads the chunk's bytes (a
+local file, or one request with a deadline and retries for a remote store, :mod:`zarrtorch.fetch`) and
+decodes them straight into the array it returns; any other array (sharding, other codecs, Zarr v2) is read
+through zarr as usual.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, ZstdCodec
 
+from zarrtorch.fetch import RetryPolicy, get_bytes
 
-def direct_decoder(arr: zarr.Array) -> Callable[[str], np.ndarray] | None:
+
+def direct_decoder(arr: zarr.Array, policy: RetryPolicy | None = None) -> Callable[[str], np.ndarray] | None:
     """A function decoding one chunk (given its store key) into a fresh full-chunk array, or ``None``
     when ``arr`` is not stored in the simple layout this shortcut understands."""
     store = arr.store_path.store
-    if not isinstance(store, zarr.storage.LocalStore) or getattr(arr, "shards", None) is not None:
+    if getattr(arr, "shards", None) is not None:
         return None
     if getattr(arr.metadata, "zarr_format", None) != 3:
         return None
@@ -36,14 +39,24 @@ def direct_decoder(arr: zarr.Array) -> Callable[[str], np.ndarray] | None:
         return None
     if dtype.hasobject or dtype.kind in "UOSV":
         return None
-    root = Path(str(store.root))
     shape = tuple(arr.chunks)
     zstd = numcodecs.Zstd()
+    read = _local_reader(store) if isinstance(store, zarr.storage.LocalStore) else _remote_reader(store, policy)
 
     def decode(key: str) -> np.ndarray:
-        raw = (root / key).read_bytes()  # FileNotFoundError for a missing chunk: the caller names it
+        raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
         out = np.empty(shape, dtype=dtype)
         zstd.decode(raw, out=out)
         return out
 
     return decode
+
+
+def _local_reader(store: zarr.storage.LocalStore) -> Callable[[str], bytes]:
+    root = Path(str(store.root))
+    return lambda key: (root / key).read_bytes()
+
+
+def _remote_reader(store, policy: RetryPolicy | None) -> Callable[[str], bytes]:
+    policy = policy or RetryPolicy()
+    return lambda key: get_bytes(store, key, policy)

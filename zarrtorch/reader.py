@@ -17,6 +17,8 @@ import zarr
 from zarr.core.sync import sync
 
 from zarrtorch.fastpath import direct_decoder
+from zarrtorch.fetch import RetryPolicy, with_retries
+from zarrtorch.source import is_local
 
 
 class ChunkReadError(RuntimeError):
@@ -24,7 +26,8 @@ class ChunkReadError(RuntimeError):
 
 
 class PieceReader:
-    """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead, in ``threads`` threads."""
+    """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead (the requests in flight),
+    in ``max(threads, prefetch - 1)`` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`)."""
 
     def __init__(
         self,
@@ -35,6 +38,7 @@ class PieceReader:
         prefetch: int = 2,
         check_missing: bool = True,
         cache: dict | None = None,
+        policy: RetryPolicy | None = None,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -42,7 +46,8 @@ class PieceReader:
         self.prefetch = max(1, prefetch)
         self.check_missing = check_missing
         self.cache = cache
-        self._direct = {name: direct_decoder(arr) for name, arr in arrays.items()}
+        self.policy = policy or RetryPolicy()
+        self._direct = {name: direct_decoder(arr, self.policy) for name, arr in arrays.items()}
 
     def _chunk_key(self, arr: zarr.Array, chunk: int) -> str:
         coords = (chunk,) + (0,) * (arr.ndim - 1)
@@ -88,15 +93,26 @@ class PieceReader:
                     raise ChunkReadError(
                         f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
                     ) from exc
-            if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
-                raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop))
             try:
-                out[name] = arr[int(start) : int(stop)]
+                out[name] = self._read_through_zarr(name, arr, chunk, start, stop)
+            except ChunkReadError:
+                raise
             except Exception as exc:
                 raise ChunkReadError(
                     f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
                 ) from exc
         return out
+
+    def _read_through_zarr(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> np.ndarray:
+        def attempt() -> np.ndarray:
+            if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
+                raise FileNotFoundError(self._chunk_key(arr, chunk))  # permanent: not retried
+            return arr[int(start) : int(stop)]
+
+        try:
+            return attempt() if is_local(arr) else with_retries(attempt, self.policy)
+        except FileNotFoundError:
+            raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
 
     def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
         """Yield the pieces' data in order while the next ones are decoded in the background."""
@@ -106,7 +122,7 @@ class PieceReader:
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
-        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="zarrtorch-read")
+        pool = ThreadPoolExecutor(max_workers=max(self.threads, self.prefetch - 1), thread_name_prefix="zarrtorch-read")
         pending: deque = deque()
         try:
             todo = iter(pieces)

@@ -20,7 +20,7 @@ def row_bytes(arrays: Mapping[str, Any]) -> int:
     return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
 
 
-def held_chunks(*, buffer_chunks: int, decode_threads: int, row_shuffle: bool) -> int:
+def held_chunks(*, buffer_chunks: int, in_flight: int, row_shuffle: bool) -> int:
     """Chunks of decoded data one reading process holds at most: the shuffle buffer (when rows are
-    shuffled), one chunk per decode thread, the chunk being consumed and one decoded ahead."""
-    return (int(buffer_chunks) if row_shuffle else 0) + int(decode_threads) + 2
+    shuffled), one per read in flight (decoded ahead) and the chunk being consumed."""
+    return (int(buffer_chunks) if row_shuffle else 0) + int(in_flight) + 1

@@ -1,13 +1,22 @@
 """Turn what a user hands the loader (a group, a path or URL, a mapping, an xarray-written store) into a
-named set of Zarr arrays, with an error that says what to pass instead when it cannot."""
+named set of Zarr arrays, with an error that says what to pass instead when it cannot.
+
+Remote stores (``http(s)://``, ``s3://``, ... through fsspec, or any store a user opened) hold network
+sessions bound to the process and event loop that made them; a forked DataLoader worker that reuses its
+parent's session fails or hangs. :func:`for_this_process` therefore gives each process its own copy of
+every remote array, made from the array's picklable description.
+"""
 
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import zarr
+import zarr.api.asynchronous
+from zarr.core.sync import sync
 
 from zarrtorch.dims import sample_dimension
 
@@ -18,16 +27,43 @@ def _is_url(text: str) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def _open_path(path: str | os.PathLike):
+def _open_url(url: str, storage_options: dict | None, timeout_s: float):
+    """Open a remote store's root with a deadline, and say what to check when it fails."""
+    try:
+        opened = sync(zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options),
+                      timeout=timeout_s)  # fmt: skip
+    except TimeoutError:
+        raise TimeoutError(f"no answer from {url} within {timeout_s:g} s: check that the server is up and "
+                           "reachable from here (proxy, firewall), or raise request_timeout_s") from None  # fmt: skip
+    except ImportError as exc:
+        raise ImportError(f"opening {url} needs the fsspec backend for its protocol ({exc}); for s3:// "
+                          "`pip install s3fs`, for http(s):// `pip install aiohttp`") from exc  # fmt: skip
+    except PermissionError as exc:
+        raise PermissionError(f"access to {url} was refused ({exc}): check the credentials in storage_options "
+                              "(key/secret, or anon=True for a public bucket)") from exc  # fmt: skip
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"no Zarr store at {url} ({exc}): check the URL (bucket and path)") from exc
+    except (OSError, ConnectionError) as exc:
+        raise ConnectionError(f"cannot reach {url}: {type(exc).__name__}: {exc}. Check the host and port, "
+                              "and that the server is running") from exc  # fmt: skip
+    except Exception as exc:
+        raise ValueError(f"{url} is not a readable Zarr store ({type(exc).__name__}: {exc})") from exc
+    return zarr.Group(opened) if isinstance(opened, zarr.api.asynchronous.AsyncGroup) else zarr.Array(opened)
+
+
+def _open_path(path: str | os.PathLike, storage_options: dict | None = None, timeout_s: float = 30.0):
     text = os.fspath(path)
-    if not _is_url(text):
-        local = Path(text.removeprefix("file://")).expanduser()
-        if not local.exists():
-            raise FileNotFoundError(
-                f"no Zarr store at {local}: check the path, or create the course data with "
-                "`python -m zarrtorch make-data` (or zarrtorch.prepare_zarr for your own data)"
-            )
-        text = str(local)
+    if _is_url(text):
+        return _open_url(text, storage_options, timeout_s)
+    if storage_options:
+        raise ValueError(f"storage_options apply to remote stores (a URL such as s3://...), not to {text}")
+    local = Path(text.removeprefix("file://")).expanduser()
+    if not local.exists():
+        raise FileNotFoundError(
+            f"no Zarr store at {local}: check the path, or create the course data with "
+            "`python -m zarrtorch make-data` (or zarrtorch.prepare_zarr for your own data)"
+        )
+    text = str(local)
     try:
         return zarr.open(text, mode="r")
     except Exception as exc:  # zarr raises several types for "not a store"
@@ -58,10 +94,14 @@ def _data_variables(group: zarr.Group) -> list[str]:
     return sorted(n for n, d in candidates.items() if d[0] == sample_dim)
 
 
-def open_arrays(source, names: Sequence[str] | None = None) -> dict[str, zarr.Array]:
+def open_arrays(
+    source, names: Sequence[str] | None = None, *, storage_options: dict | None = None, timeout_s: float = 30.0
+) -> dict[str, zarr.Array]:
     """Resolve ``source`` (and optionally a subset ``names``) to ``{name: zarr.Array}``."""
     if isinstance(source, (str, os.PathLike)):
-        source = _open_path(source)
+        source = _open_path(source, storage_options, timeout_s)
+    elif storage_options:
+        raise ValueError("storage_options apply when the source is a URL; an opened group already has its store")
     if isinstance(source, zarr.Array):
         arrays = {source.basename or "data": source}
     elif isinstance(source, zarr.Group):
@@ -94,3 +134,14 @@ def open_arrays(source, names: Sequence[str] | None = None) -> dict[str, zarr.Ar
             raise KeyError(f"unknown array name(s) {missing}: available are {sorted(arrays)}")
         arrays = {n: arrays[n] for n in names}
     return arrays
+
+
+def is_local(arr: zarr.Array) -> bool:
+    """Whether the array's store lives in this process or on its file system (nothing to reopen)."""
+    return isinstance(arr.store_path.store, (zarr.storage.LocalStore, zarr.storage.MemoryStore))
+
+
+def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
+    """The arrays with each remote one rebuilt from its description, so that this process opens its own
+    connections (fsspec and obstore create a fresh session when a store is unpickled in a new process)."""
+    return {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}

@@ -86,7 +86,7 @@ def buffer_memory_bytes(
 ) -> int:
     """Decoded data one worker holds at most, as ``ZarrIterableDataset.worker_memory_bytes`` counts it:
     the buffer, the chunks decoded ahead and one chunk being consumed."""
-    held = held_chunks(buffer_chunks=buffer_chunks, decode_threads=decode_threads, row_shuffle=shuffle)
+    held = held_chunks(buffer_chunks=buffer_chunks, in_flight=decode_threads + 1, row_shuffle=shuffle)
     return held * chunk_rows * row_bytes
 
 

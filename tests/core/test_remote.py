@@ -1,0 +1,147 @@
+"""Stores read over HTTP and S3 from real servers on 127.0.0.1 (started and stopped here): every row exactly
+once with equal batches per rank, whatever the workers' start method; faults end in an error that names the
+store and the chunk, never in a hang or in filled values."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.course.servers import HttpStoreServer, S3Server, free_port
+from zarrtorch.fetch import RetryPolicy
+
+ROWS, CHUNK, WORLD, BATCH = 150, 8, 2, 8  # 19 chunks, the last one partial
+FAST_FAIL = RetryPolicy(timeout_s=1.0, retries=2, backoff_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    x = np.arange(ROWS, dtype=np.float32)[:, None, None] * 10 + np.arange(6, dtype=np.float32).reshape(2, 3)
+    prepare_zarr({"x": x, "y": np.arange(ROWS, dtype=np.int64) * 3}, root / "s.zarr", chunk_rows=CHUNK, progress=False)
+    return root
+
+
+def check_epoch(ds: ZarrIterableDataset, **loader_kwargs) -> None:
+    """Every rank's batches equal its plan, rows are paired and intact, every row is seen, and every rank
+    yields the same number of batches (the padding that evens them out is smaller than the world)."""
+    seen, counts = [], []
+    for rank in range(WORLD):
+        loader = ZarrDataLoader(ds, batch_size=BATCH, rank=rank, world_size=WORLD, **loader_kwargs)
+        batches = list(loader)
+        counts.append(len(batches))
+        planned = ds.batch_row_ids(epoch=0, rank=rank, world_size=WORLD)
+        for batch, rows in zip(batches, planned, strict=True):
+            np.testing.assert_array_equal(batch["index"].numpy(), rows)
+            np.testing.assert_array_equal(batch["y"].numpy(), rows * 3)
+            np.testing.assert_array_equal(batch["x"].numpy()[:, 0, 0], rows * 10)
+        seen.append(np.concatenate([b["index"].numpy() for b in batches]))
+    everything = np.concatenate(seen)
+    assert len(set(counts)) == 1, counts
+    assert set(everything.tolist()) == set(range(ROWS)) and len(everything) - ROWS < WORLD
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_http_store_with_workers(served, context):
+    with HttpStoreServer(served) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, buffer_chunks=2, return_index=True)
+        check_epoch(ds, num_workers=2, multiprocessing_context=context)
+        reads = [server.requests.get(f"s.zarr/x/c/{c}/0/0", 0) for c in range(-(-ROWS // CHUNK))]
+        assert min(reads) >= 1 and max(reads) <= 2  # a chunk is read once, twice where two shares split it
+
+
+@pytest.mark.slow
+def test_http_store_persistent_workers_and_no_workers(served):
+    with HttpStoreServer(served) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, buffer_chunks=2, return_index=True)
+        check_epoch(ds, num_workers=0)
+        check_epoch(ds, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
+
+
+def test_an_opened_remote_group_is_accepted(served):
+    with HttpStoreServer(served) as server:
+        store = zarr.storage.FsspecStore.from_url(f"{server.url}/s.zarr", read_only=True)
+        ds = ZarrIterableDataset(zarr.open_group(store, mode="r"), seed=1, return_index=True)
+        check_epoch(ds, num_workers=2, multiprocessing_context="fork")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_s3_store_with_workers(served, context):
+    with S3Server() as s3:
+        s3.create_bucket("course")
+        s3.upload(served / "s.zarr", "s3://course/data/s.zarr")
+        ds = ZarrIterableDataset("s3://course/data/s.zarr", storage_options=s3.storage_options, seed=2,
+                                 buffer_chunks=2, return_index=True)  # fmt: skip
+        check_epoch(ds, num_workers=2, multiprocessing_context=context)
+
+
+def test_unreachable_host_is_named_quickly():
+    url = f"http://127.0.0.1:{free_port()}/s.zarr"  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"cannot reach {url}.*server is running"):
+        ZarrIterableDataset(url)
+    assert time.monotonic() - start < 30
+
+
+def test_storage_options_need_a_url(served):
+    with pytest.raises(ValueError, match="storage_options apply to remote stores"):
+        ZarrIterableDataset(served / "s.zarr", storage_options={"anon": True})
+
+
+@pytest.mark.parametrize("status", [403, 404])
+def test_a_refused_chunk_names_its_key_without_retrying(served, status):
+    with HttpStoreServer(served, faults={r"s\.zarr/x/c/5/": status}) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
+        where = rf"chunk 5 \(rows 40:48\) of array 'x', key 'x/c/5/0/0' in store .*{server.url}/s\.zarr"
+        with pytest.raises(ChunkReadError, match=where):
+            list(ZarrDataLoader(ds, batch_size=BATCH))
+        assert server.requests["s.zarr/x/c/5/0/0"] == 1  # a refusal is final: not retried
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_server_that_stops_answering_mid_epoch(served, num_workers):
+    with HttpStoreServer(served) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL, decode_threads=1,
+                                 requests_in_flight=1)  # fmt: skip
+        loader = ZarrDataLoader(
+            ds,
+            batch_size=BATCH,
+            num_workers=num_workers,
+            **({"multiprocessing_context": "fork"} if num_workers else {}),
+        )
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"(?s)cannot read chunk \d+ .*3 attempts failed \(timeout 1 s each\)"):
+            for i, _ in enumerate(loader):
+                if i == 2:
+                    server.hang()
+        assert time.monotonic() - start < 60  # 3 timeouts of 1 s plus backoff, not a hang
+        if num_workers == 0:
+            assert i >= 2  # the first batches arrived before the server stalled
+
+
+def test_a_transient_failure_is_retried(served):
+    with HttpStoreServer(served, faults={r"s\.zarr/y/c/2$": 503}) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
+        with pytest.raises(ChunkReadError, match=r"key 'y/c/2' in store .*3 attempts failed"):
+            list(ZarrDataLoader(ds, batch_size=BATCH))
+        assert server.requests["s.zarr/y/c/2"] == 3
+        server.faults.clear()  # the server recovers: the same dataset now reads every row
+        rows = np.concatenate([b["y"].numpy() for b in ZarrDataLoader(ds, batch_size=BATCH)])
+        np.testing.assert_array_equal(rows, np.arange(ROWS) * 3)
+
+
+def test_a_missing_chunk_on_a_remote_store_is_not_filled(served, tmp_path):
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(served / "s.zarr", copy)
+    (copy / "x" / "c" / "3" / "0" / "0").unlink()
+    with HttpStoreServer(tmp_path) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
+        with pytest.raises(ChunkReadError, match=r"missing chunk 3 .*fill value"):
+            list(ZarrDataLoader(ds, batch_size=BATCH))

@@ -1,0 +1,186 @@
+"""Object-storage stand-ins on 127.0.0.1 for the lesson, the tests and the benchmarks.
+
+``HttpStoreServer`` serves a directory over HTTP (GET, HEAD, byte ranges) the way a static bucket or a web
+server does, with two knobs real storage has and a local disk lacks: a fixed delay per request (latency) and
+faults (a status for chosen keys, or a server that stops answering). ``S3Server`` runs moto's S3 server.
+Both are context managers that start on a free port and stop on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as object stores do
+    server: _Server
+
+    def log_message(self, *args) -> None:  # quiet: the tests and the lesson print what matters
+        pass
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def _serve(self, body: bool) -> None:
+        owner = self.server.owner
+        key = unquote(urlsplit(self.path).path).lstrip("/")
+        owner.count(key)
+        if owner.hanging.is_set():
+            owner.release.wait()  # a server that stopped answering: the client must give up on its own
+            return
+        if owner.delay_s:
+            time.sleep(owner.delay_s)
+        status = next((code for pattern, code in owner.faults.items() if re.search(pattern, key)), None)
+        path = (owner.root / key).resolve()
+        if status is None and (owner.root not in path.parents and path != owner.root or not path.is_file()):
+            status = 404
+        if status is not None:
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = path.read_bytes()
+        match = _RANGE.match(self.headers.get("Range", ""))
+        if match:
+            first, last = match.groups()
+            if first == "":  # a suffix: the last N bytes
+                start, stop = max(0, len(data) - int(last)), len(data)
+            else:
+                start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+            data = data[start:stop]
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: HttpStoreServer
+
+
+class HttpStoreServer:
+    """Serve ``root`` at ``http://127.0.0.1:PORT/``; ``delay_ms`` per request; ``faults`` maps a regex of
+    the key to an HTTP status returned instead of the file; :meth:`hang` makes it stop answering."""
+
+    def __init__(self, root: str | os.PathLike, *, delay_ms: float = 0.0, faults: dict[str, int] | None = None):
+        self.root = Path(root).resolve()
+        self.delay_s = delay_ms / 1000
+        self.faults = dict(faults or {})
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+        self.requests: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._server: _Server | None = None
+
+    def count(self, key: str) -> None:
+        with self._lock:
+            self.requests[key] = self.requests.get(key, 0) + 1
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the server is not running: use it as `with HttpStoreServer(root) as server:`")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def hang(self) -> None:
+        """From now on, accept connections but never answer (a stalled server)."""
+        self.hanging.set()
+
+    def start(self) -> HttpStoreServer:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.owner = self
+        threading.Thread(target=self._server.serve_forever, name="http-store", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self.release.set()
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> HttpStoreServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class S3Server:
+    """moto's S3-compatible server on 127.0.0.1 (needs ``moto[server]``); ``storage_options`` are what
+    zarrtorch, s3fs and obstore need to reach it. Credentials are moto's test ones."""
+
+    key, secret, region = "testing", "testing", "us-east-1"
+
+    def __init__(self):
+        self._server = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def storage_options(self) -> dict:
+        return {
+            "endpoint_url": self.endpoint,
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+    def start(self) -> S3Server:
+        from moto.server import ThreadedMotoServer
+
+        self.port = free_port()
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        return self
+
+    def create_bucket(self, name: str) -> None:
+        import boto3  # moto's own dependency
+
+        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.key,
+                     aws_secret_access_key=self.secret, region_name=self.region).create_bucket(Bucket=name)  # fmt: skip
+
+    def upload(self, local: str | os.PathLike, url: str) -> None:
+        """Copy a local store (a directory) to ``s3://bucket/path``."""
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**self.storage_options)
+        fs.put(str(local), url.removeprefix("s3://"), recursive=True)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,77 @@
+"""Read one stored object with a deadline and a bounded number of retries.
+
+Object storage answers most requests quickly, a few slowly, and now and then not at all. A read that waits
+forever hangs every DDP rank behind it, and a read that fails on the first hiccup ends a job hours in. So
+every chunk read from a remote store gets a timeout, transient failures (timeouts, dropped connections, 5xx
+answers) are retried with exponential backoff, and what can never succeed (404, 403, bad credentials) fails
+at once. When the retries are spent the caller names the store and the chunk (:class:`ChunkReadError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """``timeout_s`` per request, then up to ``retries`` more attempts, waiting ``backoff_s`` x 2^attempt."""
+
+    timeout_s: float = 30.0
+    retries: int = 3
+    backoff_s: float = 0.5
+
+    def __post_init__(self):
+        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
+            raise ValueError(f"timeout_s must be > 0, retries and backoff_s >= 0; got {self}")
+
+
+class RetriesExhausted(RuntimeError):
+    """Every attempt failed with a transient error; ``__cause__`` is the last one."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Errors that another attempt cannot fix: a missing or forbidden object, refused credentials, bad
+    input. Anything else (timeouts, resets, 5xx) is worth another try."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, KeyError, ValueError, TypeError)):
+        return True
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
+
+
+def with_retries(attempt: Callable[[], T], policy: RetryPolicy) -> T:
+    """Call ``attempt`` until it succeeds, a permanent error is raised, or the retries are spent."""
+    for n in range(policy.retries + 1):
+        try:
+            return attempt()
+        except Exception as exc:
+            if is_permanent(exc):
+                raise
+            if n == policy.retries:
+                raise RetriesExhausted(
+                    f"{policy.retries + 1} attempts failed (timeout {policy.timeout_s:g} s each); last: "
+                    f"{type(exc).__name__}: {exc or 'no answer'}"
+                ) from exc
+            time.sleep(policy.backoff_s * 2**n)
+    raise AssertionError("unreachable")
+
+
+def get_bytes(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
+    """The object at ``key``; ``FileNotFoundError`` when the store has none."""
+
+    def attempt() -> bytes:
+        got = sync(asyncio.wait_for(store.get(key, default_buffer_prototype()), policy.timeout_s))
+        if got is None:
+            raise FileNotFoundError(key)
+        return got.to_bytes()
+
+    return with_retries(attempt, policy)
