@@ -22,9 +22,10 @@ from zarr.codecs import BytesCodec, ZstdCodec
 from zarrtorch.fetch import RetryPolicy, get_bytes
 
 
-def direct_decoder(arr: zarr.Array, policy: RetryPolicy | None = None) -> Callable[[str], np.ndarray] | None:
-    """A function decoding one chunk (given its store key) into a fresh full-chunk array, or ``None``
-    when ``arr`` is not stored in the simple layout this shortcut understands."""
+def direct_decoder(arr: zarr.Array, policy: RetryPolicy | None = None) -> Callable[..., np.ndarray] | None:
+    """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into a
+    fresh full-chunk array, or ``None`` when ``arr`` is not stored in the simple layout this shortcut
+    understands."""
     store = arr.store_path.store
     if getattr(arr, "shards", None) is not None:
         return None
@@ -43,8 +44,9 @@ def direct_decoder(arr: zarr.Array, policy: RetryPolicy | None = None) -> Callab
     zstd = numcodecs.Zstd()
     read = _local_reader(store) if isinstance(store, zarr.storage.LocalStore) else _remote_reader(store, policy)
 
-    def decode(key: str) -> np.ndarray:
-        raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
+    def decode(key: str, raw: bytes | None = None) -> np.ndarray:
+        if raw is None:
+            raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
         out = np.empty(shape, dtype=dtype)
         zstd.decode(raw, out=out)
         return out

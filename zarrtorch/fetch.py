@@ -48,6 +48,13 @@ def is_permanent(exc: BaseException) -> bool:
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
 
 
+def _exhausted(policy: RetryPolicy, exc: BaseException) -> RetriesExhausted:
+    return RetriesExhausted(
+        f"{policy.retries + 1} attempts failed (timeout {policy.timeout_s:g} s each); last: "
+        f"{type(exc).__name__}: {exc or 'no answer'}"
+    )
+
+
 def with_retries(attempt: Callable[[], T], policy: RetryPolicy) -> T:
     """Call ``attempt`` until it succeeds, a permanent error is raised, or the retries are spent."""
     for n in range(policy.retries + 1):
@@ -57,21 +64,37 @@ def with_retries(attempt: Callable[[], T], policy: RetryPolicy) -> T:
             if is_permanent(exc):
                 raise
             if n == policy.retries:
-                raise RetriesExhausted(
-                    f"{policy.retries + 1} attempts failed (timeout {policy.timeout_s:g} s each); last: "
-                    f"{type(exc).__name__}: {exc or 'no answer'}"
-                ) from exc
+                raise _exhausted(policy, exc) from exc
             time.sleep(policy.backoff_s * 2**n)
+    raise AssertionError("unreachable")
+
+
+async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
+    for n in range(policy.retries + 1):
+        try:
+            got = await asyncio.wait_for(store.get(key, default_buffer_prototype()), policy.timeout_s)
+            if got is None:
+                raise FileNotFoundError(key)
+            return got.to_bytes()
+        except Exception as exc:
+            if is_permanent(exc):
+                raise
+            if n == policy.retries:
+                raise _exhausted(policy, exc) from exc
+            await asyncio.sleep(policy.backoff_s * 2**n)
     raise AssertionError("unreachable")
 
 
 def get_bytes(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
     """The object at ``key``; ``FileNotFoundError`` when the store has none."""
+    return sync(_get(store, key, policy))
 
-    def attempt() -> bytes:
-        got = sync(asyncio.wait_for(store.get(key, default_buffer_prototype()), policy.timeout_s))
-        if got is None:
-            raise FileNotFoundError(key)
-        return got.to_bytes()
 
-    return with_retries(attempt, policy)
+def get_many(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:
+    """Several objects requested at once (each with its own deadline and retries): the arrays of one
+    chunk row wait for one round trip instead of one per array. A failure is returned in its place."""
+
+    async def gather():
+        return await asyncio.gather(*(_get(store, key, policy) for store, key in requests), return_exceptions=True)
+
+    return sync(gather())

@@ -17,7 +17,7 @@ import zarr
 from zarr.core.sync import sync
 
 from zarrtorch.fastpath import direct_decoder
-from zarrtorch.fetch import RetryPolicy, with_retries
+from zarrtorch.fetch import RetryPolicy, get_many, with_retries
 from zarrtorch.source import is_local
 
 
@@ -48,6 +48,8 @@ class PieceReader:
         self.cache = cache
         self.policy = policy or RetryPolicy()
         self._direct = {name: direct_decoder(arr, self.policy) for name, arr in arrays.items()}
+        # remote arrays decoded directly: their chunks of one row range are requested together
+        self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
 
     def _chunk_key(self, arr: zarr.Array, chunk: int) -> str:
         coords = (chunk,) + (0,) * (arr.ndim - 1)
@@ -76,15 +78,25 @@ class PieceReader:
             self.cache[key] = out
         return out
 
+    def _fetch_together(self, chunk: int) -> dict[str, bytes | Exception]:
+        if len(self._together) < 2:
+            return {}
+        keys = [(self.arrays[n].store_path.store, self._chunk_key(self.arrays[n], chunk)) for n in self._together]
+        return dict(zip(self._together, get_many(keys, self.policy), strict=True))
+
     def _read_checked(self, start: int, stop: int) -> dict[str, np.ndarray]:
         chunk = start // self.chunk_rows
+        fetched = self._fetch_together(chunk)
         out = {}
         for name, arr in self.arrays.items():
             decode = self._direct[name]
             if decode is not None:
                 try:
                     first = chunk * self.chunk_rows
-                    out[name] = decode(self._chunk_key(arr, chunk))[start - first : stop - first]
+                    raw = fetched.get(name)
+                    if isinstance(raw, Exception):
+                        raise raw
+                    out[name] = decode(self._chunk_key(arr, chunk), raw)[start - first : stop - first]
                     continue
                 except FileNotFoundError:
                     if self.check_missing:

@@ -120,3 +120,24 @@ def test_ring_prototype_gives_the_same_batches(tmp_path, monkeypatch):
     assert len(ring) == len(plain) == 2 * 96 // 16
     for a, b in zip(plain, ring, strict=True):
         assert a.keys() == b.keys() and torch.equal(a["x"], b["x"])
+
+
+@pytest.mark.slow
+def test_remote_latency_table(tmp_path):
+    """benchmarks/remote.py on a small store: a figure for every setting, and the delayed server really
+    answered every chunk request of every epoch (so the table measures reads, not a cache)."""
+    from zarrtorch import prepare_zarr
+
+    store = tmp_path / "r.zarr"
+    prepare_zarr({"x": np.ones((96, 4, 8), "f4"), "y": np.arange(96)}, store, chunk_rows=16, progress=False)
+    out = tmp_path / "remote.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "remote.py"), "--store", str(store), "--delay-ms", "0", "5",
+           "--in-flight", "1", "4", "--repeats", "2", "--batch-size", "8", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "x HTTP 0 ms" in proc.stdout
+    data = json.loads(out.read_text())
+    assert set(data["local"]) == {"1", "4"} and set(data["http"]) == {"0.0", "5.0"}
+    assert all(v > 0 for row in data["http"].values() for v in row.values())
+    chunk_requests = 2 * 6 * 2 * 2  # arrays x chunks x epochs x settings
+    assert all(n >= chunk_requests for n in data["requests"].values())
