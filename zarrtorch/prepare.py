@@ -9,7 +9,6 @@ still opens with ``xarray.open_zarr``.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import warnings
 from collections.abc import Mapping
@@ -21,31 +20,10 @@ import zarr
 
 from zarrtorch.dims import sample_dimension
 from zarrtorch.layout import LayoutError, check_first_axis_layout
+from zarrtorch.output import CODECS, make_codec, rows_for_chunk_mb, shard_shape, target_store
 from zarrtorch.sizes import row_bytes
 
-CODECS = ("zstd", "blosc-zstd", "blosc-lz4", "none")
-
-
-def make_codec(codec: str | Any | None = "zstd", level: int = 3) -> list:
-    """Zarr v3 compressors for a codec name (``zstd`` default, ``blosc-zstd``, ``blosc-lz4``, ``none``)
-    or a codec object used as is."""
-    if codec is None or codec == "none":
-        return []
-    if not isinstance(codec, str):
-        return [codec]
-    if codec == "zstd":
-        return [zarr.codecs.ZstdCodec(level=level)]
-    if codec in ("blosc-zstd", "blosc-lz4"):
-        return [zarr.codecs.BloscCodec(cname=codec.split("-")[1], clevel=level, shuffle="shuffle")]
-    raise ValueError(f"unknown codec {codec!r}: choose one of {', '.join(CODECS)} or pass a zarr codec object")
-
-
-def rows_for_chunk_mb(row_bytes: int, chunk_mb: float) -> int:
-    """Chunk length giving chunks of about ``chunk_mb`` MiB, counting one row of every array together
-    (the unit the loader reads at once)."""
-    if chunk_mb <= 0:
-        raise ValueError(f"chunk_mb must be > 0, got {chunk_mb}")
-    return max(1, int(chunk_mb * 2**20 // max(1, row_bytes)))
+__all__ = ["CODECS", "make_codec", "prepare_zarr", "rows_for_chunk_mb"]
 
 
 class _NoBar:
@@ -86,18 +64,11 @@ def _resolve_chunk_rows(rows: int, row_bytes: int, chunk_rows: int | None, chunk
     return min(int(chunk_rows), rows)
 
 
-def _block_rows(chunk_rows: int, row_bytes: int, max_memory_mb: float) -> int:
-    """Rows computed and written at once: whole chunks, as many as fit in the memory budget (at least one)."""
-    per_chunk = chunk_rows * max(1, row_bytes)
-    return chunk_rows * max(1, int(max_memory_mb * 2**20 // per_chunk))
-
-
-def _prepare_output(store: str | Path, overwrite: bool) -> None:
-    path = Path(store)
-    if path.exists():
-        if not overwrite:
-            raise FileExistsError(f"{path} exists: pass overwrite=True to replace it, or choose another path")
-        shutil.rmtree(path)
+def _block_rows(unit_rows: int, row_bytes: int, max_memory_mb: float) -> int:
+    """Rows computed and written at once: whole chunks (or shards), as many as fit in the memory budget
+    (at least one)."""
+    per_unit = unit_rows * max(1, row_bytes)
+    return unit_rows * max(1, int(max_memory_mb * 2**20 // per_unit))
 
 
 def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
@@ -133,32 +104,37 @@ def prepare_zarr(
     overwrite: bool = False,
     max_memory_mb: float = 256,
     progress: bool = True,
+    shard_chunks: int | None = None,
+    storage_options: dict | None = None,
 ) -> zarr.Group:
     """Write ``source`` to ``store`` as Zarr v3 chunked only along the first axis and return the group (read-only).
 
     ``source``: an ``xarray.Dataset`` (its data variables sharing the first dimension, or ``variables``)
     or a mapping name -> array (NumPy, dask, or anything sliceable with ``shape``/``dtype``).
     The chunk length is ``chunk_rows``, or derived from ``chunk_mb`` (one row of every array counted
-    together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a time.
+    together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a time (on the
+    cluster's workers when a ``dask.distributed`` client is active). ``shard_chunks``: write Zarr v3 shards
+    of that many chunks (fewer objects, for object storage; read with ``allow_shards=True``). ``store`` may
+    be a URL (``s3://bucket/x.zarr``) with fsspec ``storage_options``.
     """
+    args = (chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress, shard_chunks, storage_options)
     if _is_xarray_dataset(source):
-        _prepare_xarray(
-            source, store, chunk_rows, chunk_mb, codec, level, variables, overwrite, max_memory_mb, progress
-        )
+        target = _prepare_xarray(source, store, variables, *args)
     elif isinstance(source, Mapping):
-        _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress)
+        target = _prepare_mapping(source, store, *args)
     else:
         raise TypeError(f"prepare_zarr takes an xarray.Dataset or a mapping name -> array, got {type(source).__name__}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
-        zarr.consolidate_metadata(str(store))  # lets xarray.open_zarr open the store without a warning
-    group = zarr.open_group(str(store), mode="r")
+        zarr.consolidate_metadata(target)  # lets xarray.open_zarr open the store without a warning
+    group = zarr.open_group(target, mode="r")
     names = group.attrs["zarrtorch"]["variables"]
-    check_first_axis_layout({n: group[n] for n in names})
+    check_first_axis_layout({n: group[n] for n in names}, allow_shards=shard_chunks is not None)
     return group
 
 
-def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, overwrite, max_memory_mb, progress):
+def _prepare_xarray(ds, store, variables, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress,
+                    shard_chunks, storage_options):  # fmt: skip
     dim, names = _sample_dim(ds, variables)
     ds = ds[names]
     rows = ds.sizes[dim]
@@ -167,9 +143,10 @@ def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, ov
     arrays = {n: ds[n] for n in names}
     nbytes_row = row_bytes(arrays)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
+    shard_rows = shard_shape(chunk_rows, shard_chunks, rows)
     compressors = make_codec(codec, level)
 
-    target = ds.chunk({d: (chunk_rows if d == dim else -1) for d in ds.dims})
+    target = ds.chunk({d: ((shard_rows or chunk_rows) if d == dim else -1) for d in ds.dims})
     # Coordinates without the sample dimension (a static field, cell areas) are not in the block-by-block
     # writes below: load them so that the metadata write stores their values, not just their fill value.
     static = [c for c in target.coords if dim not in target[c].dims and c not in target.xindexes]
@@ -178,17 +155,19 @@ def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, ov
     for n in names:
         target[n].encoding = {}
         encoding[n] = {"chunks": (chunk_rows, *ds[n].shape[1:]), "compressors": compressors}
+        if shard_rows:
+            encoding[n]["shards"] = (shard_rows, *ds[n].shape[1:])
     for c in target.coords:
         target[c].encoding = {k: v for k, v in target[c].encoding.items() if k in ("units", "calendar", "dtype")}
     target.attrs = {**ds.attrs, "zarrtorch": {"dim": dim, "variables": names, "chunk_rows": chunk_rows}}
 
-    _prepare_output(store, overwrite)
+    out = target_store(store, storage_options, overwrite)
     # Metadata and coordinates first; the data variables are then filled block by block.
     with warnings.catch_warnings():
         # string coordinate labels (e.g. variable names) have no frozen Zarr v3 spec yet; they are only labels
         warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification.*")
         target.to_zarr(
-            str(store),
+            out,
             mode="w",
             compute=False,
             zarr_format=3,
@@ -197,19 +176,21 @@ def _prepare_xarray(ds, store, chunk_rows, chunk_mb, codec, level, variables, ov
             write_empty_chunks=True,
         )
     along_dim = [n for n in target.variables if dim in target[n].dims]
-    step = _block_rows(chunk_rows, nbytes_row, max_memory_mb)
-    with _progress_bar(rows, f"prepare {Path(store).name}", progress) as bar:
+    step = _block_rows(shard_rows or chunk_rows, nbytes_row, max_memory_mb)
+    with _progress_bar(rows, f"prepare {Path(str(store)).name}", progress) as bar:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             block = target[along_dim].isel({dim: slice(start, stop)}).compute()
             block = block.drop_vars([v for v in block.variables if dim not in block[v].dims])
             block.to_zarr(
-                str(store), region={dim: slice(start, stop)}, zarr_format=3, consolidated=False, write_empty_chunks=True
+                out, region={dim: slice(start, stop)}, zarr_format=3, consolidated=False, write_empty_chunks=True
             )
             bar.update(stop - start)
+    return out
 
 
-def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress):
+def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress,
+                     shard_chunks, storage_options):  # fmt: skip
     names = list(source)
     if not names:
         raise LayoutError("the mapping holds no arrays to write")
@@ -226,26 +207,29 @@ def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrit
         raise LayoutError(f"array {names[0]!r} has zero rows: there is nothing to write")
     nbytes_row = row_bytes(source)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
+    shard_rows = shard_shape(chunk_rows, shard_chunks, rows)
     compressors = make_codec(codec, level)
-    _prepare_output(store, overwrite)
-    group = zarr.open_group(str(store), mode="w", zarr_format=3)
+    out_store = target_store(store, storage_options, overwrite)
+    group = zarr.open_group(out_store, mode="w", zarr_format=3)
     group.attrs["zarrtorch"] = {"dim": "row", "variables": names, "chunk_rows": chunk_rows}
     out = {
         n: group.create_array(
             n,
             shape=a.shape,
             chunks=(chunk_rows, *a.shape[1:]),
+            shards=(shard_rows, *a.shape[1:]) if shard_rows else None,
             dtype=a.dtype,
             compressors=compressors,
             config={"write_empty_chunks": True},
         )
         for n, a in source.items()
     }
-    step = _block_rows(chunk_rows, nbytes_row, max_memory_mb)
-    with _progress_bar(rows, f"prepare {Path(store).name}", progress) as bar:
+    step = _block_rows(shard_rows or chunk_rows, nbytes_row, max_memory_mb)
+    with _progress_bar(rows, f"prepare {Path(str(store)).name}", progress) as bar:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             for n, a in source.items():
                 block = a[start:stop]
                 out[n][start:stop] = np.asarray(block.compute() if hasattr(block, "compute") else block)
             bar.update(stop - start)
+    return out_store
