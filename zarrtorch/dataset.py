@@ -27,6 +27,7 @@ from zarrtorch.resume import EpochSpec, resumed_plan
 from zarrtorch.settings import check_settings
 from zarrtorch.sizes import held_chunks, row_bytes
 from zarrtorch.source import for_this_process, is_local, open_arrays
+from zarrtorch.stacking import check_stack, stack_columns
 from zarrtorch.state import EpochState, EpochView, LoaderConfig
 from zarrtorch.stream import stream_batches
 
@@ -56,14 +57,15 @@ class ZarrIterableDataset(IterableDataset):
             local store, 8 for a remote one, where each request waits for the network.
         storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...).
         retry: timeout and retries for each remote request (:class:`zarrtorch.fetch.RetryPolicy`).
-        cache: keep the rows a process reads in RAM and reuse them in later epochs; the chunk-to-rank
-            assignment is then frozen at epoch 0's (the order inside each process still changes).
-            For data that fits in the cluster's memory.
+        stack: ``{name: [array names]}``: yield those arrays as one ``name`` with a channel axis 1 (one
+            array per variable, as in ERA5-like stores, becomes one input tensor).
+        cache: keep the rows a process reads in RAM for later epochs (data that fits the cluster's memory);
+            the chunk-to-rank assignment is then frozen at epoch 0's (the order in each process still changes).
         allow_shards: accept sharded arrays, the shard being the unit of reading and distribution.
         return_index: add ``"index"``, the global row numbers of the batch (useful to check and to
             de-duplicate evaluation padding).
         transform: a picklable callable applied to each batch dict inside the worker.
-        check_chunks: raise if a chunk is missing from the store instead of reading the fill value.
+        check_chunks: raise if a chunk is missing from the store, not read the fill value.
         row_range: ``(start, stop)``: use only these rows, e.g. a training period and a validation
             period of one store, without copying. ``start`` must fall on a chunk boundary, and so must
             ``stop`` unless it is the end. Row numbers (``return_index``) stay those of the store.
@@ -87,6 +89,7 @@ class ZarrIterableDataset(IterableDataset):
         requests_in_flight: int | None = None,
         storage_options: dict | None = None,
         retry: RetryPolicy | None = None,
+        stack: dict[str, Sequence[str]] | None = None,
     ):
         check_settings(seed=seed, buffer_chunks=buffer_chunks, decode_threads=decode_threads,
                        requests_in_flight=requests_in_flight)  # fmt: skip
@@ -94,18 +97,14 @@ class ZarrIterableDataset(IterableDataset):
         self.arrays = open_arrays(source, arrays, storage_options=storage_options, timeout_s=self.retry.timeout_s)
         self._arrays_pid = os.getpid()
         self.layout = check_first_axis_layout(self.arrays, allow_shards=allow_shards)
+        self.stack = check_stack(stack, self.arrays)
         self.row_offset = 0
         if row_range is not None:
             self.row_offset, self.layout = restrict_rows(self.layout, row_range)
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.buffer_chunks = int(buffer_chunks)
-        self.decode_threads = decode_threads
-        self.requests_in_flight = requests_in_flight
-        self.cache = bool(cache)
-        self.return_index = bool(return_index)
+        self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
+        self.decode_threads, self.requests_in_flight = decode_threads, requests_in_flight
+        self.cache, self.return_index, self.check_chunks = bool(cache), bool(return_index), bool(check_chunks)
         self.transform = transform
-        self.check_chunks = bool(check_chunks)
         self.config: LoaderConfig | None = None  # set by the ZarrDataLoader that iterates this dataset
         self.epoch_state: EpochState | None = None
         self._cache_store: dict | None = None
@@ -145,10 +144,9 @@ class ZarrIterableDataset(IterableDataset):
     def worker_memory_bytes(self, decode_threads: int = 1) -> int:
         """Decoded data one worker holds at most (:func:`zarrtorch.sizes.held_chunks` chunks; no buffer
         without ``shuffle`` or with ``buffer_chunks=0``)."""
-        chunks = held_chunks(
-            buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads), row_shuffle=self._row_shuffle
-        )
-        return chunks * self.chunk_rows * self.row_bytes
+        held = held_chunks(buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads),
+                           row_shuffle=self._row_shuffle)  # fmt: skip
+        return held * self.chunk_rows * self.row_bytes
 
     def _require_config(self) -> LoaderConfig:
         if self.config is None:
@@ -256,5 +254,6 @@ class ZarrIterableDataset(IterableDataset):
         return (self._to_torch(batch) for batch in batches)
 
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        batch = stack_columns(batch, self.stack)
         out = {name: torch.from_numpy(arr) for name, arr in batch.items() if name != "index" or self.return_index}
         return self.transform(out) if self.transform is not None else out

@@ -101,3 +101,57 @@ def test_prepare_on_a_dask_distributed_cluster(tmp_path):
         for src, opts in ((tmp_path / "d.zarr", None), ("s3://prep/d.zarr", s3.storage_options)):
             ds = ZarrIterableDataset(src, storage_options=opts, shuffle=False)
             np.testing.assert_array_equal(stream(ds), np.arange(ROWS) * 3)
+
+
+VARIABLES = ("t2m", "u10", "v10", "msl", "tp")
+
+
+def era5_like(path, rows=40):
+    """One array per variable, chunks of a single time step, values encoding (variable, row)."""
+    data = {v: np.full((rows, 4, 8), 1000 * k, np.float32) + np.arange(rows, dtype=np.float32)[:, None, None]
+            for k, v in enumerate(VARIABLES)}  # fmt: skip
+    return prepare_zarr(data, path, chunk_rows=1, progress=False)
+
+
+@pytest.mark.slow
+def test_chosen_variables_stacked_into_one_channel_tensor_over_http(tmp_path):
+    era5_like(tmp_path / "era5.zarr")
+    with HttpStoreServer(tmp_path) as server:
+        ds = ZarrIterableDataset(f"{server.url}/era5.zarr", arrays=["u10", "t2m", "tp"], seed=4, buffer_chunks=3,
+                                 stack={"inputs": ["u10", "t2m"]}, return_index=True)  # fmt: skip
+        seen, counts = [], []
+        for rank in range(2):
+            loader = ZarrDataLoader(ds, batch_size=4, num_workers=2, rank=rank, world_size=2,
+                                    multiprocessing_context="fork")  # fmt: skip
+            batches = list(loader)
+            counts.append(len(batches))
+            for b in batches:
+                assert set(b) == {"inputs", "tp", "index"} and b["inputs"].shape[1:] == (2, 4, 8)
+                rows = b["index"].numpy().astype(np.float32)
+                np.testing.assert_array_equal(b["inputs"][:, 0, 0, 0].numpy(), 1000 + rows)  # u10, in the order given
+                np.testing.assert_array_equal(b["inputs"][:, 1, 2, 3].numpy(), rows)  # t2m
+                np.testing.assert_array_equal(b["tp"][:, 0, 0].numpy(), 4000 + rows)
+                seen.extend(b["index"].tolist())
+        assert counts[0] == counts[1] and sorted(seen) == list(range(40))
+
+
+@pytest.mark.parametrize(
+    "stack,message",
+    [
+        ({"x": ["t2m", "nope"]}, "not loaded"),
+        ({"x": ["t2m"], "y": ["t2m", "u10"]}, "more than one stack"),
+        ({"t2m": ["u10", "v10"]}, "also an array's name"),
+        ({"x": []}, "lists no arrays"),
+    ],
+)
+def test_bad_stacks_are_refused(tmp_path, stack, message):
+    era5_like(tmp_path / "era5.zarr", rows=4)
+    with pytest.raises((KeyError, ValueError), match=message):
+        ZarrIterableDataset(tmp_path / "era5.zarr", stack=stack)
+
+
+def test_stacking_arrays_of_different_shapes_is_refused(tmp_path):
+    prepare_zarr({"a": np.zeros((4, 2), "f4"), "b": np.zeros((4, 3), "f4")}, tmp_path / "m.zarr", chunk_rows=2,
+                 progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match="mixes row shapes"):
+        ZarrIterableDataset(tmp_path / "m.zarr", stack={"ab": ["a", "b"]})
