@@ -145,3 +145,17 @@ def test_a_missing_chunk_on_a_remote_store_is_not_filled(served, tmp_path):
         ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
         with pytest.raises(ChunkReadError, match=r"missing chunk 3 .*fill value"):
             list(ZarrDataLoader(ds, batch_size=BATCH))
+
+
+@pytest.mark.slow
+def test_bad_s3_credentials_are_named(served, monkeypatch):
+    moto_settings = pytest.importorskip("moto.settings")
+    with S3Server() as s3:
+        s3.create_bucket("course")
+        s3.upload(served / "s.zarr", "s3://course/s.zarr")
+        monkeypatch.setattr(moto_settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # from now on, check signatures
+        wrong = {**s3.storage_options, "key": "AKIANOTAKEY", "secret": "wrong"}
+        start = time.monotonic()
+        with pytest.raises(PermissionError, match=r"access to s3://course/s\.zarr was refused.*check the credentials"):
+            ZarrIterableDataset("s3://course/s.zarr", storage_options=wrong)
+        assert time.monotonic() - start < 30  # refused at once, not retried
