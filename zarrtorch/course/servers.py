@@ -81,6 +81,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     owner: HttpStoreServer
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-answer (a loader stopped early, a timeout) is not the server's error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
 
 class HttpStoreServer:
     """Serve ``root`` at ``http://127.0.0.1:PORT/``; ``delay_ms`` per request; ``faults`` maps a regex of
