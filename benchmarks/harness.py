@@ -310,14 +310,16 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers (kind ``cache``: with
-    ``cache=True``); with ``spec['variant']`` (a prototype) the patch of ``prototypes.PATCHES`` is applied
-    first."""
+    ``cache=True``); ``spec['variant']``: another ``transport`` (``queue``, ``ring-views``), or the patch
+    of ``prototypes.PATCHES`` applied first."""
     w, variant = spec["workers"], spec.get("variant")
     receive = None
-    if variant:
+    kwargs = {"persistent_workers": True} if w > 0 else {}
+    if variant in prototypes.TRANSPORTS:
+        kwargs["transport"] = variant
+    elif variant:
         receive = prototypes.PATCHES[variant](workers=w, batch_size=spec["batch_size"], row_shape=SAMPLE_SHAPE)
     ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, cache=spec["kind"] == "cache")
-    kwargs = {"persistent_workers": True} if w > 0 else {}
     loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
     epochs = timed_epochs(loader, spec, sampler, spec["epochs"], set_epoch=True, receive=receive)
     del loader

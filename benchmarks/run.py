@@ -38,7 +38,7 @@ from zarrtorch.process import available_cpus  # noqa: E402
 
 PRELOAD = ["harness", "prototypes", "numpy", "torch", "zarr", "zarrtorch", "zarrtorch.course.baselines", "zarrdataset"]
 MiB = 2**20
-PROTOTYPES = {2: "ring"}  # --prototypes: the patch of prototypes.py run per number of workers
+PROTOTYPES = {2: "ring"}  # --prototypes: the variant run per number of workers (a transport or a patch)
 
 # Targets (information only, never a test): thresholds and tolerances.
 TARGET_L0_RATIO = 0.9  # zarrtorch, every epoch, best configuration, vs L0 with 2 threads
@@ -149,7 +149,7 @@ def label_of(kind: str, par: int) -> str:
         "reference": f"reference 0.0.9, {par} workers",
         "naive": f"naive row-by-row, {par} workers",
         "numpy": f"numpy in RAM, {par} workers",
-        "prototype": f"proto: zarrtorch+{PROTOTYPES.get(par)}, {par} workers",
+        "prototype": f"zarrtorch transport={PROTOTYPES.get(par)}, {par} workers",
         "cache": f"zarrtorch cache=True, {par} workers",
     }[kind]
 
@@ -289,7 +289,7 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
         rate = _min_epoch_rate(pbest)
         add(
             rate >= TARGET_L0_RATIO * l0,
-            f"[prototype, not the package] every epoch >= {TARGET_L0_RATIO}x L0 (2 threads)",
+            f"[variant, not the default] every epoch >= {TARGET_L0_RATIO}x L0 (2 threads)",
             f"{pbest['label']}: slowest epoch {rate:,.0f}/s = {rate / l0:.2f}x L0",
         )
     if best and naive:

@@ -125,8 +125,9 @@ class SlotBuffer:
             for column in self.slots.values():
                 column[move_dst] = column[move_src]
 
-    def apply(self, step: Step, read) -> dict[str, np.ndarray]:
-        """Run one step and return its batch (fresh arrays).
+    def apply(self, step: Step, read, out=None) -> dict[str, np.ndarray]:
+        """Run one step and return its batch (fresh arrays, or the arrays ``out(rows)`` returns, gathered
+        into directly: :mod:`zarrtorch.ring`).
 
         Refilling the slots a batch freed is deferred to the start of the next step: the batch is already
         a copy and the stream is read in the same order, so every batch is identical, but a batch never
@@ -134,13 +135,20 @@ class SlotBuffer:
         self.flush()
         if step.direct:
             segments = read(step.direct)
+            if out is not None:
+                dest = out(step.direct)
+                return {name: np.concatenate([s[name] for s in segments], out=dest[name]) for name in segments[0]}
             if len(segments) == 1:
                 return dict(segments[0])
             return {name: np.concatenate([s[name] for s in segments]) for name in segments[0]}
         if step.append:
             self._write(slice(self.filled, self.filled + step.append), read(step.append))
             self.filled += step.append
-        batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}
+        if out is not None:
+            dest = out(len(step.take))
+            batch = {n: np.take(c, step.take, axis=0, out=dest[n], mode="clip") for n, c in self.slots.items()}
+        else:
+            batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}
         if step.refill or step.move_dst is not None:
             self._pending = (step.take, step.refill, step.move_src, step.move_dst, read)
             if step.move_dst is not None:

@@ -21,14 +21,15 @@ from zarrtorch.buffer import buffer_rng, rank_batches
 from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
-from zarrtorch.process import cpu_share, distributed_topology
+from zarrtorch.process import cpu_share
 from zarrtorch.reader import PieceReader
 from zarrtorch.resume import EpochSpec, resumed_plan
+from zarrtorch.ring import BatchRing
 from zarrtorch.settings import check_settings
 from zarrtorch.sizes import held_chunks, row_bytes
 from zarrtorch.source import for_this_process, is_local, open_arrays
 from zarrtorch.stacking import check_stack, stack_columns
-from zarrtorch.state import EpochState, EpochView, LoaderConfig
+from zarrtorch.state import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.stream import stream_batches
 
 THROUGH_THE_LOADER = (
@@ -107,17 +108,18 @@ class ZarrIterableDataset(IterableDataset):
         self.transform = transform
         self.config: LoaderConfig | None = None  # set by the ZarrDataLoader that iterates this dataset
         self.epoch_state: EpochState | None = None
+        self.ring: BatchRing | None = None  # the loader's shared batch slots, when its workers use them
         self._cache_store: dict | None = None
         self._cache_owner: int | None = None
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
 
-    def attach(self, config: LoaderConfig, epoch_state: EpochState) -> None:
+    def attach(self, config: LoaderConfig, epoch_state: EpochState, ring: BatchRing | None = None) -> None:
         """Called by :class:`zarrtorch.ZarrDataLoader` each time it starts an epoch, before its workers copy
         the dataset: two loaders may share one dataset (say with other batch sizes), each epoch then
         runs with the configuration of the loader that iterates it."""
         if config != self.config:
             self._cache_store = None
-        self.config, self.epoch_state = config, epoch_state
+        self.config, self.epoch_state, self.ring = config, epoch_state, ring
 
     @property
     def rows(self) -> int:
@@ -155,13 +157,7 @@ class ZarrIterableDataset(IterableDataset):
 
     def current_epoch(self) -> EpochView:
         """Epoch, batches to skip, rank and world size as published by the loader, else from torch.distributed."""
-        view = self.epoch_state.read() if self.epoch_state is not None else None
-        if view is not None:
-            return view
-        if get_worker_info() is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise RuntimeError("this worker cannot know its rank: iterate the dataset through zarrtorch.ZarrDataLoader")
-        rank, world = distributed_topology()
-        return EpochView(epoch=0, skip=0, rank=rank, world_size=world)
+        return epoch_view(self.epoch_state)
 
     def plan(
         self, *, epoch: int, rank: int = 0, world_size: int = 1, history: tuple = (), **loader_settings
@@ -240,17 +236,14 @@ class ZarrIterableDataset(IterableDataset):
         )  # fmt: skip
         rng = self._buffer_rng(view.epoch, view.rank, logical, plan.segment)
         columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
+        writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
         batches = stream_batches(
-            reader,
-            plan.workers[logical],
-            columns,
-            row_offset=self.row_offset,
-            buffer_rows=self.buffer_rows,
-            warmup_rows=self.chunk_rows,
-            rng=rng,
-            skip=worker_skip,
-            copy_direct=self.cache,
-        )
+            reader, plan.workers[logical], columns, row_offset=self.row_offset, buffer_rows=self.buffer_rows,
+            warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache,
+            out=writer.out if writer is not None else None,
+        )  # fmt: skip
+        if writer is not None:  # the batch is in a shared slot: send where (zarrtorch.ring)
+            return (writer.reference() for _ in batches)
         return (self._to_torch(batch) for batch in batches)
 
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader, Sampler
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.process import distributed_topology
 from zarrtorch.resume import Segment
+from zarrtorch.ring import make_ring, pin_copy
+from zarrtorch.settings import check_loader_settings
 from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfig
 from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 from zarrtorch.workahead import WorkAhead
@@ -57,7 +59,7 @@ class EpochIterator:
 
     def __next__(self):
         try:
-            batch = next(self._inner)
+            batch = self._loader.receive(next(self._inner))
         except StopIteration:
             self._loader._finished_epoch()
             raise
@@ -88,7 +90,11 @@ class ZarrDataLoader(DataLoader):
     plus fewer than ``world_size`` rows repeated so that all ranks yield the same number of batches.
     ``rank``/``world_size`` override ``torch.distributed`` (to simulate ranks in one process).
     ``work_ahead``: with ``num_workers=0``, batches assembled ahead of the consumer in a background thread
-    (each holds one batch of memory; 0 turns it off). Other DataLoader arguments (``pin_memory``,
+    (each holds one batch of memory; 0 turns it off). ``transport``: how batches leave the workers:
+    ``"queue"`` DataLoader's own way (a new shared-memory segment per batch); ``"ring"`` preallocated
+    shared-memory slots wrapped without a copy, a batch valid until 3 more were handed out
+    (:mod:`zarrtorch.ring`). Default: the ring with ``pin_memory`` on an accelerator, else the queue.
+    Other DataLoader arguments (``pin_memory``,
     ``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``...) pass through.
     """
 
@@ -102,33 +108,18 @@ class ZarrDataLoader(DataLoader):
         rank: int | None = None,
         world_size: int | None = None,
         work_ahead: int = 2,
+        transport: str | None = None,
         **kwargs,
     ):
         if not isinstance(dataset, ZarrIterableDataset):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        for name in ("sampler", "batch_sampler", "shuffle"):
-            if kwargs.get(name) not in (None, False):
-                raise ValueError(
-                    f"{name}= is not used by ZarrDataLoader: order and shuffling are set on the "
-                    "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)"
-                )
-            kwargs.pop(name, None)
-        if kwargs.get("in_order", True) is False:
-            raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
-        if (rank is None) != (world_size is None):
-            raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
-        if world_size is not None and not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if dataset.cache and num_workers > 0 and not kwargs.get("persistent_workers", False):
-            raise ValueError("cache=True keeps rows in the worker processes: also pass persistent_workers=True")
-        if isinstance(work_ahead, bool) or int(work_ahead) != work_ahead or work_ahead < 0:
-            raise ValueError(f"work_ahead must be an integer >= 0 (batches assembled ahead), got {work_ahead!r}")
+        check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
         self.work_ahead = int(work_ahead)
         self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers))
         self.epoch_state = EpochState()
-        dataset.attach(self.config, self.epoch_state)
+        pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
+        self.ring = make_ring(dataset, self.config, kwargs.get("prefetch_factor") or 2, transport, pinned)
+        dataset.attach(self.config, self.epoch_state, self.ring)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
@@ -185,7 +176,9 @@ class ZarrDataLoader(DataLoader):
         self._epoch_done = False
         self._epoch_set_since_last = False
         self._plan(rank, world)  # raise here, not in a worker
-        self.dataset.attach(self.config, self.epoch_state)
+        self.dataset.attach(self.config, self.epoch_state, self.ring)
+        if self.ring is not None:
+            self.ring.start_epoch()
         earlier = sum(seg.batches for seg in self._history)
         view = EpochView(self._epoch, self._resume_skip - earlier, rank, world, self._history)
         self.epoch_state.publish(view)
@@ -198,6 +191,13 @@ class ZarrDataLoader(DataLoader):
         if self.num_workers == 0 and self.work_ahead > 0:
             inner = WorkAhead(inner, self.work_ahead)
         return EpochIterator(inner, self)
+
+    def receive(self, batch):
+        """A batch as the consumer gets it: views of its ring slot when it came through one."""
+        if self.ring is None:
+            return batch
+        keep = None if self.dataset.return_index else set(self.dataset.arrays)
+        return self.ring.receive(batch, keep, copy=pin_copy if self.pin_memory and torch.cuda.is_available() else None)
 
     def _finished_epoch(self) -> None:
         self._epoch_done = True

@@ -17,3 +17,29 @@ def check_settings(*, seed, buffer_chunks, **at_least_one) -> None:
     for name, value in at_least_one.items():
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs) -> None:
+    """Refuse ZarrDataLoader arguments that cannot work, saying what to do instead (``kwargs`` loses the
+    sampler arguments, which the dataset's own settings replace)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    for name in ("sampler", "batch_sampler", "shuffle"):
+        if kwargs.get(name) not in (None, False):
+            raise ValueError(
+                f"{name}= is not used by ZarrDataLoader: order and shuffling are set on the "
+                "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)"
+            )
+        kwargs.pop(name, None)
+    if kwargs.get("in_order", True) is False:
+        raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
+    if world_size is not None and not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if dataset.cache and num_workers > 0 and not kwargs.get("persistent_workers", False):
+        raise ValueError("cache=True keeps rows in the worker processes: also pass persistent_workers=True")
+    if transport not in (None, "ring", "queue"):
+        raise ValueError(f"transport must be 'ring' or 'queue' (zarrtorch.ring) or None, got {transport!r}")
+    if isinstance(work_ahead, bool) or int(work_ahead) != work_ahead or work_ahead < 0:
+        raise ValueError(f"work_ahead must be an integer >= 0 (batches assembled ahead), got {work_ahead!r}")

@@ -11,10 +11,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import get_worker_info
 
+from zarrtorch.process import distributed_topology
 from zarrtorch.resume import Segment
 
 
@@ -125,3 +128,15 @@ class LoaderCheckpoint:
             if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):
                 out.append(f"{f.name}: saved {getattr(self, f.name)!r}, now {getattr(other, f.name)!r}")
         return out
+
+
+def epoch_view(epoch_state: EpochState | None) -> EpochView:
+    """What the loader published for this epoch; without a loader, epoch 0 on torch.distributed's topology
+    (a worker cannot know its rank that way, so it refuses)."""
+    view = epoch_state.read() if epoch_state is not None else None
+    if view is not None:
+        return view
+    if get_worker_info() is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError("this worker cannot know its rank: iterate the dataset through zarrtorch.ZarrDataLoader")
+    rank, world = distributed_topology()
+    return EpochView(epoch=0, skip=0, rank=rank, world_size=world)

@@ -29,11 +29,13 @@ def stream_batches(
     rng: np.random.Generator | None,
     skip: int = 0,
     copy_direct: bool = False,
+    out=None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker's share (``{"index": row ids, name: rows}``), after skipping ``skip``.
 
     ``row_offset`` moves the plan's rows to the store's (a row window); ``rng=None`` keeps stream order.
     ``copy_direct`` copies batches that would otherwise be views of the reader's arrays (a cache reuses them).
+    ``out(rows)``, when given, returns the arrays each batch is written into (:mod:`zarrtorch.ring`).
     """
     pieces, sizes = share.pieces + row_offset, share.batch_sizes
     capacity = buffer_capacity(buffer_rows, sizes, rng is not None)
@@ -51,8 +53,8 @@ def stream_batches(
     cursor.attach(reader.iter_pieces(pieces[cursor.piece :]))
     try:
         for step in steps:
-            batch = buf.apply(step, cursor.read)
-            if copy_direct and step.direct:
+            batch = buf.apply(step, cursor.read, out)
+            if copy_direct and step.direct and out is None:
                 batch = {name: arr.copy() for name, arr in batch.items()}
             yield batch
     finally:

@@ -80,7 +80,7 @@ def test_bench_tiny_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_bench_tiny_prototypes_by_thread(tmp_path):
-    """The prototype patches still apply to the package (a patch that no longer fits fails its run), and
+    """The --prototypes variant (DataLoader's queue instead of the ring) runs beside the default, and
     --by-thread splits the CPU of every run by thread role."""
     data = run_tiny(tmp_path, "--only", "zarrtorch", "--prototypes", "--by-thread", "--scale", "1")
     got = check_epochs(data, {("1x", "zarrtorch", 0): 2, ("1x", "zarrtorch", 2): 2, ("1x", "prototype", 2): 2})
@@ -89,37 +89,6 @@ def test_bench_tiny_prototypes_by_thread(tmp_path):
             roles = {k for k in e if k.startswith("threads/")}
             assert roles and all(e[k] >= 0 for k in roles), s["label"]
             assert any("main thread" in k for k in roles), roles
-
-
-def test_ring_prototype_gives_the_same_batches(tmp_path, monkeypatch):
-    """The ring transport changes how batches travel, never what they hold."""
-    import prototypes
-    import torch
-
-    from zarrtorch import ZarrDataLoader, ZarrIterableDataset
-    from zarrtorch.buffer import SlotBuffer
-
-    store = harness.ensure_store(str(tmp_path), rows=96, chunk_rows=16)["path"]
-
-    def epochs(receive=lambda b: b):
-        ds = ZarrIterableDataset(store, shuffle=True, seed=0)
-        loader = ZarrDataLoader(ds, batch_size=16, num_workers=2, drop_last=True, persistent_workers=True)
-        for e in range(2):
-            loader.set_epoch(e)
-            yield from (receive(b) for b in loader)
-
-    plain = list(epochs())
-    monkeypatch.setattr(SlotBuffer, "_gather", SlotBuffer._gather)  # restored after the test
-    receive = prototypes.patch_ring(workers=2, batch_size=16, row_shape=harness.SAMPLE_SHAPE)
-
-    def through_the_ring(batch):
-        assert batch["x"].tolist()[2] == 16  # (worker, slot, rows): the rows did not travel with the batch
-        return receive(batch)
-
-    ring = list(epochs(through_the_ring))
-    assert len(ring) == len(plain) == 2 * 96 // 16
-    for a, b in zip(plain, ring, strict=True):
-        assert a.keys() == b.keys() and torch.equal(a["x"], b["x"])
 
 
 @pytest.mark.slow
