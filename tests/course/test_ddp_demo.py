@@ -59,3 +59,56 @@ def test_naive_split_fails_and_zarrtorch_completes(store):
     counts = [r["batches_done"] for r in ours]
     assert counts[0] == counts[1] == ROWS // (2 * 8) == 9
     assert all(r["rows_read_twice"] == 0 and r["rows_all_ranks"] == 2 * 9 * 8 for r in ours)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The demo sized to the data (no processes, no data: the course presets' numbers only)
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", ["tiny", "small", "workshop"])
+def test_demo_rows_fits_budget_and_keeps_naive_counts_unequal(size):
+    from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
+    from zarrtorch.plan import epoch_plan
+
+    p, chunk = PRESETS[size], TRAIN_CHUNK_ROWS[size]
+    used = ddp_demo.demo_rows(p.n_time, chunk, p.sample_nbytes, world_size=2, batch_size=32)
+    assert 0 < used <= p.n_time
+    if p.n_time * p.sample_nbytes <= ddp_demo.DEMO_BUDGET_MB * 2**20:
+        assert used == p.n_time  # the whole store when it fits
+    else:
+        assert used % chunk == 0  # whole chunks: a valid row_range for ZarrIterableDataset
+        assert used * p.sample_nbytes <= ddp_demo.DEMO_BUDGET_MB * 2**20
+    naive = ddp_demo.naive_batch_counts(used, chunk, world_size=2, batch_size=32)
+    assert len(set(naive)) > 1, naive  # the demonstration still has a rank with an extra batch
+    plans = [epoch_plan(used, chunk, seed=0, epoch=0, batch_size=32, drop_last=True, world_size=2, rank=r)
+             for r in range(2)]  # fmt: skip
+    assert plans[0].batches == plans[1].batches > 0
+
+
+def test_demo_rows_on_workshop_numbers():
+    # 640 KiB rows in chunks of 32 (20 MiB): 6 chunks fit 128 MiB, but 6 deal evenly to 2 ranks; 5 do not
+    assert ddp_demo.demo_rows(16_384, 32, 640 * 2**10, world_size=2, batch_size=32) == 5 * 32
+    assert ddp_demo.naive_batch_counts(5 * 32, 32, world_size=2, batch_size=32) == [3, 2]
+    # a budget below one chunk still gives one chunk
+    assert ddp_demo.demo_rows(16_384, 32, 640 * 2**10, world_size=2, batch_size=32, budget_mb=1) == 32
+
+
+def test_naive_split_window_reads_only_the_window(store):
+    seen = []
+    for rank in range(2):
+        ds = ddp_demo.NaiveChunkSplit(store, batch_size=8, arrays=["x", "y"], rank=rank, world_size=2, rows=5 * CHUNK)
+        batches = list(ds)
+        assert len(batches) == len(ds) == [3, 2][rank] * CHUNK // 8
+        seen.append(np.concatenate([b["index"].numpy() for b in batches]))
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(5 * CHUNK))
+    with pytest.raises(ValueError, match="chunk boundary"):
+        ddp_demo.NaiveChunkSplit(store, batch_size=8, arrays=["x", "y"], rank=0, world_size=2, rows=CHUNK + 1)
+
+
+def test_launch_reports_killed_ranks_with_elapsed_time(store, tmp_path):
+    # a "python" that never answers: the launcher must kill it and still report elapsed_s (no KeyError later)
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.chmod(0o755)
+    res = ddp_demo.launch("naive", world_size=2, store=store, python=str(hang), wall_limit_s=0.1, rows=2 * CHUNK)
+    assert [r["status"] for r in res] == ["killed", "killed"]
+    assert all(r["elapsed_s"] >= 0.1 for r in res)

@@ -20,6 +20,10 @@ Command line (launches ``world_size`` processes and prints one JSON summary per 
 
 From Python: :func:`launch` returns the list of summaries; :func:`naive_batch_counts` predicts the naive
 split's counts without running anything.
+
+The demo trains on CPU, one thread per rank. On the larger course sizes a whole epoch would take minutes, so
+:func:`demo_rows` picks a window of the first rows that fits a byte budget (``rows=`` of :func:`launch`); the
+notebook prints what it leaves out.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from zarrtorch.sizes import ceil_div
 
 RESULT_PREFIX = "ZARRTORCH-DDP-DEMO "
 SPLITS = ("naive", "zarrtorch")
+DEMO_BUDGET_MB = 128  # decoded MiB one demo epoch reads at most (all ranks together): a few seconds on 2 cores
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -66,10 +71,40 @@ def naive_batch_counts(
     return counts
 
 
+def demo_rows(
+    rows: int,
+    chunk_rows: int,
+    row_nbytes: int,
+    *,
+    world_size: int,
+    batch_size: int,
+    budget_mb: float = DEMO_BUDGET_MB,
+) -> int:
+    """How many of the first rows the demo trains on: all of them when they fit ``budget_mb`` (MiB, decoded),
+    otherwise a window of whole chunks that fits it.
+
+    The window's chunk count is chosen, from the largest that fits downwards, so that the naive split still
+    deals the ranks unequal batch counts (what the demo is about); whole chunks keep the window a valid
+    ``row_range`` for :class:`zarrtorch.ZarrIterableDataset`. If no window has unequal counts, the largest
+    that fits is returned.
+    """
+    rows, chunk_rows, row_nbytes = int(rows), int(chunk_rows), max(1, int(row_nbytes))
+    if rows * row_nbytes <= budget_mb * 2**20:
+        return rows
+    fit = max(1, int(budget_mb * 2**20 // (chunk_rows * row_nbytes)))  # whole chunks within the budget
+    fit = min(fit, rows // chunk_rows) or 1
+    for k in range(fit, 0, -1):
+        counts = naive_batch_counts(k * chunk_rows, chunk_rows, world_size=world_size, batch_size=batch_size)
+        if len(set(counts)) > 1:
+            return k * chunk_rows
+    return min(rows, fit * chunk_rows)
+
+
 class NaiveChunkSplit(IterableDataset):
     """Chunks dealt round-robin to ranks (and, inside a rank, to DataLoader workers); each reader cuts its
     rows into batches in chunk order. Yields ``{name: tensor}`` batches plus ``"index"`` (row numbers).
-    Use with ``DataLoader(dataset, batch_size=None)``; the rank comes from ``torch.distributed``."""
+    Use with ``DataLoader(dataset, batch_size=None)``; the rank comes from ``torch.distributed``.
+    ``rows``: use only the first ``rows`` rows (a whole number of chunks, or all rows)."""
 
     def __init__(
         self,
@@ -80,12 +115,15 @@ class NaiveChunkSplit(IterableDataset):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        rows: int | None = None,
     ):
-        from zarrtorch.layout import check_first_axis_layout
+        from zarrtorch.layout import check_first_axis_layout, restrict_rows
         from zarrtorch.source import open_arrays
 
         self.arrays = open_arrays(source, arrays)
         self.layout = check_first_axis_layout(self.arrays)
+        if rows is not None:
+            _, self.layout = restrict_rows(self.layout, (0, rows))
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = rank, world_size
@@ -168,9 +206,10 @@ def run_rank(
     epochs: int = 1,
     inputs: str = "fields",
     target: str = "target",
+    rows: int | None = None,
 ) -> dict:
-    """Join the process group, train ``epochs`` epochs, and return this rank's summary (never raises for a
-    collective that fails: the failure is the result)."""
+    """Join the process group, train ``epochs`` epochs on the first ``rows`` rows (default: all), and return
+    this rank's summary (never raises for a collective that fails: the failure is the result)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -189,14 +228,16 @@ def run_rank(
         "batch_size": batch_size,
         "num_workers": num_workers,
         "epochs": epochs,
+        "rows": rows,
     }
     if split == "naive":
-        dataset = NaiveChunkSplit(store, batch_size=batch_size, arrays=[inputs, target])
+        dataset = NaiveChunkSplit(store, batch_size=batch_size, arrays=[inputs, target], rows=rows)
         loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
     else:
         from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
-        dataset = ZarrIterableDataset(store, arrays=[inputs, target], seed=seed, return_index=True)
+        window = None if rows is None else (0, int(rows))
+        dataset = ZarrIterableDataset(store, arrays=[inputs, target], seed=seed, return_index=True, row_range=window)
         loader = ZarrDataLoader(dataset, batch_size=batch_size, drop_last=True, num_workers=num_workers)
     in_channels = int(dataset.arrays[inputs].shape[1])
     model = DistributedDataParallel(TinyModel(in_channels))
@@ -265,12 +306,15 @@ def launch(
     target: str = "target",
     python: str | None = None,
     wall_limit_s: float | None = None,
+    rows: int | None = None,
 ) -> list[dict]:
     """Start ``world_size`` rank processes on 127.0.0.1 and return their summaries, rank by rank.
 
-    A rank that dies without a summary is reported with ``status="crashed"``, its exit code and the end of
-    its stderr; ranks still running after ``wall_limit_s`` (default: a generous multiple of ``timeout_s``)
-    are killed and reported with ``status="killed"``.
+    ``rows``: train on the first ``rows`` rows only (see :func:`demo_rows`). A rank that dies without a
+    summary is reported with ``status="crashed"``, its exit code and the end of its stderr; ranks still
+    running after ``wall_limit_s`` (default: a generous multiple of ``timeout_s``) are killed and reported
+    with ``status="killed"``. Every summary has ``elapsed_s`` (for those two, the time until the launcher
+    gave up on the rank).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -307,6 +351,9 @@ def launch(
         "--init-method",
         init_method,
     ]
+    if rows is not None:
+        args += ["--rows", str(int(rows))]
+    started = time.perf_counter()
     procs = [
         subprocess.Popen(args + ["--rank", str(r)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(world_size)
@@ -319,15 +366,17 @@ def launch(
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            results.append({"split": split, "rank": r, "status": "killed", "stderr_tail": err[-2000:]})
+            results.append({"split": split, "rank": r, "status": "killed", "stderr_tail": err[-2000:],
+                            "elapsed_s": round(time.perf_counter() - started, 2)})  # fmt: skip
             continue
         lines = [ln[len(RESULT_PREFIX) :] for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
         if lines:
             results.append(json.loads(lines[-1]))
         else:
             results.append(
-                {"split": split, "rank": r, "status": "crashed", "returncode": p.returncode, "stderr_tail": err[-2000:]}
-            )
+                {"split": split, "rank": r, "status": "crashed", "returncode": p.returncode,
+                 "stderr_tail": err[-2000:], "elapsed_s": round(time.perf_counter() - started, 2)}
+            )  # fmt: skip
     return results
 
 
@@ -343,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--inputs", default="fields")
     p.add_argument("--target", default="target")
+    p.add_argument("--rows", type=int, default=None, help="train on the first ROWS rows only (whole chunks)")
     p.add_argument("--rank", type=int, default=None, help="run one rank (used by the launcher)")
     p.add_argument("--init-method", default=None, help="tcp://host:port (used by the launcher)")
     a = p.parse_args(argv)
@@ -356,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=a.epochs,
         inputs=a.inputs,
         target=a.target,
+        rows=a.rows,
     )
     if a.rank is None:
         results = launch(store=a.store, **common)
