@@ -1,7 +1,7 @@
 """Re-execute the committed notebooks in place on the tiny data (what nbval then checks), in this Python.
 
     python scripts/refresh_notebooks.py             # every notebook
-    python scripts/refresh_notebooks.py 02 06       # those whose names start so
+    python scripts/refresh_notebooks.py 02 06 A1    # those whose names start so (lessons 00-06, appendices A1...)
 
 For maintainers, after a change that alters a notebook's outputs; ``make course`` runs copies instead.
 """
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
 
     make_data("tiny", progress=False)
     failed = 0
-    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted((ROOT / "notebooks").glob("[0-9A-Z][0-9]_*.ipynb")):
         if argv and not any(path.name.startswith(prefix) for prefix in argv):
             continue
         nb = nbformat.read(path, as_version=4)

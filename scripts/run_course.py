@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = data_dir(a.size) / "executed"
     out_dir.mkdir(parents=True, exist_ok=True)
-    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9A-Z][0-9]_*.ipynb"))
     if a.only:
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(pfx) for pfx in a.only)]
     for nb_path in notebooks:
