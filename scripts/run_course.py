@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     for nb_path in notebooks:
         nb = nbformat.read(nb_path, as_version=4)
         client = NotebookClient(
-            nb, timeout=a.timeout, kernel_name="python3", resources={"metadata": {"path": str(nb_path.parent)}}
+            nb, timeout=a.timeout, kernel_name="zarrtorch", resources={"metadata": {"path": str(nb_path.parent)}}
         )
         start = time.perf_counter()
         print(f"[course] {nb_path.name} ...", flush=True)
