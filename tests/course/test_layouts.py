@@ -180,3 +180,16 @@ def test_zarr_reader_on_xarray_store(tmp_path):
         assert sorted(r.names) == ["fields", "target"] and r.chunk_rows == 6 and r.rows == 24
         np.testing.assert_array_equal(r.read_row(5)["target"], ds.target.values[5])
     assert layouts.sample_latency(tmp_path / "a.zarr", n=3)["samples"] == 3
+
+
+def test_sweep_lengths_cover_the_same_chunk_sizes_for_any_row_size():
+    # the course presets: 40 KiB rows (tiny, small) and 640 KiB rows (workshop)
+    assert layouts.sweep_lengths(40 * 2**10) == [8, 16, 32, 64, 128, 256]
+    assert layouts.sweep_lengths(640 * 2**10) == [1, 2, 4, 8, 16]
+    assert layouts.sweep_lengths(40 * 2**10, rows=100) == [8, 16, 32, 64]
+    for row in (40 * 2**10, 640 * 2**10, 3_000_000):
+        mb = [c * row / layouts.MB for c in layouts.sweep_lengths(row)]
+        assert all(m <= 12 for m in mb) and (all(m >= 0.25 for m in mb) or mb == [row / layouts.MB])
+    assert layouts.sweep_lengths(20 * 10**6) == [1]  # one row is already larger than max_mb
+    with pytest.raises(ValueError):
+        layouts.sweep_lengths(0)

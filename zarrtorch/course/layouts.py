@@ -70,6 +70,20 @@ def row_nbytes(arrays: Mapping[str, Any]) -> int:
     return row_bytes(arrays)
 
 
+def sweep_lengths(row_bytes: int, *, min_mb: float = 0.25, max_mb: float = 12.0, rows: int | None = None) -> list[int]:
+    """Chunk lengths (powers of two, in rows) whose chunks hold between ``min_mb`` and ``max_mb`` MB
+    (10**6 bytes, every array together), and at most ``rows`` rows when given: the same range of chunk
+    sizes whatever the size of one row, so the sweep of lesson 01 costs about the same on every dataset."""
+    if row_bytes < 1 or not 0 < min_mb <= max_mb:
+        raise ValueError(f"need row_bytes >= 1 and 0 < min_mb <= max_mb, got {row_bytes}, {min_mb}, {max_mb}")
+    out, c = [], 1
+    while c * row_bytes <= max_mb * MB and (rows is None or c <= rows):
+        if c * row_bytes >= min_mb * MB:
+            out.append(c)
+        c *= 2
+    return out or [1]
+
+
 def disk_usage(path: str | Path) -> dict:
     """``{"bytes": ..., "files": ...}`` of a file or of every file below a folder."""
     path = Path(path)
