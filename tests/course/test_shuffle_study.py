@@ -81,3 +81,13 @@ def test_sweep_records():
     assert recs[1]["chunk_diversity"] > recs[3]["chunk_diversity"]
     with pytest.raises(ValueError):
         shuffle_study.sweep(100, chunk_rows=[8], batch_size=4)
+
+
+def test_fitting_buffers_drop_buffers_larger_than_the_store():
+    from zarrtorch.course.shuffle_study import fitting_buffers
+
+    # the tiny store: 1,460 rows in chunks of 64; 32 chunks = 2,048 rows would never fill
+    assert fitting_buffers(1460, 64, [1, 2, 4, 8, 16, 32]) == [1, 2, 4, 8, 16]
+    assert fitting_buffers(18_980, 64, [1, 2, 4, 8, 16, 32]) == [1, 2, 4, 8, 16, 32]
+    assert fitting_buffers(100, 64, [0, 1, 2]) == [1]
+    assert fitting_buffers(10, 64, [1, 2]) == []

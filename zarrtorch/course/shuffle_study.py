@@ -90,6 +90,12 @@ def buffer_memory_bytes(
     return held * chunk_rows * row_bytes
 
 
+def fitting_buffers(rows: int, chunk_rows: int, buffer_chunks: Iterable[int]) -> list[int]:
+    """The buffer sizes (in chunks) whose rows fit in a store of ``rows`` rows: a larger buffer can never
+    fill, so it only costs memory, and a sweep that includes it shows a plateau that is an artefact."""
+    return [int(k) for k in buffer_chunks if int(k) >= 1 and int(k) * int(chunk_rows) <= int(rows)]
+
+
 def sweep(
     rows: int,
     *,
