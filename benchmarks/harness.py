@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch.course.measure import batch_len
 from zarrtorch.course.memory import MemorySampler, descendants
+from zarrtorch.roofline import paced, warmup_batches
 from zarrtorch.sizes import ceil_div, row_bytes
 
 SAMPLE_SHAPE = (16, 32, 32)  # float32: 64 KiB per sample
@@ -326,6 +327,27 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     return {"epochs": epochs, "buffer_chunks": ds.buffer_chunks, "variant": variant}
 
 
+def run_paced(spec: dict, sampler: MemorySampler) -> dict:
+    """Is a training step kept waiting? Epoch 1 in a tight loop gives the loader's own top rate (after the
+    first batch); epoch 2 is consumed by a step that sleeps (the CPU idle, as while an accelerator computes)
+    long enough to ask for ``spec['pace']`` of that rate. Reports the share of epoch 2's wall time (after its
+    first batch) spent waiting in ``next(loader)``, and the share once the shuffle buffers are full."""
+    w = spec["workers"]
+    kwargs = {"persistent_workers": True} if w > 0 else {}
+    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
+    loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
+    epochs = timed_epochs(loader, spec, sampler, 1, set_epoch=True)
+    top = epochs[0]["steady_samples_per_s"] or epochs[0]["samples_per_s"]
+    step_s = spec["batch_size"] / (spec["pace"] * top)
+    loader.set_epoch(1)
+    it = iter(loader)
+    next(it)
+    result = paced(it, step_s, len(loader) - 1, warmup_batches(ds.buffer_chunks, w) - 1)
+    del it, loader
+    pace = {"top_samples_per_s": top, "step_ms": 1e3 * step_s, "pace": spec["pace"]}
+    return {"epochs": epochs, "paced": pace | result}
+
+
 def run_reference(spec: dict, sampler: MemorySampler) -> dict:
     """zarr-torch-dataset 0.0.9 as its README shows it (chunk shuffle with a shared seed, buffer shuffle).
     Its ZarrDataLoader always uses persistent workers; an 'epoch' is one more ``iter(loader)``."""
@@ -383,6 +405,7 @@ RUNNERS = {
     "l0": run_l0,
     "zarrtorch": run_zarrtorch,
     "prototype": run_zarrtorch,
+    "paced": run_paced,
     "cache": run_zarrtorch,  # cache=True: the rows a process read stay in RAM for the next epochs
     "reference": run_reference,
     "naive": run_naive,

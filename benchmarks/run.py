@@ -47,6 +47,8 @@ TARGET_TTFB_CHUNKS = 3  # time to first batch, in single-thread chunk reads
 FLAT_TOLERANCE = 0.25  # "flat when the array grows": at most +25% (plus one chunk read for times,
 FLAT_SLACK_MIB = 16  # 16 MiB for memory, below the noise of sampling)
 TARGET_NAIVE_RATIO = 50
+PACE = 0.8  # the paced run: a sleeping step that asks for 80% of the loader's own top rate
+TARGET_DATA_WAIT = 0.02  # ... waits for data at most 2% of the wall time
 
 
 # --------------------------------------------------------------------------------------------------
@@ -129,6 +131,7 @@ def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
         specs += [{"kind": "reference", "workers": w, **loaders} for w in (0, 2)]
         if first:
             specs += [{"kind": "cache", "workers": w, **loaders} for w in (0, 2)]
+        specs += [{"kind": "paced", "workers": w, "pace": PACE, **store} for w in (0, 2)]
         if args.prototypes:
             specs += [{"kind": "prototype", "workers": w, "variant": v, **loaders} for w, v in PROTOTYPES.items()]
         if first:
@@ -151,6 +154,7 @@ def label_of(kind: str, par: int) -> str:
         "numpy": f"numpy in RAM, {par} workers",
         "prototype": f"zarrtorch transport={PROTOTYPES.get(par)}, {par} workers",
         "cache": f"zarrtorch cache=True, {par} workers",
+        "paced": f"zarrtorch, {par} workers, step at {PACE:.0%} of its top rate",
     }[kind]
 
 
@@ -185,6 +189,10 @@ def summarize(runs: list[dict]) -> list[dict]:
             epochs.append(med)
         out.append({"size": size, "kind": kind, "par": par, "label": label_of(kind, par), "epochs": epochs})
         out[-1] |= {"rows": rs[0]["spec"]["rows"], "repeats": len(rs)}
+        paced = [r["result"]["paced"] for r in rs if "paced" in r["result"]]
+        if paced:
+            out[-1]["paced"] = {k: _median([p[k] for p in paced]) for k in paced[0]}
+            out[-1]["paced"]["repeats"] = [p["data_wait_share"] for p in paced]
     return out
 
 
@@ -291,6 +299,16 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
             rate >= TARGET_L0_RATIO * l0,
             f"[variant, not the default] every epoch >= {TARGET_L0_RATIO}x L0 (2 threads)",
             f"{pbest['label']}: slowest epoch {rate:,.0f}/s = {rate / l0:.2f}x L0",
+        )
+    for s in (s for s in summary if s["kind"] == "paced"):
+        p, size = s["paced"], "" if s["size"] == "1x" else f" ({s['rows']} rows)"
+        steady = _f(p["steady_data_wait_share"], "{:.1%}")
+        add(
+            p["data_wait_share"] <= TARGET_DATA_WAIT,
+            f"{s['label']}{size}: waiting for data <= {TARGET_DATA_WAIT:.0%} of the wall time",
+            f"{p['data_wait_share']:.1%} of the epoch after its first batch; {steady} once "
+            f"the shuffle buffers are full (step {p['step_ms']:.1f} ms per batch; top rate "
+            f"{p['top_samples_per_s']:,.0f}/s; repeats {', '.join(f'{v:.1%}' for v in p['repeats'])})",
         )
     if best and naive:
         nbest = max(naive, key=lambda s: s["epochs"][0]["samples_per_s"])

@@ -10,13 +10,13 @@ starts an epoch. Lightning calls ``set_epoch`` on a loader's sampler, so the sam
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from zarrtorch.dataset import ZarrIterableDataset
+from zarrtorch.epoch_sampler import EpochSampler
 from zarrtorch.process import distributed_topology
 from zarrtorch.resume import Segment
 from zarrtorch.ring import make_ring, pin_copy
@@ -26,32 +26,14 @@ from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 from zarrtorch.workahead import WorkAhead
 
 
-class EpochSampler(Sampler):
-    """The sampler of an iterable-style DataLoader (it yields ``None`` forever), plus ``set_epoch``.
-
-    It holds the loader by weak reference: a loader -> sampler -> loader cycle would leave the workers'
-    queues to the cyclic garbage collector, which closes them before the iterator can tell persistent
-    workers to stop, and every shutdown then waits out DataLoader's 5 s join timeout per worker."""
-
-    def __init__(self, loader: ZarrDataLoader):
-        self._loader = weakref.ref(loader)
-
-    def __iter__(self):
-        while True:
-            yield None
-
-    def set_epoch(self, epoch: int) -> None:
-        loader = self._loader()
-        if loader is not None:
-            loader.set_epoch(epoch)
-
-
 class EpochIterator:
     """One epoch of a :class:`ZarrDataLoader`: counts the batches handed out (for ``state_dict``) and stops
     the workers at once when one of them fails."""
 
     def __init__(self, inner, loader: ZarrDataLoader):
-        self._inner = inner
+        ahead = isinstance(inner, WorkAhead)
+        self._inner = inner.inner if ahead else inner  # DataLoader's own iterator
+        self._next = inner.__next__ if ahead else lambda: loader.receive(next(inner))  # received there
         self._loader = loader
 
     def __iter__(self):
@@ -59,7 +41,7 @@ class EpochIterator:
 
     def __next__(self):
         try:
-            batch = self._loader.receive(next(self._inner))
+            batch = self._next()
         except StopIteration:
             self._loader._finished_epoch()
             raise
@@ -89,8 +71,9 @@ class ZarrDataLoader(DataLoader):
     ``rows // (world_size * batch_size)`` full batches; with ``drop_last=False`` every row is read once,
     plus fewer than ``world_size`` rows repeated so that all ranks yield the same number of batches.
     ``rank``/``world_size`` override ``torch.distributed`` (to simulate ranks in one process).
-    ``work_ahead``: with ``num_workers=0``, batches assembled ahead of the consumer in a background thread
-    (each holds one batch of memory; 0 turns it off). ``transport``: how batches leave the workers:
+    ``work_ahead``: batches handed over from a background thread that stays this many batches ahead of the
+    consumer (with ``num_workers=0`` it assembles them; with workers it receives them); each holds one batch
+    of memory in the main process; 0 turns it off. ``transport``: how batches leave the workers:
     ``"queue"`` DataLoader's own way (a new shared-memory segment per batch); ``"ring"`` preallocated
     shared-memory slots wrapped without a copy, a batch valid until 3 more were handed out
     (:mod:`zarrtorch.ring`). Default: the ring with ``pin_memory`` on an accelerator, else the queue.
@@ -118,7 +101,8 @@ class ZarrDataLoader(DataLoader):
         self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers))
         self.epoch_state = EpochState()
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
-        self.ring = make_ring(dataset, self.config, kwargs.get("prefetch_factor") or 2, transport, pinned)
+        prefetch = kwargs.get("prefetch_factor") or 2
+        self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport, pinned)
         dataset.attach(self.config, self.epoch_state, self.ring)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
@@ -130,6 +114,7 @@ class ZarrDataLoader(DataLoader):
         self._epoch_set_since_last = True
         self._history: tuple[Segment, ...] = ()  # this epoch's segments on earlier topologies
         self._pending_state: LoaderCheckpoint | None = None
+        self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
         # what the loader has yielded is then ahead of what was trained); see ZarrDataModule
         self.consumed_batches: Callable[[], int | None] | None = None
@@ -164,6 +149,9 @@ class ZarrDataLoader(DataLoader):
         return sum(seg.batches for seg in self._history) + self._plan(*self.topology()).batches
 
     def __iter__(self):
+        if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
+            self._stop_work_ahead, stop = None, self._stop_work_ahead
+            stop()
         if self._pending_state is not None:
             self._apply_state()
         rank, world = self.topology()
@@ -188,8 +176,9 @@ class ZarrDataLoader(DataLoader):
             inner = super().__iter__()
         finally:
             self.dataset._loader_starting = False
-        if self.num_workers == 0 and self.work_ahead > 0:
-            inner = WorkAhead(inner, self.work_ahead)
+        if self.work_ahead > 0:
+            inner = WorkAhead(inner, self.work_ahead, convert=self.receive)
+            self._stop_work_ahead = inner.stopper()
         return EpochIterator(inner, self)
 
     def receive(self, batch):

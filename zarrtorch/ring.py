@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-REF = "__zarrtorch_ring__"  # the key of the small tensor a worker sends instead of a batch
+REF = "__zarrtorch_ring__"  # the key of what a worker sends instead of a batch: [worker, slot, rows]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class BatchRing:
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"worker {worker} found none of its {self.shape.slots} batch slots freed for {self.wait_s:g} s: "
-                    "batches are views of shared slots, freed once the loader has handed out "
+                    "batches are views of shared slots, freed once the loader has received "
                     f"{self.hold} more batches. Iterate on (a stalled consumer?), or copy batches you keep."
                 )
             time.sleep(0.0005)
@@ -79,8 +79,10 @@ class BatchRing:
         """Where a worker writes a batch of ``rows`` rows: one array per column."""
         return {name: t.numpy()[worker, slot, :rows] for name, t in self.data.items()}
 
-    def reference(self, worker: int, slot: int, rows: int) -> dict[str, torch.Tensor]:
-        return {REF: torch.tensor([worker, slot, rows], dtype=torch.int64)}
+    def reference(self, worker: int, slot: int, rows: int) -> dict[str, list[int]]:
+        """Plain ints, pickled by value: a tensor would travel through a shared-memory segment and a file
+        descriptor of its own, which costs the main process about a millisecond per batch."""
+        return {REF: [int(worker), int(slot), int(rows)]}
 
     # -- main side ----------------------------------------------------------------------------------
     def receive(self, batch: dict, keep: set[str] | None = None, copy=None) -> dict[str, torch.Tensor]:
@@ -123,18 +125,19 @@ class RingWriter:
         self._last = (slot, rows)
         return self.ring.slot_arrays(self.worker, slot, rows)
 
-    def reference(self) -> dict[str, torch.Tensor]:
+    def reference(self) -> dict[str, list[int]]:
         slot, rows = self._last
         return self.ring.reference(self.worker, slot, rows)
 
 
 def ring_slots(prefetch_factor: int, hold: int) -> int:
     """Slots per worker that never make a worker wait on a consumer that keeps up: the batches DataLoader
-    lets a worker have in flight, the ones the consumer may still hold, and the one being written."""
+    lets a worker have in flight, the ones received and not yet freed, and the one being written."""
     return prefetch_factor + hold + 1
 
 
-def make_ring(dataset, config, prefetch_factor: int, transport: str | None, pinned: bool) -> BatchRing | None:
+def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport: str | None,
+              pinned: bool) -> BatchRing | None:  # fmt: skip
     """The ring for a loader, or ``None`` where batches do not go through one: ``transport="queue"`` (the
     default unless batches are copied into pinned memory anyway), no workers, or a ``transform``/``stack``
     that changes what a batch holds after it is gathered."""
@@ -145,8 +148,11 @@ def make_ring(dataset, config, prefetch_factor: int, transport: str | None, pinn
     columns = (("index", (), "int64"),) + tuple(
         (name, tuple(a.shape[1:]), str(np.dtype(a.dtype))) for name, a in dataset.arrays.items()
     )
-    shape = RingShape(config.num_workers, ring_slots(prefetch_factor, 3), config.batch_size, columns)
-    return BatchRing(shape, hold=3)
+    # batches are received in the work-ahead thread, up to work_ahead (+1 in its hands) before the consumer
+    # gets them: a slot is freed that much later, so that it is still 3 batches after the consumer's
+    hold = 3 + (work_ahead + 1 if work_ahead else 0)
+    shape = RingShape(config.num_workers, ring_slots(prefetch_factor, hold), config.batch_size, columns)
+    return BatchRing(shape, hold=hold)
 
 
 def pin_copy(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,9 +1,10 @@
-"""Assemble batches ahead of the consumer in a background thread, for a loader without worker processes.
+"""Hand batches to the consumer from a background thread that stays a few batches ahead.
 
 With ``num_workers=0`` a DataLoader builds a batch only when the training loop asks for it, so the
-accelerator waits for every batch. A thread that stays ``depth`` batches ahead lets the next batches be read,
-decoded and shuffled while the step runs (decoding releases the GIL, and so does a GPU step). Worker processes
-already work ahead (DataLoader's ``prefetch_factor``).
+accelerator waits for every batch: the thread reads, decodes and shuffles the next ones while the step runs
+(decoding releases the GIL, and so does a GPU step). With worker processes the batches are built ahead
+already, but receiving one (DataLoader's queues, unpickling, a file descriptor per tensor) still costs the
+main process about a millisecond; the thread takes that off the step too.
 """
 
 from __future__ import annotations
@@ -11,20 +12,23 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class WorkAhead:
-    """Iterate ``inner`` in a daemon thread, at most ``depth`` items ahead. Errors reach the consumer with
-    their traceback; dropping the iterator (a ``break``) stops the thread within a tenth of a second."""
+    """Iterate ``inner`` in a daemon thread, at most ``depth`` items ahead, each passed through ``convert``
+    there when given. Errors reach the consumer with
+    their traceback; dropping the iterator (a ``break``) stops the thread within a tenth of a second once
+    its current item is in; :meth:`close` stops it and waits for that."""
 
-    def __init__(self, inner: Iterator, depth: int):
+    def __init__(self, inner: Iterator, depth: int, convert: Callable | None = None):
+        self.inner = inner
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(depth)))
         self._stop = threading.Event()
         self._finished = False
-        thread = threading.Thread(target=_produce, args=(inner, self._queue, self._stop), daemon=True,
-                                  name="zarrtorch-work-ahead")  # fmt: skip
-        thread.start()
+        self._thread = threading.Thread(target=_produce, args=(inner, convert, self._queue, self._stop), daemon=True,
+                                        name="zarrtorch-work-ahead")  # fmt: skip
+        self._thread.start()
         weakref.finalize(self, self._stop.set)  # the thread holds no reference to self
 
     def __iter__(self):
@@ -38,7 +42,33 @@ class WorkAhead:
             return item
         self._finished = True
         self._stop.set()
-        raise item
+        if isinstance(item, StopIteration):
+            raise StopIteration  # a fresh one: the stored one, raised here, would hold this frame in a cycle
+        try:
+            raise item
+        finally:
+            item = None  # the error's traceback holds this frame: no cycle back to the error
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the thread and wait until it no longer touches ``inner`` (before ``inner`` is reused, as a
+        DataLoader reuses its iterator with persistent workers)."""
+        self._finished = True
+        self.stopper()(timeout_s)
+
+    def stopper(self):
+        """``close`` without a reference to this iterator (so that holding it does not keep it alive)."""
+        stop, thread = self._stop, self._thread
+        return lambda timeout_s=60.0: _stop_and_join(stop, thread, timeout_s)
+
+
+def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: float) -> None:
+    stop.set()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RuntimeError(
+            f"the work-ahead thread still waits for a batch after {timeout_s:g} s: a worker is stuck; "
+            "restart the loader (a new ZarrDataLoader), or pass work_ahead=0 to debug without the thread"
+        )
 
 
 def _put(q: queue.Queue, stop: threading.Event, item) -> bool:
@@ -51,9 +81,11 @@ def _put(q: queue.Queue, stop: threading.Event, item) -> bool:
     return False
 
 
-def _produce(inner: Iterator, q: queue.Queue, stop: threading.Event) -> None:
+def _produce(inner: Iterator, convert: Callable | None, q: queue.Queue, stop: threading.Event) -> None:
     try:
         for item in inner:
+            if convert is not None:
+                item = convert(item)
             if not _put(q, stop, (True, item)):
                 return
         last = (False, StopIteration())

@@ -4,6 +4,8 @@ documented; a worker that finds no free slot says why instead of hanging."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -89,21 +91,34 @@ def test_early_breaks_with_persistent_workers_leak_no_slot(store):
         np.testing.assert_array_equal(b.numpy(), rows)
 
 
-def test_views_stay_valid_until_three_more_batches_were_handed_out(store):
+def _slot_of(ring: BatchRing, column: torch.Tensor) -> tuple[int, int]:
+    """(worker, slot) of a batch the ring handed out, from where its view starts."""
+    base = ring.data["index"]
+    k = (column.data_ptr() - base.data_ptr()) // (base.shape[2] * base.element_size())
+    return divmod(int(k), base.shape[1])
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_views_stay_valid_until_three_more_batches_were_handed_out(store, ahead):
+    """With work_ahead, batches are received by a thread ahead of the consumer: the slots must still be
+    held as long as the consumer may hold the batch."""
     ds = ZarrIterableDataset(store, seed=4, buffer_chunks=2, return_index=True)
-    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=1, transport="ring")
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=1, transport="ring", work_ahead=ahead)
     it = iter(loader)
     first = next(it)
-    snapshot = first["index"].clone()
-    ring = loader.ring
-    slot = ring._handed[-1]
-    generation = int(ring.generation)
-    for _ in range(ring.hold - 1):  # the consumer may hold `hold` batches: this one and hold - 1 newer
-        next(it)
-        np.testing.assert_array_equal(first["index"].numpy(), snapshot.numpy())  # still valid...
-        assert int(ring.busy[slot]) == generation and slot in ring._handed  # ... because its slot is held
-    next(it)  # the hold-th newer batch: the first one's slot is handed back to the worker
-    assert slot not in ring._handed
+    ring, snapshot = loader.ring, first["index"].clone()
+    slot, generation = _slot_of(ring, first["index"]), int(ring.generation)
+    newer = [next(it) for _ in range(2)]  # the consumer holds the first batch and two newer ones
+    time.sleep(0.5)  # the worker and the work-ahead thread run as far ahead as they are allowed to
+    np.testing.assert_array_equal(first["index"].numpy(), snapshot.numpy())
+    assert int(ring.busy[slot]) == generation  # still held: no worker may write into it
+    if ahead == 0:  # without the thread, the third newer batch frees it at once
+        newer.append(next(it))
+        assert int(ring.busy[slot]) == 0
+    planned = ds.batch_row_ids(epoch=0, num_workers=1, batch_size=BATCH, drop_last=False)
+    got = [first, *newer]
+    for b, rows in zip(got, planned, strict=False):
+        np.testing.assert_array_equal(b["index"].numpy(), rows)
     del it
 
 

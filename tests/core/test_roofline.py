@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from zarrtorch import prepare_zarr
-from zarrtorch.roofline import measure_loader, roofline
+from zarrtorch.roofline import measure_loader, paced, roofline, warmup_batches
 
 
 @pytest.fixture(scope="module", params=["zstd", "none"])
@@ -44,6 +44,18 @@ def test_data_wait_share_falls_when_the_step_is_long(store):
     slow = measure_loader(store, batch_size=16, num_workers=2, decode_threads=1, buffer_chunks=2, batches=8,
                           step_s=0.05)  # fmt: skip
     assert fast["data_wait_share"] > 0.5 > slow["data_wait_share"]
+
+
+def test_warmup_batches_follow_the_buffer_doubling():
+    # the buffer holds 1, 2, 4, 8 chunks before batches 0-3 of each worker: full from its 4th batch on
+    assert [warmup_batches(b, 1) for b in (1, 2, 3, 4, 8, 9)] == [1, 2, 3, 3, 4, 5]
+    assert warmup_batches(8, 2) == 8 and warmup_batches(8, 0) == 4
+
+
+def test_paced_counts_every_batch_and_the_steady_part_only_when_there_is_one():
+    result = paced(iter([{"x": np.zeros(3)} for _ in range(6)]), 0.0, limit=10, warmup=2)
+    assert result["rows"] == 18 and 0.0 <= result["steady_data_wait_share"] <= 1.0
+    assert paced(iter([{"x": np.zeros(3)}]), 0.0, limit=5, warmup=2)["steady_data_wait_share"] is None
 
 
 def test_cli(store):

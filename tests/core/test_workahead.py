@@ -1,5 +1,6 @@
 """Work ahead (zarrtorch.workahead): with num_workers=0, batches are assembled while the consumer is busy;
-errors reach the consumer; a consumer that stops early leaves no thread behind; batches are unchanged."""
+with workers, they are received there; errors reach the consumer; a consumer that stops early leaves no
+thread behind; batches are unchanged, across epochs of persistent workers too."""
 
 from __future__ import annotations
 
@@ -47,6 +48,50 @@ def test_batches_are_built_while_the_consumer_is_busy(store, ahead):
     else:
         time.sleep(0.3)
         assert PRODUCED == ["MainThread"]
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_with_workers_batches_are_received_while_the_consumer_is_busy(store, ahead):
+    ds = ZarrIterableDataset(store, seed=1)
+    loader = ZarrDataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork", work_ahead=ahead)
+    received, receive = [], loader.receive
+
+    def recording(batch):
+        received.append(threading.current_thread().name)
+        return receive(batch)
+
+    loader.receive = recording
+    it = iter(loader)
+    next(it)
+    if ahead:
+        assert wait_until(lambda: len(received) >= 1 + ahead), "nothing was received ahead"
+        assert set(received) == {"zarrtorch-work-ahead"}
+    else:
+        time.sleep(0.5)
+        assert received == ["MainThread"]
+    del it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["queue", "ring"])
+def test_persistent_workers_same_batches_with_and_without(store, transport):
+    """Early breaks, then whole epochs: the thread of a broken epoch is stopped before DataLoader's
+    iterator is reused, and every epoch gives the planned batches."""
+    ds = ZarrIterableDataset(store, seed=5, buffer_chunks=2, return_index=True)
+    kw = dict(batch_size=8, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
+    loader = ZarrDataLoader(ds, transport=transport, work_ahead=3, **kw)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for i, _ in enumerate(loader):
+            if i == 2 + epoch:
+                break
+    for epoch in (3, 4):
+        loader.set_epoch(epoch)
+        got = [b["index"].clone() for b in loader]
+        planned = ds.batch_row_ids(epoch=epoch, num_workers=2, batch_size=8, drop_last=False)
+        assert len(got) == len(planned)
+        for b, rows in zip(got, planned, strict=True):
+            np.testing.assert_array_equal(b.numpy(), rows)
 
 
 def test_same_batches_with_and_without(store):
