@@ -174,6 +174,52 @@ def reference_rows_per_rank(rows: int, chunk_rows: int, world_size: int, seed: i
     return out
 
 
+COMPARISON_BUDGET_MB = 1024  # the reference reads everything in every process: at most this much per process
+
+
+def comparison_rows(rows: int, chunk_rows: int, row_nbytes: int, *, batch_size: int, world_size: int = 2,
+                    seed: int = 0, budget_mb: float = COMPARISON_BUDGET_MB) -> int:  # fmt: skip
+    """How many of the first rows the comparison uses: all of them when they fit ``budget_mb`` (decoded), else
+    whole chunks plus half a chunk (a partial last chunk, as the course stores have), the largest that fits
+    and still deals the reference's ranks unequal batch counts (what the appendix shows)."""
+    if rows * row_nbytes <= budget_mb * 2**20:
+        return rows
+    fit = max(1, min(int(budget_mb * 2**20 // (chunk_rows * row_nbytes)), rows // chunk_rows) - 1)
+    for k in range(fit, 0, -1):
+        n = k * chunk_rows + chunk_rows // 2
+        if len({r // batch_size for r in reference_rows_per_rank(n, chunk_rows, world_size, seed=seed)}) > 1:
+            return n
+    return fit * chunk_rows + chunk_rows // 2
+
+
+def comparison_store(store, *, batch_size: int, world_size: int = 2, seed: int = 0,
+                     budget_mb: float = COMPARISON_BUDGET_MB):  # fmt: skip
+    """The store itself when it fits the budget, else a copy of its first :func:`comparison_rows` rows written
+    beside it (once; same chunks), so that no process holds more than the budget of the reference's rows."""
+    from pathlib import Path
+
+    import zarr
+
+    store = Path(store)
+    group = zarr.open_group(str(store), mode="r")
+    names = sorted(name for name, arr in group.arrays() if arr.ndim > 1)  # the data, not the coordinates
+    first = group[names[0]]
+    row_nbytes = sum(int(np.prod(group[n].shape[1:])) * group[n].dtype.itemsize for n in names)
+    rows = comparison_rows(first.shape[0], first.chunks[0], row_nbytes, batch_size=batch_size,
+                           world_size=world_size, seed=seed, budget_mb=budget_mb)  # fmt: skip
+    if rows == first.shape[0]:
+        return store
+    target = store.with_name(f"{store.stem}_first_{rows}_rows.zarr")
+    if not (target / "zarr.json").exists():
+        import xarray as xr
+
+        from zarrtorch import prepare_zarr
+
+        ds = xr.open_zarr(store).isel({first.metadata.dimension_names[0]: slice(0, rows)})
+        prepare_zarr(ds, target, chunk_rows=first.chunks[0], variables=names, overwrite=True, progress=False)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zarrtorch.course.reference_compare",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
