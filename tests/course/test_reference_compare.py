@@ -47,3 +47,38 @@ def test_two_ranks_unequal_batches_stop_ddp(store):
     assert [r["train"]["status"] for r in ours] == ["ok", "ok"]
     assert ours[0]["epochs"][0]["batches"] == ours[1]["epochs"][0]["batches"] == 200 // 16
     assert not set(ours[0]["epochs"][0]["rows"]) & set(ours[1]["epochs"][0]["rows"])
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "workshop"])
+def test_the_comparison_fits_its_budget_at_every_size(size):
+    """The course presets' numbers, cheaply: all rows while they fit 1 GiB, else a partial last chunk and
+    reference batch counts that still differ between the 2 ranks (what the appendix shows)."""
+    from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
+
+    preset, chunk = PRESETS[size], TRAIN_CHUNK_ROWS[size]
+    rows = rc.comparison_rows(preset.n_time, chunk, preset.sample_nbytes, batch_size=32)
+    if preset.n_time * preset.sample_nbytes <= rc.COMPARISON_BUDGET_MB * 2**20:
+        assert rows == preset.n_time
+    else:
+        assert rows * preset.sample_nbytes <= rc.COMPARISON_BUDGET_MB * 2**20 and rows % chunk == chunk // 2
+        assert len({r // 32 for r in rc.reference_rows_per_rank(rows, chunk, 2)}) == 2
+
+
+def test_comparison_store_copies_the_first_rows(tmp_path):
+    xr = pytest.importorskip("xarray")
+    from zarrtorch import prepare_zarr
+
+    x = np.arange(200 * 16, dtype=np.float32).reshape(200, 4, 4)
+    ds = xr.Dataset({"fields": (("time", "y", "x"), x), "target": (("time",), np.arange(200, dtype=np.float32))})
+    store = tmp_path / "train.zarr"
+    prepare_zarr(ds, store, chunk_rows=16, progress=False)
+    assert rc.comparison_store(store, batch_size=8) == store  # small enough: the store itself
+    budget = 100 * 17 * 4 / 2**20  # room for 100 rows of fields + target
+    window = rc.comparison_store(store, batch_size=8, budget_mb=budget)
+    expected_rows = rc.comparison_rows(200, 16, 17 * 4, batch_size=8, budget_mb=budget)
+    assert window != store and expected_rows % 16 == 8 and expected_rows <= 100
+    g = zarr.open_group(str(window), mode="r")
+    assert g["fields"].shape == (expected_rows, 4, 4) and g["fields"].chunks[0] == 16
+    np.testing.assert_array_equal(g["fields"][:], x[:expected_rows])
+    np.testing.assert_array_equal(g["target"][:], np.arange(expected_rows, dtype=np.float32))
+    assert rc.comparison_store(store, batch_size=8, budget_mb=budget) == window  # written once, reused

@@ -198,25 +198,24 @@ def comparison_store(store, *, batch_size: int, world_size: int = 2, seed: int =
     beside it (once; same chunks), so that no process holds more than the budget of the reference's rows."""
     from pathlib import Path
 
-    import zarr
+    import xarray as xr
+
+    from zarrtorch import prepare_zarr
 
     store = Path(store)
-    group = zarr.open_group(str(store), mode="r")
-    names = sorted(name for name, arr in group.arrays() if arr.ndim > 1)  # the data, not the coordinates
-    first = group[names[0]]
-    row_nbytes = sum(int(np.prod(group[n].shape[1:])) * group[n].dtype.itemsize for n in names)
-    rows = comparison_rows(first.shape[0], first.chunks[0], row_nbytes, batch_size=batch_size,
-                           world_size=world_size, seed=seed, budget_mb=budget_mb)  # fmt: skip
+    ds = xr.open_zarr(store)
+    names = sorted(ds.data_vars)  # the data, not the coordinates
+    first = ds[names[0]]
+    dim, chunk_rows = first.dims[0], first.encoding["chunks"][0]
+    row_nbytes = sum(ds[n].dtype.itemsize * int(np.prod(ds[n].shape[1:])) for n in names)
+    rows = comparison_rows(first.shape[0], chunk_rows, row_nbytes, batch_size=batch_size, world_size=world_size,
+                           seed=seed, budget_mb=budget_mb)  # fmt: skip
     if rows == first.shape[0]:
         return store
     target = store.with_name(f"{store.stem}_first_{rows}_rows.zarr")
     if not (target / "zarr.json").exists():
-        import xarray as xr
-
-        from zarrtorch import prepare_zarr
-
-        ds = xr.open_zarr(store).isel({first.metadata.dimension_names[0]: slice(0, rows)})
-        prepare_zarr(ds, target, chunk_rows=first.chunks[0], variables=names, overwrite=True, progress=False)
+        prepare_zarr(ds.isel({dim: slice(0, rows)}), target, chunk_rows=chunk_rows, variables=names, overwrite=True,
+                     progress=False)  # fmt: skip
     return target
 
 
