@@ -25,6 +25,10 @@ EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
     ("1x", "cache", 2): 2,
     ("1x", "reference", 0): 2,
     ("1x", "reference", 2): 2,
+    ("1x", "paced", 0): 1,  # epoch 1 in a tight loop; epoch 2 paced, reported under "paced"
+    ("1x", "paced", 2): 1,
+    ("big", "paced", 0): 1,
+    ("big", "paced", 2): 1,
     ("1x", "naive", 0): 1,
     ("1x", "naive", 2): 1,
     ("1x", "numpy", 0): 1,
@@ -76,6 +80,13 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert data["meta"]["l0_2_threads_samples_per_s"] > 0
     assert data["targets"] and all(isinstance(t["pass"], bool) for t in data["targets"])
     assert all(Path(info["path"]).exists() for info in data["stores"].values())
+    for s in data["summary"]:
+        if s["kind"] == "paced":  # the step asks for 80% of the top rate measured in the same process
+            p = s["paced"]
+            assert p["pace"] == 0.8 and p["step_ms"] > 0 and p["rows"] > 0
+            assert abs(p["step_ms"] / 1e3 - 16 / (0.8 * p["top_samples_per_s"])) < 1e-9  # --tiny: batch 16
+            assert 0.0 <= p["data_wait_share"] <= 1.0
+    assert sum("waiting for data" in t["target"] for t in data["targets"]) == 4
 
 
 @pytest.mark.slow
