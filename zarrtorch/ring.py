@@ -5,8 +5,8 @@ faults and a copy in the worker), a file descriptor passed, a mapping in the mai
 several MiB that costs about as much CPU as decoding them (``benchmarks/README.md``). Here every worker
 owns a ring of batch slots allocated once, in shared memory, by the main process; the worker gathers a
 batch's rows straight into its next free slot and sends only ``(worker, slot, rows)``; the main process
-wraps the slot as tensors without copying (with 2 workers on the benchmark array: 216 CPU us/sample
-against 289 through the queue).
+wraps the slot as tensors without copying (with 2 workers on the 1 GiB benchmark array: 142 CPU us/sample
+against 236-272 through the queue).
 
 **Batch lifetime.** A batch's tensors are views of a slot, valid until the loader has handed out ``hold``
 (3) more batches; an epoch's start also frees every slot. ``list(loader)`` would therefore hold overwritten
