@@ -74,11 +74,11 @@ def test_comparison_store_copies_the_first_rows(tmp_path):
     prepare_zarr(ds, store, chunk_rows=16, progress=False)
     assert rc.comparison_store(store, batch_size=8) == store  # small enough: the store itself
     budget = 100 * 17 * 4 / 2**20  # room for 100 rows of fields + target
-    window = rc.comparison_store(store, batch_size=8, budget_mb=budget)
+    window = rc.comparison_store(store, batch_size=8, budget_mb=budget, out_dir=tmp_path / "scratch")
     expected_rows = rc.comparison_rows(200, 16, 17 * 4, batch_size=8, budget_mb=budget)
-    assert window != store and expected_rows % 16 == 8 and expected_rows <= 100
+    assert window.parent == tmp_path / "scratch" and expected_rows % 16 == 8 and expected_rows <= 100
     g = zarr.open_group(str(window), mode="r")
     assert g["fields"].shape == (expected_rows, 4, 4) and g["fields"].chunks[0] == 16
     np.testing.assert_array_equal(g["fields"][:], x[:expected_rows])
     np.testing.assert_array_equal(g["target"][:], np.arange(expected_rows, dtype=np.float32))
-    assert rc.comparison_store(store, batch_size=8, budget_mb=budget) == window  # written once, reused
+    assert rc.comparison_store(store, batch_size=8, budget_mb=budget, out_dir=window.parent) == window  # reused

@@ -193,9 +193,10 @@ def comparison_rows(rows: int, chunk_rows: int, row_nbytes: int, *, batch_size: 
 
 
 def comparison_store(store, *, batch_size: int, world_size: int = 2, seed: int = 0,
-                     budget_mb: float = COMPARISON_BUDGET_MB):  # fmt: skip
+                     budget_mb: float = COMPARISON_BUDGET_MB, out_dir=None):  # fmt: skip
     """The store itself when it fits the budget, else a copy of its first :func:`comparison_rows` rows written
-    beside it (once; same chunks), so that no process holds more than the budget of the reference's rows."""
+    once (same chunks) in ``out_dir`` (default: beside the store; a hub's shared data may be read-only), so
+    that no process holds more than the budget of the reference's rows."""
     from pathlib import Path
 
     import xarray as xr
@@ -212,7 +213,7 @@ def comparison_store(store, *, batch_size: int, world_size: int = 2, seed: int =
                            seed=seed, budget_mb=budget_mb)  # fmt: skip
     if rows == first.shape[0]:
         return store
-    target = store.with_name(f"{store.stem}_first_{rows}_rows.zarr")
+    target = Path(out_dir or store.parent) / f"{store.stem}_first_{rows}_rows.zarr"
     if not (target / "zarr.json").exists():
         prepare_zarr(ds.isel({dim: slice(0, rows)}), target, chunk_rows=chunk_rows, variables=names, overwrite=True,
                      progress=False)  # fmt: skip
