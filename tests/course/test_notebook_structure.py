@@ -134,3 +134,25 @@ def test_structure_check_notices_a_visible_solution(tmp_path):
     path.write_text(json.dumps(nb))
     with pytest.raises(AssertionError, match="not hidden"):
         test_exercises_have_an_answer_cell_and_a_hidden_solution(path)
+
+
+MACHINE_PATH = re.compile(r"(?<![\w$}])/(?:tmp|home|root|work|Users|private|var/folders)/[^\s'\"]+")
+
+
+def _output_text(cell: dict) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append("".join(out.get("text", "")))
+        parts.append("".join(out.get("data", {}).get("text/plain", "")))
+        parts.append("\n".join(out.get("traceback", [])))
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + APPENDICES, ids=lambda p: p.name)
+def test_committed_outputs_name_no_machine_path(path):
+    """An absolute path of the machine that ran the notebook (a temporary folder, a home) means nothing to a
+    learner, and nbval only passes it because sanitize.cfg rewrites such paths."""
+    found = [
+        (i, m.group(0)) for i, c in enumerate(_load(path)["cells"]) for m in MACHINE_PATH.finditer(_output_text(c))
+    ]
+    assert not found, f"{path.name}: machine paths in outputs (cell, path): {found[:5]}"
