@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch.course.measure import batch_len
 from zarrtorch.course.memory import MemorySampler, descendants
-from zarrtorch.roofline import paced, warmup_batches
+from zarrtorch.pacing import paced_epoch
 from zarrtorch.sizes import ceil_div, row_bytes
 
 SAMPLE_SHAPE = (16, 32, 32)  # float32: 64 KiB per sample
@@ -309,22 +309,30 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
     return {"epochs": [out]}
 
 
+def zarrtorch_loader(spec: dict, cache: bool = False, **loader_options) -> ZarrDataLoader:
+    """The benchmark's zarrtorch loader: shuffled, seed 0, ``drop_last``, persistent workers if any."""
+    w = spec["workers"]
+    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, cache=cache)
+    persistent = {"persistent_workers": True} if w > 0 else {}
+    return ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **persistent,
+                          **loader_options)  # fmt: skip
+
+
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers (kind ``cache``: with
     ``cache=True``); ``spec['variant']``: another ``transport`` (``queue``, ``ring-views``), or the patch
     of ``prototypes.PATCHES`` applied first."""
     w, variant = spec["workers"], spec.get("variant")
-    receive = None
-    kwargs = {"persistent_workers": True} if w > 0 else {}
+    receive, kwargs = None, {}
     if variant in prototypes.TRANSPORTS:
         kwargs["transport"] = variant
     elif variant:
         receive = prototypes.PATCHES[variant](workers=w, batch_size=spec["batch_size"], row_shape=SAMPLE_SHAPE)
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, cache=spec["kind"] == "cache")
-    loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
+    loader = zarrtorch_loader(spec, cache=spec["kind"] == "cache", **kwargs)
     epochs = timed_epochs(loader, spec, sampler, spec["epochs"], set_epoch=True, receive=receive)
+    buffer_chunks = loader.dataset.buffer_chunks
     del loader
-    return {"epochs": epochs, "buffer_chunks": ds.buffer_chunks, "variant": variant}
+    return {"epochs": epochs, "buffer_chunks": buffer_chunks, "variant": variant}
 
 
 def run_paced(spec: dict, sampler: MemorySampler) -> dict:
@@ -332,18 +340,13 @@ def run_paced(spec: dict, sampler: MemorySampler) -> dict:
     first batch); epoch 2 is consumed by a step that sleeps (the CPU idle, as while an accelerator computes)
     long enough to ask for ``spec['pace']`` of that rate. Reports the share of epoch 2's wall time (after its
     first batch) spent waiting in ``next(loader)``, and the share once the shuffle buffers are full."""
-    w = spec["workers"]
-    kwargs = {"persistent_workers": True} if w > 0 else {}
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0)
-    loader = ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **kwargs)
+    loader = zarrtorch_loader(spec)
     epochs = timed_epochs(loader, spec, sampler, 1, set_epoch=True)
     top = epochs[0]["steady_samples_per_s"] or epochs[0]["samples_per_s"]
     step_s = spec["batch_size"] / (spec["pace"] * top)
     loader.set_epoch(1)
-    it = iter(loader)
-    next(it)
-    result = paced(it, step_s, len(loader) - 1, warmup_batches(ds.buffer_chunks, w) - 1)
-    del it, loader
+    result = paced_epoch(loader, step_s)
+    del loader
     pace = {"top_samples_per_s": top, "step_ms": 1e3 * step_s, "pace": spec["pace"]}
     return {"epochs": epochs, "paced": pace | result}
 

@@ -103,6 +103,8 @@ class ZarrDataLoader(DataLoader):
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         prefetch = kwargs.get("prefetch_factor") or 2
         self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport, pinned)
+        self._ring_keep = None if dataset.return_index else set(dataset.arrays)  # what receive() keeps of a slot
+        self._ring_copy = pin_copy if pinned else None
         dataset.attach(self.config, self.epoch_state, self.ring)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
@@ -185,8 +187,7 @@ class ZarrDataLoader(DataLoader):
         """A batch as the consumer gets it: views of its ring slot when it came through one."""
         if self.ring is None:
             return batch
-        keep = None if self.dataset.return_index else set(self.dataset.arrays)
-        return self.ring.receive(batch, keep, copy=pin_copy if self.pin_memory and torch.cuda.is_available() else None)
+        return self.ring.receive(batch, self._ring_keep, copy=self._ring_copy)
 
     def _finished_epoch(self) -> None:
         self._epoch_done = True

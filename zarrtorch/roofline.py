@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,6 +21,7 @@ import torch
 
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.loader import ZarrDataLoader
+from zarrtorch.pacing import paced_epoch
 from zarrtorch.process import available_cpus
 
 
@@ -149,47 +149,13 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
     return stored / rows, rows / max(read_s, 1e-9), rows / max(decode_s, 1e-9)
 
 
-def paced(batches, step_s: float, limit: int, warmup: int = 0) -> dict:
-    """Take up to ``limit`` batches from a started iterator, sleeping ``step_s`` after each (the CPU idle, as
-    while an accelerator computes): rows/s and the share of the wall time spent waiting in ``next()``, over
-    all batches and over those after the first ``warmup`` (while the shuffle buffers fill, a batch needs
-    more reads than later: :func:`warmup_batches`)."""
-    waits, rows = [], 0
-    start = time.perf_counter()
-    steady_start = start
-    for i in range(limit):
-        if i == warmup:
-            steady_start = time.perf_counter()
-        t0 = time.perf_counter()
-        batch = next(batches, None)
-        if batch is None:
-            break
-        waits.append(time.perf_counter() - t0)
-        rows += len(next(iter(batch.values())))
-        del batch
-        if step_s:
-            time.sleep(step_s)
-    end = time.perf_counter()
-    wall, steady_wall = max(end - start, 1e-9), max(end - steady_start, 1e-9)
-    return {"rows": rows, "wall_s": wall, "rows_per_s": rows / wall, "data_wait_share": sum(waits) / wall,
-            "steady_data_wait_share": sum(waits[warmup:]) / steady_wall if len(waits) > warmup else None}  # fmt: skip
-
-
-def warmup_batches(buffer_chunks: int, num_workers: int) -> int:
-    """Batches of an epoch during which the shuffle buffers fill (each doubles per batch, from one chunk)."""
-    return max(1, num_workers) * (math.ceil(math.log2(max(1, buffer_chunks))) + 1)
-
-
 def measure_loader(store, *, batch_size: int, num_workers: int, decode_threads: int, buffer_chunks: int,
                    batches: int, step_s: float = 0.0, **dataset_options) -> dict:  # fmt: skip
     """Rows/s after the first batch (and, with ``step_s``, the share of wall time spent in ``next(loader)``
     while the consumer sleeps ``step_s`` per batch, as an accelerator step would)."""
     ds = ZarrIterableDataset(store, decode_threads=decode_threads, buffer_chunks=buffer_chunks, **dataset_options)
     loader = ZarrDataLoader(ds, batch_size=batch_size, drop_last=True, num_workers=num_workers)
-    it = iter(loader)
-    next(it)  # start-up: opening, workers, the first reads
-    result = paced(it, step_s, min(batches, len(loader) - 1), warmup_batches(buffer_chunks, num_workers) - 1)
-    del it
+    result = paced_epoch(loader, step_s, batches)
     return {"num_workers": num_workers, "decode_threads": decode_threads, "buffer_chunks": buffer_chunks,
             "rows_per_s": result["rows_per_s"], "data_wait_share": result["data_wait_share"],
             "steady_data_wait_share": result["steady_data_wait_share"]}  # fmt: skip

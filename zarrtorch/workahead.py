@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterator
 
 class WorkAhead:
     """Iterate ``inner`` in a daemon thread, at most ``depth`` items ahead, each passed through ``convert``
-    there when given. Errors reach the consumer with
-    their traceback; dropping the iterator (a ``break``) stops the thread within a tenth of a second once
-    its current item is in; :meth:`close` stops it and waits for that."""
+    there when given. Errors reach the consumer with their traceback; dropping the iterator (a ``break``)
+    stops the thread within a tenth of a second once its current item is in; :meth:`stopper` also waits."""
 
     def __init__(self, inner: Iterator, depth: int, convert: Callable | None = None):
         self.inner = inner
@@ -49,14 +48,10 @@ class WorkAhead:
         finally:
             item = None  # the error's traceback holds this frame: no cycle back to the error
 
-    def close(self, timeout_s: float = 60.0) -> None:
-        """Stop the thread and wait until it no longer touches ``inner`` (before ``inner`` is reused, as a
-        DataLoader reuses its iterator with persistent workers)."""
-        self._finished = True
-        self.stopper()(timeout_s)
-
     def stopper(self):
-        """``close`` without a reference to this iterator (so that holding it does not keep it alive)."""
+        """A function that stops the thread and waits until it no longer touches ``inner`` (before ``inner`` is
+        reused, as DataLoader reuses its iterator with persistent workers); it holds no reference to this
+        iterator, so keeping it does not keep the iterator alive."""
         stop, thread = self._stop, self._thread
         return lambda timeout_s=60.0: _stop_and_join(stop, thread, timeout_s)
 

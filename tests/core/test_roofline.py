@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from zarrtorch import prepare_zarr
-from zarrtorch.roofline import measure_loader, paced, roofline, warmup_batches
+from zarrtorch.pacing import paced, warmup_batches
+from zarrtorch.roofline import measure_loader, roofline
 
 
 @pytest.fixture(scope="module", params=["zstd", "none"])

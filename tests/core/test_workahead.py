@@ -36,18 +36,23 @@ def wait_until(condition, seconds=10.0):
     return condition()
 
 
+def assert_done_where_expected(threads: list[str], ahead: int, what: str) -> None:
+    """``threads``: the thread that did ``what`` for each batch, after the consumer took its first batch."""
+    if ahead:
+        assert wait_until(lambda: len(threads) >= 1 + ahead), f"nothing was {what} ahead"
+        assert set(threads) == {"zarrtorch-work-ahead"}
+    else:
+        time.sleep(0.5)
+        assert threads == ["MainThread"]
+
+
 @pytest.mark.parametrize("ahead", [0, 2])
 def test_batches_are_built_while_the_consumer_is_busy(store, ahead):
     PRODUCED.clear()
     ds = ZarrIterableDataset(store, seed=1, transform=count_batches)
     it = iter(ZarrDataLoader(ds, batch_size=8, work_ahead=ahead))
     next(it)
-    if ahead:
-        assert wait_until(lambda: len(PRODUCED) >= 1 + ahead), "nothing was assembled ahead"
-        assert set(PRODUCED) == {"zarrtorch-work-ahead"}
-    else:
-        time.sleep(0.3)
-        assert PRODUCED == ["MainThread"]
+    assert_done_where_expected(PRODUCED, ahead, "assembled")
 
 
 @pytest.mark.parametrize("ahead", [0, 2])
@@ -63,12 +68,7 @@ def test_with_workers_batches_are_received_while_the_consumer_is_busy(store, ahe
     loader.receive = recording
     it = iter(loader)
     next(it)
-    if ahead:
-        assert wait_until(lambda: len(received) >= 1 + ahead), "nothing was received ahead"
-        assert set(received) == {"zarrtorch-work-ahead"}
-    else:
-        time.sleep(0.5)
-        assert received == ["MainThread"]
+    assert_done_where_expected(received, ahead, "received")
     del it
 
 
