@@ -10,6 +10,7 @@ starts an epoch. Lightning calls ``set_epoch`` on a loader's sampler, so the sam
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -74,9 +75,9 @@ class ZarrDataLoader(DataLoader):
     ``work_ahead``: batches handed over from a background thread that stays this many batches ahead of the
     consumer (with ``num_workers=0`` it assembles them; with workers it receives them); each holds one batch
     of memory in the main process; 0 turns it off. ``transport``: how batches leave the workers:
-    ``"queue"`` DataLoader's own way (a new shared-memory segment per batch); ``"ring"`` preallocated
-    shared-memory slots wrapped without a copy, a batch valid until 3 more were handed out
-    (:mod:`zarrtorch.ring`). Default: the ring with ``pin_memory`` on an accelerator, else the queue.
+    ``"ring"`` (the default) preallocated shared-memory slots wrapped without a copy, each slot reused once
+    nothing references its batch any more (:mod:`zarrtorch.ring`); ``"queue"`` DataLoader's own way (a new
+    shared-memory segment per batch).
     Other DataLoader arguments (``pin_memory``,
     ``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``...) pass through.
     """
@@ -102,7 +103,7 @@ class ZarrDataLoader(DataLoader):
         self.epoch_state = EpochState()
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         prefetch = kwargs.get("prefetch_factor") or 2
-        self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport, pinned)
+        self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport)
         self._ring_keep = None if dataset.return_index else set(dataset.arrays)  # what receive() keeps of a slot
         self._ring_copy = pin_copy if pinned else None
         dataset.attach(self.config, self.epoch_state, self.ring)
@@ -117,6 +118,7 @@ class ZarrDataLoader(DataLoader):
         self._history: tuple[Segment, ...] = ()  # this epoch's segments on earlier topologies
         self._pending_state: LoaderCheckpoint | None = None
         self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
+        self._last_workers: weakref.ref | None = None  # the last epoch's DataLoader iterator, with workers
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
         # what the loader has yielded is then ahead of what was trained); see ZarrDataModule
         self.consumed_batches: Callable[[], int | None] | None = None
@@ -168,6 +170,7 @@ class ZarrDataLoader(DataLoader):
         self._plan(rank, world)  # raise here, not in a worker
         self.dataset.attach(self.config, self.epoch_state, self.ring)
         if self.ring is not None:
+            self._stop_earlier_workers()
             self.ring.start_epoch()
         earlier = sum(seg.batches for seg in self._history)
         view = EpochView(self._epoch, self._resume_skip - earlier, rank, world, self._history)
@@ -178,10 +181,18 @@ class ZarrDataLoader(DataLoader):
             inner = super().__iter__()
         finally:
             self.dataset._loader_starting = False
+        self._last_workers = weakref.ref(inner) if self.config.num_workers else None
         if self.work_ahead > 0:
             inner = WorkAhead(inner, self.work_ahead, convert=self.receive)
             self._stop_work_ahead = inner.stopper()
         return EpochIterator(inner, self)
+
+    def _stop_earlier_workers(self) -> None:
+        """Workers of an earlier epoch still running (not persistent, and their iterator still referenced)
+        would write into the ring slots this epoch's workers use: one epoch at a time per loader."""
+        earlier = self._last_workers() if self._last_workers is not None else None
+        if earlier is not None and earlier is not getattr(self, "_iterator", None):
+            stop_workers(self, earlier)
 
     def receive(self, batch):
         """A batch as the consumer gets it: views of its ring slot when it came through one."""

@@ -4,29 +4,31 @@ PyTorch moves each batch a worker yields through a queue: a new shared-memory se
 faults and a copy in the worker), a file descriptor passed, a mapping in the main process. For batches of
 several MiB that costs about as much CPU as decoding them (``benchmarks/README.md``). Here every worker
 owns a ring of batch slots allocated once, in shared memory, by the main process; the worker gathers a
-batch's rows straight into its next free slot and sends only ``(worker, slot, rows)``; the main process
-wraps the slot as tensors without copying (with 2 workers on the 1 GiB benchmark array: 142 CPU us/sample
-against 236-272 through the queue).
+batch's rows straight into a free slot and sends only ``(worker, slot, rows)``; the main process wraps the
+slot as tensors without copying (with 2 workers on the 1 GiB benchmark array: 142 CPU us/sample against
+236-272 through the queue).
 
-**Batch lifetime.** A batch's tensors are views of a slot, valid until the loader has handed out ``hold``
-(3) more batches; an epoch's start also frees every slot. ``list(loader)`` would therefore hold overwritten
-batches, which is why the ring is opt-in (``transport="ring"``) for a training loop that uses each batch
-and moves on. Keep a batch longer by copying it (``.clone()``); with ``pin_memory=True`` the loader copies
-each batch into pinned memory (a copy the queue would make too), so there is no constraint and the ring is
-the default then. A worker whose slots are all still held waits, then raises after ``wait_s`` seconds with
-this explanation.
+**Batch lifetime.** A batch is an ordinary set of tensors, valid as long as anything references it: its
+slot returns to the ring only when the last tensor (or view, or ``.numpy()`` array) of the batch is freed.
+A training loop that uses each batch and moves on recycles the slots; code that keeps batches
+(``list(loader)``) keeps their slots, and once a worker finds all of its slots held it sends its next
+batches through DataLoader's queue instead, so it never waits and never overwrites a batch. With
+``pin_memory=True`` on an accelerator the batch is copied into pinned memory and its slot freed at once.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
+from zarrtorch.pool import Lease, attach
+
 REF = "__zarrtorch_ring__"  # the key of what a worker sends instead of a batch: [worker, slot, rows]
+FREE = 0
+HELD = np.iinfo(np.int32).max  # received by the main process: only the batch's last reference frees it
 
 
 @dataclass(frozen=True)
@@ -38,124 +40,116 @@ class RingShape:
 
 
 class BatchRing:
-    """``slots`` batch slots per worker for every column; see the module's text for the batch lifetime."""
+    """``slots`` batch slots per worker for every column; see the module's text for the batch lifetime.
 
-    def __init__(self, shape: RingShape, *, hold: int = 2, wait_s: float = 300.0):
-        self.shape, self.hold, self.wait_s = shape, hold, wait_s
+    A slot's state (``busy``, shared): ``FREE``; the epoch generation whose worker wrote it (a generation
+    older than the current one means the batch was never received, as when an epoch stops early: free
+    again); ``HELD`` once the main process handed it out, until the batch's last reference is freed."""
+
+    def __init__(self, shape: RingShape):
+        self.shape = shape
         self.data = {
             name: torch.from_numpy(
                 np.zeros((shape.workers, shape.slots, shape.batch_size, *row), dtype=dtype)
             ).share_memory_()  # zeros: pages touched once here, not at every batch
             for name, row, dtype in shape.columns
         }
-        # busy[w, s] = the epoch generation that wrote the slot and has not freed it; 0 or an older
-        # generation = free (every batch of an earlier epoch was consumed or discarded before this one)
         self.busy = torch.zeros((shape.workers, shape.slots), dtype=torch.int32).share_memory_()
         self.generation = torch.zeros(1, dtype=torch.int32).share_memory_()
         self._next = 0  # worker side: the slot to try first (each worker process has its own copy)
-        self._handed: deque[tuple[int, int]] = deque()  # main side: slots of batches handed out, oldest first
+
+    @property
+    def nbytes(self) -> int:
+        """Shared memory the slots take, all workers together."""
+        return sum(t.numel() * t.element_size() for t in self.data.values())
 
     # -- worker side --------------------------------------------------------------------------------
-    def claim(self, worker: int, generation: int) -> int:
-        """The worker's next free slot, marked busy; waits while the consumer still holds them all."""
-        busy = self.busy.numpy()
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            for k in range(self.shape.slots):
-                slot = (self._next + k) % self.shape.slots
-                if busy[worker, slot] != generation:
-                    busy[worker, slot] = generation
-                    self._next = slot + 1
-                    return slot
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"worker {worker} found none of its {self.shape.slots} batch slots freed for {self.wait_s:g} s: "
-                    "batches are views of shared slots, freed once the loader has received "
-                    f"{self.hold} more batches. Iterate on (a stalled consumer?), or copy batches you keep."
-                )
-            time.sleep(0.0005)
+    def claim(self, worker: int, generation: int) -> int | None:
+        """A free slot of ``worker``, marked as written by ``generation``; ``None`` if the consumer holds
+        them all (the batch then goes through the queue)."""
+        states = self.busy.numpy()[worker]
+        for k in range(self.shape.slots):
+            slot = (self._next + k) % self.shape.slots
+            if states[slot] == FREE or states[slot] < generation:
+                states[slot] = generation
+                self._next = slot + 1
+                return slot
+        return None
 
     def slot_arrays(self, worker: int, slot: int, rows: int) -> dict[str, np.ndarray]:
         """Where a worker writes a batch of ``rows`` rows: one array per column."""
         return {name: t.numpy()[worker, slot, :rows] for name, t in self.data.items()}
 
-    def reference(self, worker: int, slot: int, rows: int) -> dict[str, list[int]]:
-        """Plain ints, pickled by value: a tensor would travel through a shared-memory segment and a file
-        descriptor of its own, which costs the main process about a millisecond per batch."""
-        return {REF: [int(worker), int(slot), int(rows)]}
+    def writer(self, worker: int) -> RingWriter:
+        return RingWriter(self, worker, int(self.generation))
 
     # -- main side ----------------------------------------------------------------------------------
-    def receive(self, batch: dict, keep: set[str] | None = None, copy=None) -> dict[str, torch.Tensor]:
-        """The batch a reference points to (a batch without one is returned as is), as views of its slot;
-        frees the slots of batches handed out ``hold`` batches ago. ``copy(batch)``, when given, makes
-        the copy the consumer gets, and the slot is freed at once."""
+    def receive(self, batch, keep: set[str] | None = None, copy=None):
+        """The batch a reference points to (a batch without one is returned as is), as tensors over its
+        slot, which stays held until the last of them is freed. ``copy(batch)``, when given, makes the
+        copy the consumer gets, and the slot is freed at once."""
         ref = batch.get(REF) if isinstance(batch, dict) else None
         if ref is None:
             return batch
         worker, slot, rows = (int(v) for v in ref)
-        out = {name: t[worker, slot, :rows] for name, t in self.data.items() if keep is None or name in keep}
+        names = [name for name in self.data if keep is None or name in keep]
         if copy is not None:
-            out = copy(out)
-            self.busy[worker, slot] = 0
+            out = copy({name: self.data[name][worker, slot, :rows] for name in names})
+            self.busy[worker, slot] = FREE
             return out
-        self._handed.append((worker, slot))
-        while len(self._handed) > self.hold:
-            self.busy[self._handed.popleft()] = 0
-        return out
+        states = self.busy.numpy()
+        states[worker, slot] = HELD
+        lease = Lease(partial(states.__setitem__, (worker, slot), FREE))  # one for the whole batch
+        return {name: torch.from_numpy(attach(self.data[name].numpy()[worker, slot, :rows], lease)) for name in names}
 
     def start_epoch(self) -> None:
-        """Before an epoch's workers start (or resume): slots written in earlier epochs count as free."""
-        self._handed.clear()
+        """Before an epoch's workers start (or resume): batches written and never received become free."""
         self.generation += 1
-
-    def writer(self, worker: int) -> RingWriter:
-        return RingWriter(self, worker, int(self.generation))
 
 
 class RingWriter:
-    """One worker's side for one epoch: ``out(rows)`` gives the arrays the next batch is gathered into,
-    ``reference()`` what to send for it."""
+    """One worker's side for one epoch: ``out(rows)`` gives the arrays the next batch is gathered into
+    (``None`` when no slot is free), ``send(batch, to_torch)`` what to send for it."""
 
     def __init__(self, ring: BatchRing, worker: int, generation: int):
         self.ring, self.worker, self.generation = ring, worker, generation
         self._last: tuple[int, int] | None = None
 
-    def out(self, rows: int) -> dict[str, np.ndarray]:
+    def out(self, rows: int) -> dict[str, np.ndarray] | None:
         slot = self.ring.claim(self.worker, self.generation)
-        self._last = (slot, rows)
-        return self.ring.slot_arrays(self.worker, slot, rows)
+        self._last = None if slot is None else (slot, rows)
+        return None if slot is None else self.ring.slot_arrays(self.worker, slot, rows)
 
-    def reference(self) -> dict[str, list[int]]:
+    def send(self, batch, to_torch):
+        """Plain ints, pickled by value, for a batch in a slot (a tensor would travel through a
+        shared-memory segment and a file descriptor of its own); the batch itself otherwise."""
+        if self._last is None:
+            return to_torch(batch)
         slot, rows = self._last
-        return self.ring.reference(self.worker, slot, rows)
+        return {REF: [int(self.worker), int(slot), int(rows)]}
 
 
-def ring_slots(prefetch_factor: int, hold: int) -> int:
-    """Slots per worker that never make a worker wait on a consumer that keeps up: the batches DataLoader
-    lets a worker have in flight, the ones received and not yet freed, and the one being written."""
-    return prefetch_factor + hold + 1
+def ring_slots(prefetch_factor: int, work_ahead: int) -> int:
+    """Slots per worker so that a consumer which keeps up never sends a batch through the queue: the
+    batches DataLoader lets a worker have in flight, those waiting in the work-ahead thread (+1 in its
+    hands), two the consumer references (the current and, during ``next()``, the previous one), one more
+    a trainer prefetches, and the one being written."""
+    return prefetch_factor + (work_ahead + 1 if work_ahead else 0) + 2 + 1 + 1
 
 
-def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport: str | None,
-              pinned: bool) -> BatchRing | None:  # fmt: skip
-    """The ring for a loader, or ``None`` where batches do not go through one: ``transport="queue"`` (the
-    default unless batches are copied into pinned memory anyway), no workers, or a ``transform``/``stack``
-    that changes what a batch holds after it is gathered."""
-    if (transport or ("ring" if pinned else "queue")) == "queue":
-        return None
-    if config.num_workers == 0 or dataset.transform is not None or dataset.stack:
+def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport: str | None) -> BatchRing | None:
+    """The ring for a loader (the default with workers), or ``None`` where batches do not go through one:
+    ``transport="queue"``, no workers, or a ``transform``/``stack`` that changes what a batch holds after
+    it is gathered."""
+    if transport == "queue" or config.num_workers == 0 or dataset.transform is not None or dataset.stack:
         return None
     columns = (("index", (), "int64"),) + tuple(
         (name, tuple(a.shape[1:]), str(np.dtype(a.dtype))) for name, a in dataset.arrays.items()
     )
-    # batches are received in the work-ahead thread, up to work_ahead (+1 in its hands) before the consumer
-    # gets them: a slot is freed that much later, so that it is still 3 batches after the consumer's
-    hold = 3 + (work_ahead + 1 if work_ahead else 0)
-    shape = RingShape(config.num_workers, ring_slots(prefetch_factor, hold), config.batch_size, columns)
-    return BatchRing(shape, hold=hold)
+    shape = RingShape(config.num_workers, ring_slots(prefetch_factor, work_ahead), config.batch_size, columns)
+    return BatchRing(shape)
 
 
 def pin_copy(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch copied into pinned memory (what ``pin_memory=True`` asks for; it also ends the slot's
-    lifetime constraint)."""
+    """The batch copied into pinned memory (what ``pin_memory=True`` asks for)."""
     return {name: t.pin_memory() for name, t in batch.items()}

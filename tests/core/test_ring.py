@@ -1,17 +1,15 @@
 """Batches through preallocated shared-memory slots (zarrtorch.ring): the same batches as DataLoader's
-queue for every start method, persistent or not, across epochs and early breaks; the views' lifetime as
-documented; a worker that finds no free slot says why instead of hanging."""
+queue for every start method, persistent or not, across epochs and early breaks, kept or dropped; a slot
+held exactly as long as its batch is referenced; a worker that finds no free slot sends through the queue."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
 import torch
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.ring import BatchRing, RingShape
+from zarrtorch.ring import FREE, HELD, BatchRing, RingShape
 
 ROWS, CHUNK, BATCH = 203, 16, 8
 
@@ -45,17 +43,21 @@ def assert_same(a, b):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("context,persistent", [("fork", False), ("fork", True), ("spawn", True)])
-def test_ring_gives_the_queues_batches(store, context, persistent):
+def test_ring_gives_the_queues_batches_kept_or_not(store, context, persistent):
+    """The ring is the default with workers. ``list(loader)`` keeps every batch (more than the ring has
+    slots): the held slots are never overwritten, the rest of the batches come through the queue."""
     ds = ZarrIterableDataset(store, seed=1, buffer_chunks=2, return_index=True)
     kw = dict(batch_size=BATCH, num_workers=2, multiprocessing_context=context, persistent_workers=persistent)
-    queue_loader = ZarrDataLoader(ds, **kw)
-    assert queue_loader.ring is None  # the default without pinned memory
+    queue_loader = ZarrDataLoader(ds, transport="queue", **kw)
+    assert queue_loader.ring is None
     via_queue = epochs(queue_loader)
-    ring_loader = ZarrDataLoader(ds, transport="ring", **kw)
+    ring_loader = ZarrDataLoader(ds, **kw)
     assert ring_loader.ring is not None
-    via_ring = epochs(ring_loader, copy=True)  # kept: copied, as documented
-    assert_same(via_ring, via_queue)
-    for epoch in via_ring:  # the batches are intact rows, paired
+    assert len(via_queue[0]) > 2 * ring_loader.ring.shape.slots  # more batches than slots
+    kept = epochs(ring_loader)  # every batch kept, no copy
+    assert_same(kept, via_queue)
+    assert_same(epochs(ring_loader, copy=True), via_queue)  # each batch dropped after its copy
+    for epoch in kept:  # the batches are intact rows, paired
         for b in epoch:
             np.testing.assert_array_equal(b["y"].numpy(), b["index"].numpy() * 5)
             np.testing.assert_array_equal(b["x"].numpy()[:, 0, 0], b["index"].numpy() * 6)
@@ -91,45 +93,68 @@ def test_early_breaks_with_persistent_workers_leak_no_slot(store):
         np.testing.assert_array_equal(b.numpy(), rows)
 
 
-def _slot_of(ring: BatchRing, column: torch.Tensor) -> tuple[int, int]:
-    """(worker, slot) of a batch the ring handed out, from where its view starts."""
+def _slot_of(ring: BatchRing, column: torch.Tensor) -> tuple[int, int] | None:
+    """(worker, slot) of a batch the ring handed out, from where its memory lies; ``None`` if elsewhere."""
     base = ring.data["index"]
-    k = (column.data_ptr() - base.data_ptr()) // (base.shape[2] * base.element_size())
+    k, rest = divmod(column.data_ptr() - base.data_ptr(), base.shape[2] * base.element_size())
+    if rest or not 0 <= k < base.shape[0] * base.shape[1]:
+        return None
     return divmod(int(k), base.shape[1])
 
 
 @pytest.mark.parametrize("ahead", [0, 2])
-def test_views_stay_valid_until_three_more_batches_were_handed_out(store, ahead):
-    """With work_ahead, batches are received by a thread ahead of the consumer: the slots must still be
-    held as long as the consumer may hold the batch."""
+def test_a_slot_stays_held_while_anything_references_its_batch(store, ahead):
+    """A view of one column, or its .numpy(), keeps the slot; the last reference freed returns it."""
     ds = ZarrIterableDataset(store, seed=4, buffer_chunks=2, return_index=True)
-    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=1, transport="ring", work_ahead=ahead)
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=1, work_ahead=ahead)
+    planned = ds.batch_row_ids(epoch=0, num_workers=1, batch_size=BATCH, drop_last=False)
     it = iter(loader)
     first = next(it)
-    ring, snapshot = loader.ring, first["index"].clone()
-    slot, generation = _slot_of(ring, first["index"]), int(ring.generation)
-    newer = [next(it) for _ in range(2)]  # the consumer holds the first batch and two newer ones
-    time.sleep(0.5)  # the worker and the work-ahead thread run as far ahead as they are allowed to
-    np.testing.assert_array_equal(first["index"].numpy(), snapshot.numpy())
-    assert int(ring.busy[slot]) == generation  # still held: no worker may write into it
-    if ahead == 0:  # without the thread, the third newer batch frees it at once
-        newer.append(next(it))
-        assert int(ring.busy[slot]) == 0
-    planned = ds.batch_row_ids(epoch=0, num_workers=1, batch_size=BATCH, drop_last=False)
-    got = [first, *newer]
-    for b, rows in zip(got, planned, strict=False):
-        np.testing.assert_array_equal(b["index"].numpy(), rows)
+    ring = loader.ring
+    slot = _slot_of(ring, first["index"])
+    assert slot is not None and int(ring.busy[slot]) == HELD
+    part, rows = first["x"][2:, 1], first["index"].numpy()  # a view of one column, an array of another
+    snapshot = part.clone()
+    del first
+    got = [next(it)["index"].clone() for _ in range(len(planned) - 1)]  # the worker runs through its ring
+    assert int(ring.busy[slot]) == HELD
+    np.testing.assert_array_equal(part.numpy(), snapshot.numpy())
+    np.testing.assert_array_equal(rows, planned[0])
+    for b, want in zip(got, planned[1:], strict=True):
+        np.testing.assert_array_equal(b.numpy(), want)
+    del part
+    assert int(ring.busy[slot]) == HELD  # the index array still references it
+    del rows
+    assert int(ring.busy[slot]) == FREE
     del it
 
 
-def test_a_worker_without_free_slots_explains_instead_of_hanging():
-    ring = BatchRing(RingShape(workers=1, slots=2, batch_size=4, columns=(("x", (3,), "float32"),)), hold=1, wait_s=0.2)
+def test_a_worker_without_free_slots_sends_through_the_queue():
+    ring = BatchRing(RingShape(workers=1, slots=2, batch_size=4, columns=(("x", (3,), "float32"),)))
     ring.start_epoch()
     writer = ring.writer(0)
-    writer.out(4)
-    writer.out(4)
-    with pytest.raises(RuntimeError, match=r"none of its 2 batch slots freed.*copy batches you keep"):
-        writer.out(4)
+    assert writer.out(4) is not None and writer.out(4) is not None
+    assert writer.out(4) is None  # both held: this batch is sent itself
+    batch = {"x": np.ones((4, 3), np.float32)}
+    assert writer.send(batch, to_torch=lambda b: ("itself", b)) == ("itself", batch)
+    ring.start_epoch()  # written, never received: free for the next epoch
+    assert ring.writer(0).out(4) is not None
+
+
+def test_starting_an_epoch_stops_the_workers_of_an_earlier_one(store):
+    """Workers of an unfinished epoch whose iterator is still referenced would write into the slots of the
+    next epoch's workers."""
+    ds = ZarrIterableDataset(store, seed=5, buffer_chunks=2, return_index=True)
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, multiprocessing_context="fork")
+    old = iter(loader)
+    next(old)
+    old_workers = old.workers
+    loader.set_epoch(1)
+    got = [b["index"].clone() for b in loader]
+    assert all(not w.is_alive() for w in old_workers)
+    planned = ds.batch_row_ids(epoch=1, num_workers=2, batch_size=BATCH, drop_last=False)
+    for b, rows in zip(got, planned, strict=True):
+        np.testing.assert_array_equal(b.numpy(), rows)
 
 
 def test_no_ring_where_a_batch_changes_after_gathering(store):
