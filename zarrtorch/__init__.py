@@ -6,6 +6,7 @@ the training entry point) and is never imported by the core.
 """
 
 from zarrtorch.audit import AuditReport, audit
+from zarrtorch.budget import MemoryBudget, loader_memory
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
@@ -22,6 +23,7 @@ __all__ = [
     "FirstAxisLayout",
     "LayoutError",
     "LoaderCheckpoint",
+    "MemoryBudget",
     "RankPlan",
     "ZarrDataLoader",
     "ZarrIterableDataset",
@@ -29,5 +31,6 @@ __all__ = [
     "audit",
     "check_first_axis_layout",
     "epoch_plan",
+    "loader_memory",
     "prepare_zarr",
 ]

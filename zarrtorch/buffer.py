@@ -78,7 +78,7 @@ class SlotBuffer:
     """Applies schedule steps to named columns (the row ids always, the data arrays when reading), and
     keeps its own fill level (``filled``: slots ``[0, filled)`` hold rows).
 
-    ``read(n)`` must return the next ``n`` stream rows as a list of dicts column -> array, consumed in
+    ``read(n)`` must return the next ``n`` stream rows as an iterable of dicts column -> array, consumed in
     order (:meth:`zarrtorch.cursor.RowCursor.read`).
     """
 
@@ -127,16 +127,16 @@ class SlotBuffer:
 
     def apply(self, step: Step, read, out=None) -> dict[str, np.ndarray]:
         """Run one step and return its batch (fresh arrays, or the arrays ``out(rows)`` returns, gathered
-        into directly: :mod:`zarrtorch.ring`).
+        into directly, unless it returns ``None``: :mod:`zarrtorch.ring`).
 
         Refilling the slots a batch freed is deferred to the start of the next step: the batch is already
         a copy and the stream is read in the same order, so every batch is identical, but a batch never
         waits for the rows that will replace it (the first batch needs one chunk read, not two)."""
         self.flush()
         if step.direct:
-            segments = read(step.direct)
-            if out is not None:
-                dest = out(step.direct)
+            segments = list(read(step.direct))
+            dest = out(step.direct) if out is not None else None
+            if dest is not None:
                 return {name: np.concatenate([s[name] for s in segments], out=dest[name]) for name in segments[0]}
             if len(segments) == 1:
                 return dict(segments[0])
@@ -144,8 +144,8 @@ class SlotBuffer:
         if step.append:
             self._write(slice(self.filled, self.filled + step.append), read(step.append))
             self.filled += step.append
-        if out is not None:
-            dest = out(len(step.take))
+        dest = out(len(step.take)) if out is not None else None
+        if dest is not None:
             batch = {n: np.take(c, step.take, axis=0, out=dest[n], mode="clip") for n, c in self.slots.items()}
         else:
             batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}

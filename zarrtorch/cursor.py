@@ -33,7 +33,12 @@ class RowCursor:
 
     def read(self, n: int) -> list[dict[str, np.ndarray]]:
         """The next ``n`` rows, as one segment per piece touched: ``{"index": row ids, name: rows...}``."""
-        out = []
+        return list(self.stream(n))
+
+    def stream(self, n: int) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`read`, one segment at a time: a consumer that copies each segment before asking for the
+        next one holds one piece's decoded chunk, not all those ``n`` rows touch (the warm-up of a
+        shuffle buffer asks for several chunks at once). Consume it fully before the next read."""
         while n > 0:
             lo, hi = (int(v) for v in self.pieces[self.piece])
             if self._chunks is not None and self._data is None:
@@ -42,9 +47,9 @@ class RowCursor:
             segment = {"index": np.arange(lo + a, lo + b, dtype=np.int64)}
             if self._data is not None:
                 segment.update((name, column[a:b]) for name, column in self._data.items())
-            out.append(segment)
             n -= b - a
             self.offset = b
             if b == hi - lo:
                 self.piece, self.offset, self._data = self.piece + 1, 0, None
-        return out
+            yield segment
+            segment = None

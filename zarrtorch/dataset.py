@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarrtorch.buffer import buffer_rng, rank_batches
+from zarrtorch.buffer import INDEX_ONLY, buffer_rng, rank_batches
 from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
+from zarrtorch.pool import Pools
 from zarrtorch.process import cpu_share
 from zarrtorch.reader import PieceReader
 from zarrtorch.resume import EpochSpec, resumed_plan
@@ -96,7 +97,7 @@ class ZarrIterableDataset(IterableDataset):
                        requests_in_flight=requests_in_flight)  # fmt: skip
         self.retry = retry or RetryPolicy()
         self.arrays = open_arrays(source, arrays, storage_options=storage_options, timeout_s=self.retry.timeout_s)
-        self._arrays_pid = os.getpid()
+        self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
         self.layout = check_first_axis_layout(self.arrays, allow_shards=allow_shards)
         self.stack = check_stack(stack, self.arrays)
         self.row_offset = 0
@@ -228,22 +229,22 @@ class ZarrIterableDataset(IterableDataset):
         threads = self.decode_threads or cpu_share(n_workers)
         if self.cache and (self._cache_store is None or self._cache_owner != logical):
             self._cache_store, self._cache_owner = {}, logical  # rows of another share would never be reused
-        if self._arrays_pid != os.getpid():  # a worker (or a fork of one): its own connections
-            self.arrays, self._arrays_pid = for_this_process(self.arrays), os.getpid()
+        if self._arrays_pid != os.getpid():  # a worker (or a fork of one): its own connections and buffers
+            self.arrays, self._arrays_pid, self._pools = for_this_process(self.arrays), os.getpid(), Pools()
         reader = PieceReader(
             self.arrays, self.chunk_rows, threads=threads, prefetch=self.in_flight(threads), policy=self.retry,
-            check_missing=self.check_chunks, cache=self._cache_store if self.cache else None,
+            check_missing=self.check_chunks, cache=self._cache_store if self.cache else None, pools=self._pools,
         )  # fmt: skip
         rng = self._buffer_rng(view.epoch, view.rank, logical, plan.segment)
         columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
         writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
+        out = writer.out if writer is not None else self._pools.batches(cfg.batch_size, {**INDEX_ONLY, **columns})
         batches = stream_batches(
             reader, plan.workers[logical], columns, row_offset=self.row_offset, buffer_rows=self.buffer_rows,
-            warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache,
-            out=writer.out if writer is not None else None,
+            warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache, out=out,
         )  # fmt: skip
         if writer is not None:  # the batch is in a shared slot: send where (zarrtorch.ring)
-            return (writer.reference() for _ in batches)
+            return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
 
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

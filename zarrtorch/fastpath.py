@@ -10,7 +10,9 @@ through zarr as usual.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,12 +22,15 @@ import zarr
 from zarr.codecs import BytesCodec, ZstdCodec
 
 from zarrtorch.fetch import RetryPolicy, get_bytes
+from zarrtorch.pool import Pools
 
 
-def direct_decoder(arr: zarr.Array, policy: RetryPolicy | None = None) -> Callable[..., np.ndarray] | None:
+def direct_decoder(
+    arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None
+) -> Callable[..., np.ndarray] | None:
     """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into a
-    fresh full-chunk array, or ``None`` when ``arr`` is not stored in the simple layout this shortcut
-    understands."""
+    full-chunk array from a pool (:mod:`zarrtorch.pool`: reused once nothing references it), or ``None``
+    when ``arr`` is not stored in the simple layout this shortcut understands."""
     store = arr.store_path.store
     if getattr(arr, "shards", None) is not None:
         return None
@@ -43,20 +48,34 @@ def direct_decoder(arr: zarr.Array, policy: RetryPolicy | None = None) -> Callab
     shape = tuple(arr.chunks)
     zstd = numcodecs.Zstd()
     read = _local_reader(store) if isinstance(store, zarr.storage.LocalStore) else _remote_reader(store, policy)
+    chunk_buffer = (pools or Pools()).chunks(shape, dtype)
 
     def decode(key: str, raw: bytes | None = None) -> np.ndarray:
         if raw is None:
             raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
-        out = np.empty(shape, dtype=dtype)
+        out = chunk_buffer()
         zstd.decode(raw, out=out)
         return out
 
     return decode
 
 
-def _local_reader(store: zarr.storage.LocalStore) -> Callable[[str], bytes]:
+def _local_reader(store: zarr.storage.LocalStore) -> Callable[[str], memoryview]:
+    """Reads a chunk file into a buffer of the calling thread's, reused for its next chunk (the bytes are
+    decoded before that thread reads again)."""
     root = Path(str(store.root))
-    return lambda key: (root / key).read_bytes()
+    mine = threading.local()
+
+    def read(key: str) -> memoryview:
+        with open(root / key, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if len(getattr(mine, "buffer", b"")) < size:
+                mine.buffer = bytearray(size)  # grows to the thread's largest chunk file
+            view = memoryview(mine.buffer)[:size]
+            got = fh.readinto(view)
+        return view[:got]
+
+    return read
 
 
 def _remote_reader(store, policy: RetryPolicy | None) -> Callable[[str], bytes]:

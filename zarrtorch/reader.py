@@ -18,6 +18,7 @@ from zarr.core.sync import sync
 
 from zarrtorch.fastpath import direct_decoder
 from zarrtorch.fetch import RetryPolicy, get_many, with_retries
+from zarrtorch.pool import Pools
 from zarrtorch.source import is_local
 
 
@@ -27,7 +28,8 @@ class ChunkReadError(RuntimeError):
 
 class PieceReader:
     """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead (the requests in flight),
-    in ``max(threads, prefetch - 1)`` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`)."""
+    in ``max(threads, prefetch - 1)`` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`);
+    decoded chunks come from ``pools`` (:mod:`zarrtorch.pool`; the process's, kept across epochs)."""
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class PieceReader:
         check_missing: bool = True,
         cache: dict | None = None,
         policy: RetryPolicy | None = None,
+        pools: Pools | None = None,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -47,7 +50,7 @@ class PieceReader:
         self.check_missing = check_missing
         self.cache = cache
         self.policy = policy or RetryPolicy()
-        self._direct = {name: direct_decoder(arr, self.policy) for name, arr in arrays.items()}
+        self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
 

@@ -53,7 +53,7 @@ def stream_batches(
     cursor.attach(reader.iter_pieces(pieces[cursor.piece :]))
     try:
         for step in steps:
-            batch = buf.apply(step, cursor.read, out)
+            batch = buf.apply(step, cursor.stream, out)  # one piece at a time into the buffer
             if copy_direct and step.direct and out is None:
                 batch = {name: arr.copy() for name, arr in batch.items()}
             yield batch

@@ -162,3 +162,53 @@ def test_memory_bound_per_worker(tracked, tmp_path):
         assert rep["peak_pieces"] <= THREADS + 2
         assert rep["peak_piece_bytes"] + rep["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
         assert rep["reads_before_first_batch"] <= THREADS + 2
+
+
+def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monkeypatch):
+    """Without workers, the main process never holds more batches than ``loader_memory`` counts, even with a
+    slow consumer that keeps the previous batch (the work-ahead queue full, its thread waiting to put)."""
+    import time
+
+    from zarrtorch.budget import loader_memory
+
+    live, peak = [0], [0]
+
+    def drop():
+        live[0] -= 1
+
+    to_torch = ZarrIterableDataset._to_torch
+
+    def counted(self, batch):
+        out = to_torch(self, batch)
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(out["x"], drop)
+        return out
+
+    monkeypatch.setattr(ZarrIterableDataset, "_to_torch", counted)
+    ds = ZarrIterableDataset(make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, decode_threads=1)
+    loader = ZarrDataLoader(ds, batch_size=16, work_ahead=2)
+    budget = loader_memory(loader)
+    previous = None
+    for batch in loader:
+        time.sleep(0.01)  # the step: the work-ahead thread fills its queue meanwhile
+        previous, batch = batch, None  # noqa: F841 (the consumer keeps the last batch)
+    assert 0 < peak[0] <= budget.batches == 2 + 1 + 2
+    assert budget.ring == 0 and budget.readers == 1
+    assert budget.per_reader == ds.worker_memory_bytes(decode_threads=1)
+    assert budget.total == budget.per_reader + budget.batches * 16 * (ds.row_bytes + 8)
+
+
+def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
+    """With workers the ring's slots are the batches in flight and in the main process; DataLoader's own
+    queue instead adds ``prefetch_factor`` batches per worker to the main process's share."""
+    from zarrtorch.budget import loader_memory
+
+    ds = ZarrIterableDataset(make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, decode_threads=1)
+    ring = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2))
+    slots = ZarrDataLoader(ds, batch_size=16, num_workers=2).ring
+    assert ring.ring == slots.nbytes == 2 * slots.shape.slots * 16 * (ds.row_bytes + 8)
+    assert ring.batches == 0 and ring.readers == 2
+    queue = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2, transport="queue", prefetch_factor=3))
+    assert queue.ring == 0 and queue.batches == 2 + 1 + 2 + 2 * 3
+    assert queue.total == 2 * queue.per_reader + queue.batches * queue.batch_bytes

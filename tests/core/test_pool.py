@@ -1,0 +1,119 @@
+"""Pooled buffers (zarrtorch.pool): a buffer is reused only once nothing references it any more, whatever
+holds it (a slice, a tensor made by torch.from_numpy, that tensor's .numpy()); a pool never waits; the
+decoded chunks of the direct read path and the batches of a loader without workers come from pools."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import numpy as np
+import torch
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.cursor import RowCursor
+from zarrtorch.fastpath import direct_decoder
+from zarrtorch.pool import Pool, Pools, array_pool, batch_pool
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+HOLDERS = {
+    "a slice": lambda a: a[1:],
+    "a tensor": lambda a: torch.from_numpy(a[2:]),
+    "the tensor's .numpy()": lambda a: torch.from_numpy(a).numpy()[:1],
+}
+
+
+def test_buffer_returns_only_after_its_last_reference():
+    take = array_pool((4, 3), np.float32, keep=1)
+    for name, make_holder in HOLDERS.items():
+        first = take()
+        where = address(first)
+        holder = make_holder(first)
+        del first
+        gc.collect()
+        other = take()  # the holder alone keeps the buffer out of the pool: a new one
+        assert address(other) != where, name
+        del holder
+        gc.collect()
+        again = take()
+        assert address(again) == where, name  # free again: reused
+        del again, other
+
+
+def test_pool_makes_a_new_buffer_instead_of_waiting_and_keeps_at_most_keep():
+    made = []
+    pool = Pool(lambda: made.append(1) or np.zeros(2), keep=2)
+    items = [pool.take() for _ in range(5)]
+    assert len(made) == 5
+    del items
+    gc.collect()
+    [pool.take() for _ in range(2)]
+    assert len(made) == 5  # two came back and were reused (keep=2), the others were dropped
+    assert len(pool._free) <= 2
+
+
+def test_batch_pool_one_lease_for_all_columns():
+    out = batch_pool(8, {"index": ((), np.dtype("int64")), "x": ((3,), np.dtype("float32"))})
+    batch = out(5)
+    assert batch["x"].shape == (5, 3) and batch["index"].shape == (5,)
+    where = address(batch["x"])
+    x_only = torch.from_numpy(batch["x"])
+    del batch
+    gc.collect()
+    assert address(out(8)["x"]) != where  # the index column is gone, the x tensor still holds the batch
+    del x_only
+    gc.collect()
+    assert address(out(8)["x"]) == where
+
+
+def test_pools_do_not_travel_to_another_process():
+    pools = Pools()
+    pools.chunks((2,), np.float32)()
+    copy = pickle.loads(pickle.dumps(pools))
+    assert copy._pools == {}
+    assert copy.chunks((2,), np.float32) is copy.chunks((2,), np.float32)
+
+
+def test_direct_decoder_reuses_a_chunk_buffer_once_freed(tmp_path):
+    import zarr
+
+    prepare_zarr({"x": np.arange(64 * 5, dtype=np.float32).reshape(64, 5)}, tmp_path / "s.zarr", chunk_rows=16,
+                 progress=False)  # fmt: skip
+    arr = zarr.open_group(tmp_path / "s.zarr", mode="r")["x"]
+    decode = direct_decoder(arr, pools=Pools())
+    a = decode("x/c/0/0")
+    where, expected = address(a), a.copy()
+    b = decode("x/c/1/0")
+    assert address(b) != where and np.array_equal(b, np.asarray(arr[16:32]))
+    del a
+    gc.collect()
+    c = decode("x/c/2/0")
+    assert address(c) == where and np.array_equal(c, np.asarray(arr[32:48]))
+    assert np.array_equal(expected, np.asarray(arr[:16]))
+
+
+def test_stream_yields_what_read_returns():
+    pieces = np.array([[0, 5], [5, 7], [7, 20]])
+    one, two = RowCursor(pieces), RowCursor(pieces)
+    for n in (3, 6, 1, 10):
+        a, b = one.read(n), list(two.stream(n))
+        assert len(a) == len(b) and all(np.array_equal(x["index"], y["index"]) for x, y in zip(a, b, strict=True))
+
+
+def test_kept_batches_without_workers_are_never_overwritten(tmp_path):
+    """A loader without workers gathers into pooled batches: keeping every batch (list) forces new buffers,
+    and the kept batches equal those of a loader whose consumer drops each one at once."""
+    rows = 16 * 9
+    prepare_zarr({"x": np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)}, tmp_path / "s.zarr",
+                 chunk_rows=16, progress=False)  # fmt: skip
+    ds = ZarrIterableDataset(tmp_path / "s.zarr", seed=3, return_index=True, buffer_chunks=2)
+    kept = list(ZarrDataLoader(ds, batch_size=8))
+    dropped = [{k: v.clone() for k, v in b.items()} for b in ZarrDataLoader(ds, batch_size=8)]
+    assert len(kept) == len(dropped) == rows // 8
+    for k, d in zip(kept, dropped, strict=True):
+        assert torch.equal(k["index"], d["index"]) and torch.equal(k["x"], d["x"])
+        assert torch.equal(k["x"][:, 0], 4 * k["index"].float())  # each row is the row it names

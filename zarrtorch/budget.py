@@ -1,0 +1,48 @@
+"""The host memory a loader holds at most, all of its processes together: the figure to size a job with.
+
+A job's memory per GPU is the loader's data on top of what any PyTorch process holds: the decoded chunks of
+every reading process (:meth:`ZarrIterableDataset.worker_memory_bytes`), the ring of batch slots the main
+process shares with its workers (:mod:`zarrtorch.ring`), and the batches waiting in the main process.
+``benchmarks/run.py`` compares this prediction with what it measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zarrtorch.process import cpu_share
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes, at most: ``readers`` processes holding ``per_reader`` decoded data each, the ``ring`` of
+    shared batch slots, and ``batches`` of ``batch_bytes`` held in the main process outside the ring."""
+
+    readers: int
+    per_reader: int
+    ring: int
+    batches: int
+    batch_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.readers * self.per_reader + self.ring + self.batches * self.batch_bytes
+
+
+def loader_memory(loader) -> MemoryBudget:
+    """The memory budget of a :class:`~zarrtorch.ZarrDataLoader` with its current settings.
+
+    Outside the ring the main process holds the work-ahead queue's batches, one more in the work-ahead
+    thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
+    also the ``prefetch_factor`` batches each worker may have in flight."""
+    ds, cfg = loader.dataset, loader.config
+    workers = cfg.num_workers
+    per_reader = ds.worker_memory_bytes(decode_threads=ds.decode_threads or cpu_share(workers))
+    batch_bytes = cfg.batch_size * (ds.row_bytes + 8)  # + the int64 row index
+    ring = loader.ring.nbytes if loader.ring is not None else 0
+    batches = 0
+    if loader.ring is None:
+        batches = (loader.work_ahead + 1 if loader.work_ahead else 0) + 2
+        if workers:
+            batches += workers * (loader.prefetch_factor or 2)
+    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes)

@@ -1,0 +1,110 @@
+"""Reused buffers that go back to their pool only when nothing references them any more.
+
+A loader allocates the same few large blocks again and again: decoded chunks, batches. A fresh block of
+several MiB costs page faults every time, and the C allocator keeps freed blocks in per-thread heaps, so
+a process grows well past the data it holds (``benchmarks/README.md``). Buffers from a pool are handed
+out as arrays carrying a :class:`Lease`; every view of them, and every tensor ``torch.from_numpy`` makes
+of them, keeps the lease alive, and the buffer returns to the pool when the last one is freed. A buffer
+still in use is therefore never reused, and an empty pool allocates a new one instead of waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+class LeasedArray(np.ndarray):
+    """An array whose ``lease`` attribute (or its base's) lives as long as any view of it."""
+
+
+class Lease:
+    """Calls ``release`` once, when the last array carrying it is freed."""
+
+    __slots__ = ("_release",)
+
+    def __init__(self, release: Callable[[], None]):
+        self._release = release
+
+    def __del__(self):
+        self._release()
+
+
+def attach(array: np.ndarray, lease: Lease) -> LeasedArray:
+    """A view of ``array`` that keeps ``lease`` alive (slices of it keep it as their base)."""
+    view = array.view(LeasedArray)
+    view.lease = lease
+    return view
+
+
+class Pool(Generic[T]):
+    """Buffers made by ``make``; at most ``keep`` free ones are kept (never more than were in use at once)."""
+
+    def __init__(self, make: Callable[[], T], keep: int = 8):
+        self._make, self._keep = make, keep
+        self._free: list[T] = []  # list.pop/append are atomic: a lease may be freed in any thread
+
+    def take(self) -> tuple[T, Lease]:
+        """A free buffer (or a new one) and the lease that gives it back."""
+        try:
+            item = self._free.pop()
+        except IndexError:
+            item = self._make()
+        return item, Lease(lambda: self._give_back(item))
+
+    def _give_back(self, item: T) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(item)
+
+
+def array_pool(shape: tuple[int, ...], dtype, keep: int = 8) -> Callable[[], LeasedArray]:
+    """A function returning a pooled array of ``shape`` (a decoded chunk)."""
+    pool = Pool(lambda: np.empty(shape, dtype=dtype), keep)
+
+    def take() -> LeasedArray:
+        array, lease = pool.take()
+        return attach(array, lease)
+
+    return take
+
+
+def batch_pool(batch_size: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]], keep: int = 8):
+    """``out(rows)``: arrays of ``rows`` rows for every column, one lease for the batch (what
+    :meth:`zarrtorch.buffer.SlotBuffer.apply` gathers a batch into)."""
+    pool = Pool(lambda: {n: np.empty((batch_size, *shape), dtype=dt) for n, (shape, dt) in columns.items()}, keep)
+
+    def out(rows: int) -> dict[str, LeasedArray]:
+        arrays, lease = pool.take()
+        return {name: attach(a[:rows], lease) for name, a in arrays.items()}
+
+    return out
+
+
+class Pools:
+    """One process's pools, kept across epochs so that a new epoch reuses the last one's buffers instead of
+    allocating (and fragmenting) again."""
+
+    def __init__(self):
+        self._pools: dict[tuple, Callable] = {}
+
+    def __getstate__(self) -> dict:
+        return {}  # buffers belong to one process: a pickled copy (a spawned worker) starts empty
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def chunks(self, shape: tuple[int, ...], dtype) -> Callable[[], LeasedArray]:
+        key = ("chunk", tuple(shape), np.dtype(dtype).str)
+        if key not in self._pools:
+            self._pools[key] = array_pool(shape, dtype)
+        return self._pools[key]
+
+    def batches(self, batch_size: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Callable:
+        key = ("batch", batch_size, tuple((n, tuple(s), np.dtype(d).str) for n, (s, d) in columns.items()))
+        if key not in self._pools:
+            self._pools[key] = batch_pool(batch_size, columns)
+        return self._pools[key]
