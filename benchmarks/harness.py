@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import torch
 import zarr
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
 from zarrtorch.course.measure import batch_len
 from zarrtorch.course.memory import MemorySampler, descendants
 from zarrtorch.pacing import paced_epoch
@@ -241,9 +242,11 @@ def _touch(batch) -> None:
     float(batch.numpy().reshape(-1)[::1024].sum())
 
 
-def time_pass(loader, *, touch=False, receive=None, max_batches=math.inf, max_seconds=math.inf) -> dict:
-    """Iterate once: samples, seconds (from ``iter()`` to the end), time to first batch. Stops early after
-    ``max_batches`` batches, or after ``max_seconds`` (once at least 2 batches are in)."""
+def time_pass(loader, *, touch=False, receive=None, first=None, max_batches=math.inf, max_seconds=math.inf) -> dict:
+    """Iterate once: samples, seconds (from ``iter()`` to the end), time to first batch. ``first()`` is
+    called once the first batch is in (the memory sampler, so that workers are seen even when an epoch is
+    shorter than its sampling period: they exit before the loop ends). Stops early after ``max_batches``
+    batches, or after ``max_seconds`` (once at least 2 batches are in)."""
     t0 = time.perf_counter()
     it = iter(loader)
     n = batches = 0
@@ -252,7 +255,10 @@ def time_pass(loader, *, touch=False, receive=None, max_batches=math.inf, max_se
         for batch in it:
             if receive is not None:
                 batch = receive(batch)
-            ttfb = time.perf_counter() - t0 if ttfb is None else ttfb
+            if ttfb is None:
+                ttfb = time.perf_counter() - t0
+                if first is not None:
+                    first()
             if touch:
                 _touch(batch)
             n += batch_len(batch)
@@ -275,7 +281,7 @@ def timed_epochs(loader, spec: dict, sampler: MemorySampler, epochs: int = 1, se
             loader.set_epoch(e)
         ep = {"epoch": e + 1}
         with phase(sampler, ep, spec.get("by_thread", False)):
-            ep.update(time_pass(loader, touch=spec.get("touch", False), **limits))
+            ep.update(time_pass(loader, touch=spec.get("touch", False), first=sampler.sample, **limits))
         out.append(ep)
     return out
 
@@ -320,7 +326,7 @@ def zarrtorch_loader(spec: dict, cache: bool = False, **loader_options) -> ZarrD
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers (kind ``cache``: with
-    ``cache=True``); ``spec['variant']``: another ``transport`` (``queue``, ``ring-views``), or the patch
+    ``cache=True``); ``spec['variant']``: another ``transport`` (``queue``), or the patch
     of ``prototypes.PATCHES`` applied first."""
     w, variant = spec["workers"], spec.get("variant")
     receive, kwargs = None, {}
@@ -329,10 +335,12 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     elif variant:
         receive = prototypes.PATCHES[variant](workers=w, batch_size=spec["batch_size"], row_shape=SAMPLE_SHAPE)
     loader = zarrtorch_loader(spec, cache=spec["kind"] == "cache", **kwargs)
+    budget = loader_memory(loader)  # the package's prediction of what the loader holds at most
     epochs = timed_epochs(loader, spec, sampler, spec["epochs"], set_epoch=True, receive=receive)
     buffer_chunks = loader.dataset.buffer_chunks
     del loader
-    return {"epochs": epochs, "buffer_chunks": buffer_chunks, "variant": variant}
+    predicted = {"predicted_mib": budget.total / MiB, "budget": dataclasses.asdict(budget)}
+    return {"epochs": epochs, "buffer_chunks": buffer_chunks, "variant": variant} | predicted
 
 
 def run_paced(spec: dict, sampler: MemorySampler) -> dict:
