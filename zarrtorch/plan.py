@@ -21,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily: ~10 ms at first use
 
 from zarrtorch.sizes import ceil_div
 
 
 def rng_for(seed: int, epoch: int, *stream: int) -> np.random.Generator:
     """A generator that depends only on (seed, epoch, stream...): identical in every process."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), *map(int, stream)]))
+    return default_rng(SeedSequence([int(seed), int(epoch), *map(int, stream)]))
 
 
 def chunk_order(n_chunks: int, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
