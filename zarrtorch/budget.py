@@ -1,7 +1,8 @@
 """The host memory a loader holds at most, all of its processes together: the figure to size a job with.
 
 A job's memory per GPU is the loader's data on top of what any PyTorch process holds: the decoded chunks of
-every reading process (:meth:`ZarrIterableDataset.worker_memory_bytes`), the ring of batch slots the main
+every reading process (:meth:`ZarrIterableDataset.worker_memory_bytes`), with ``cache=True`` the rows each
+process keeps, the ring of batch slots the main
 process shares with its workers (:mod:`zarrtorch.ring`), and the batches waiting in the main process.
 ``benchmarks/run.py`` compares this prediction with what it measures.
 """
@@ -15,18 +16,20 @@ from zarrtorch.process import cpu_share
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """Bytes, at most: ``readers`` processes holding ``per_reader`` decoded data each, the ``ring`` of
-    shared batch slots, and ``batches`` of ``batch_bytes`` held in the main process outside the ring."""
+    """Bytes, at most: ``readers`` processes holding ``per_reader`` decoded data each, the ``cache`` of
+    all of them together (``cache=True``), the ``ring`` of shared batch slots, and ``batches`` of
+    ``batch_bytes`` held in the main process outside the ring."""
 
     readers: int
     per_reader: int
     ring: int
     batches: int
     batch_bytes: int
+    cache: int = 0
 
     @property
     def total(self) -> int:
-        return self.readers * self.per_reader + self.ring + self.batches * self.batch_bytes
+        return self.readers * self.per_reader + self.cache + self.ring + self.batches * self.batch_bytes
 
 
 def loader_memory(loader) -> MemoryBudget:
@@ -34,7 +37,8 @@ def loader_memory(loader) -> MemoryBudget:
 
     Outside the ring the main process holds the work-ahead queue's batches, one more in the work-ahead
     thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
-    also the ``prefetch_factor`` batches each worker may have in flight."""
+    also the ``prefetch_factor`` batches each worker may have in flight. With ``cache=True`` every piece of
+    this rank's (frozen) share stays in its process as the decoded chunk it was cut from."""
     ds, cfg = loader.dataset, loader.config
     workers = cfg.num_workers
     per_reader = ds.worker_memory_bytes(decode_threads=ds.decode_threads or cpu_share(workers))
@@ -45,4 +49,9 @@ def loader_memory(loader) -> MemoryBudget:
         batches = (loader.work_ahead + 1 if loader.work_ahead else 0) + 2
         if workers:
             batches += workers * (loader.prefetch_factor or 2)
-    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes)
+    cache = 0
+    if ds.cache:
+        rank, world = loader.topology()
+        pieces = sum(len(w.pieces) for w in ds.plan(epoch=0, rank=rank, world_size=world).workers)
+        cache = pieces * ds.chunk_rows * ds.row_bytes
+    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, cache)

@@ -212,3 +212,31 @@ def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
     queue = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2, transport="queue", prefetch_factor=3))
     assert queue.ring == 0 and queue.batches == 2 + 1 + 2 + 2 * 3
     assert queue.total == 2 * queue.per_reader + queue.batches * queue.batch_bytes
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_loader_budget_counts_the_cache(tmp_path, world):
+    """``cache=True``: the decoded buffers the process keeps after an epoch (each distinct one counted once)
+    fit ``loader_memory(...).cache``, and the rest of the budget is the uncached loader's."""
+    from zarrtorch.budget import loader_memory
+
+    store = make_store(tmp_path / "d.zarr", 12)
+    kw = dict(batch_size=16, rank=world - 1, world_size=world)
+    ds = ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, decode_threads=1, cache=True)
+    loader = ZarrDataLoader(ds, **kw)
+    budget = loader_memory(loader)
+    list(loader)
+    roots = {id(r): r for r in (_root(a) for piece in ds._cache_store.values() for a in piece.values())}
+    held = sum(r.nbytes for r in roots.values())
+    assert 0 < held <= budget.cache
+    assert budget.cache - held < ds.chunk_rows * ds.row_bytes  # at most one chunk's slack (a partial piece)
+    plain = loader_memory(
+        ZarrDataLoader(ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, decode_threads=1), **kw)
+    )
+    assert budget.total == plain.total + budget.cache

@@ -168,3 +168,28 @@ def test_cache_refuses_another_topology(store):
     other = ZarrDataLoader(ZarrIterableDataset(store, seed=5, cache=True), batch_size=16, rank=0, world_size=3)
     with pytest.raises(ValueError, match="cache=True freezes the partition"):
         other.load_state_dict(saved.state_dict())
+
+
+def test_cache_resumes_mid_epoch_from_memory(store):
+    """With every piece cached, a resumed epoch replays the buffer on row ids and continues from the cache:
+    the same batches as the uninterrupted epoch, rows still paired with their index."""
+    ds = ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True, cache=True)
+    loader = ZarrDataLoader(ds, batch_size=16, rank=1, world_size=2)
+    list(loader)  # epoch 0 fills the cache
+    loader.set_epoch(1)
+    whole = [b["index"].numpy() for b in loader]
+    loader.set_epoch(1)
+    first = []
+    for batch in loader:
+        first.append(batch["index"].numpy())
+        if len(first) == 4:
+            break
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    rest = []
+    for batch in loader:
+        np.testing.assert_array_equal(batch["x"][:, 0].numpy(), batch["index"].numpy())
+        np.testing.assert_array_equal(batch["y"].numpy(), 10 * batch["index"].numpy())
+        rest.append(batch["index"].numpy())
+    assert len(first + rest) == len(whole)
+    assert all(np.array_equal(u, v) for u, v in zip(first + rest, whole, strict=True))
