@@ -38,7 +38,8 @@ def loader_memory(loader) -> MemoryBudget:
     Outside the ring the main process holds the work-ahead queue's batches, one more in the work-ahead
     thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
     also the ``prefetch_factor`` batches each worker may have in flight. With ``cache=True`` every piece of
-    this rank's (frozen) share stays in its process as the decoded chunk it was cut from."""
+    this rank's (frozen) share stays in its process as the decoded chunk it was cut from, and that is all
+    the decoded data its readers hold (``per_reader`` is 0)."""
     ds, cfg = loader.dataset, loader.config
     workers = cfg.num_workers
     per_reader = ds.worker_memory_bytes(decode_threads=ds.decode_threads or cpu_share(workers))
@@ -50,8 +51,8 @@ def loader_memory(loader) -> MemoryBudget:
         if workers:
             batches += workers * (loader.prefetch_factor or 2)
     cache = 0
-    if ds.cache:
+    if ds.cache:  # a reader keeps every piece it reads (those in flight too) and buffers row ids only
         rank, world = loader.topology()
         pieces = sum(len(w.pieces) for w in ds.plan(epoch=0, rank=rank, world_size=world).workers)
-        cache = pieces * ds.chunk_rows * ds.row_bytes
+        per_reader, cache = 0, pieces * ds.chunk_rows * ds.row_bytes
     return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, cache)

@@ -40,8 +40,8 @@ def stream_batches(
     pieces, sizes = share.pieces + row_offset, share.batch_sizes
     capacity = buffer_capacity(buffer_rows, sizes, rng is not None)
     steps = schedule(sizes, share.rows, capacity=buffer_rows, warmup_rows=warmup_rows, rng=rng)
-    if capacity and reader.cache is not None and all((int(a), int(b)) in reader.cache for a, b in pieces):
-        yield from _from_cache(reader.cache, pieces, steps, capacity, skip, out)
+    if capacity and reader.cache is not None:
+        yield from _cached(reader, pieces, steps, capacity, skip, out)
         return
     buf = SlotBuffer(capacity, {**INDEX_ONLY, **columns})
     cursor = RowCursor(pieces)
@@ -64,26 +64,39 @@ def stream_batches(
         cursor.close()
 
 
-def _from_cache(cache: dict, pieces: np.ndarray, steps, capacity: int, skip: int, out) -> Iterator[dict]:
-    """The same batches when every piece is in the process's cache (``cache=True`` after its first epoch):
-    the buffer runs on row ids alone and each batch's rows are copied straight from the cached pieces,
-    so rows are neither copied into a buffer first nor held twice."""
-    ids, cursor = SlotBuffer(capacity, INDEX_ONLY), RowCursor(pieces)
+def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip: int, out) -> Iterator[dict]:
+    """The same batches with ``cache=True``, where every piece read stays in the process anyway: the
+    buffer runs on row ids alone and each batch's rows are copied straight from the pieces, so rows are
+    neither copied into a buffer first nor held twice. A resumed epoch reads its pieces from the start
+    (they are cached for the next epochs) and skips the batches already consumed."""
     order = np.argsort(pieces[:, 0], kind="stable")
-    starts, cached = pieces[order, 0], [cache[int(a), int(b)] for a, b in pieces[order]]
-    for k, step in enumerate(steps):
-        index = ids.apply(step, cursor.read)["index"]
-        if k < skip:
-            continue
-        piece = np.searchsorted(starts, index, side="right") - 1
-        where = list(zip(piece.tolist(), (index - starts[piece]).tolist(), strict=True))
-        dest = out(len(index)) if out is not None else None
-        if dest is None:
-            dest = {n: np.empty((len(index), *a.shape[1:]), dtype=a.dtype) for n, a in cached[0].items()}
-            dest["index"] = np.empty(len(index), dtype=np.int64)
-        dest["index"][:] = index
-        for name in cached[0]:
-            column = dest[name]
-            for row, (p, r) in enumerate(where):
-                column[row] = cached[p][name][r]
-        yield dest
+    starts, data = pieces[order, 0], [None] * len(pieces)  # the pieces' arrays by start row, once read
+
+    read = reader.iter_pieces(pieces)
+
+    def read_in_order():
+        for k, piece in zip(order.argsort().tolist(), read, strict=True):
+            data[k] = piece
+            yield piece
+
+    ids, cursor = SlotBuffer(capacity, INDEX_ONLY), RowCursor(pieces)
+    cursor.attach(read_in_order())
+    try:
+        for k, step in enumerate(steps):
+            index = ids.apply(step, cursor.stream)["index"]
+            if k < skip:
+                continue
+            where = np.searchsorted(starts, index, side="right") - 1
+            rows = list(zip(where.tolist(), (index - starts[where]).tolist(), strict=True))
+            dest = out(len(index)) if out is not None else None
+            if dest is None:
+                dest = {n: np.empty((len(index), *a.shape[1:]), dtype=a.dtype) for n, a in data[rows[0][0]].items()}
+                dest["index"] = np.empty(len(index), dtype=np.int64)
+            dest["index"][:] = index
+            for name, column in dest.items():
+                if name != "index":
+                    for row, (p, r) in enumerate(rows):
+                        column[row] = data[p][name][r]
+            yield dest
+    finally:
+        read.close()

@@ -239,4 +239,25 @@ def test_loader_budget_counts_the_cache(tmp_path, world):
     plain = loader_memory(
         ZarrDataLoader(ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, decode_threads=1), **kw)
     )
-    assert budget.total == plain.total + budget.cache
+    assert budget.per_reader == 0 and budget.total == plain.total - plain.per_reader + budget.cache
+
+
+def test_cache_buffers_row_ids_only(tmp_path, monkeypatch):
+    """With ``cache=True`` the rows stay in the cache, so no shuffle buffer of rows is allocated (the memory
+    ``loader_memory`` leaves out); without it, one per epoch."""
+    made = []
+    init = SlotBuffer.__init__
+
+    def record(self, capacity, columns):
+        made.append(sorted(columns))
+        init(self, capacity, columns)
+
+    monkeypatch.setattr(SlotBuffer, "__init__", record)
+    store = make_store(tmp_path / "d.zarr", 12)
+    for cache in (True, False):
+        made.clear()
+        loader = ZarrDataLoader(ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, cache=cache), batch_size=16)
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            assert len(list(loader)) > 0
+        assert made.count(["index", "x", "y"]) == (0 if cache else 2), made
