@@ -2,7 +2,7 @@
 
 A job's memory per GPU is the loader's data on top of what any PyTorch process holds: the decoded chunks of
 every reading process (:meth:`ZarrIterableDataset.worker_memory_bytes`), with ``cache=True`` the rows each
-process keeps, the ring of batch slots the main
+process keeps, the buffers its reading threads read chunk files into, the ring of batch slots the main
 process shares with its workers (:mod:`zarrtorch.ring`), and the batches waiting in the main process.
 ``benchmarks/run.py`` compares this prediction with what it measures.
 """
@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zarrtorch.fastpath import read_buffer_bytes
 from zarrtorch.process import cpu_share
+from zarrtorch.reader import reading_threads
 
 
 @dataclass(frozen=True)
 class MemoryBudget:
     """Bytes, at most: ``readers`` processes holding ``per_reader`` decoded data each, the ``cache`` of
-    all of them together (``cache=True``), the ``ring`` of shared batch slots, and ``batches`` of
-    ``batch_bytes`` held in the main process outside the ring."""
+    all of them together (``cache=True``), their ``read_buffers`` (compressed chunk files), the ``ring``
+    of shared batch slots, and ``batches`` of ``batch_bytes`` held in the main process outside the ring."""
 
     readers: int
     per_reader: int
@@ -26,10 +28,12 @@ class MemoryBudget:
     batches: int
     batch_bytes: int
     cache: int = 0
+    read_buffers: int = 0
 
     @property
     def total(self) -> int:
-        return self.readers * self.per_reader + self.cache + self.ring + self.batches * self.batch_bytes
+        decoded = self.readers * self.per_reader + self.cache
+        return decoded + self.read_buffers + self.ring + self.batches * self.batch_bytes
 
 
 def loader_memory(loader) -> MemoryBudget:
@@ -42,7 +46,10 @@ def loader_memory(loader) -> MemoryBudget:
     the decoded data its readers hold (``per_reader`` is 0)."""
     ds, cfg = loader.dataset, loader.config
     workers = cfg.num_workers
-    per_reader = ds.worker_memory_bytes(decode_threads=ds.decode_threads or cpu_share(workers))
+    threads = ds.decode_threads or cpu_share(workers)
+    per_reader = ds.worker_memory_bytes(decode_threads=threads)
+    per_thread = sum(read_buffer_bytes(a) for a in ds.arrays.values())
+    read_buffers = max(1, workers) * reading_threads(threads, ds.in_flight(threads)) * per_thread
     batch_bytes = cfg.batch_size * (ds.row_bytes + 8)  # + the int64 row index
     ring = loader.ring.nbytes if loader.ring is not None else 0
     batches = 0
@@ -55,4 +62,4 @@ def loader_memory(loader) -> MemoryBudget:
         rank, world = loader.topology()
         pieces = sum(len(w.pieces) for w in ds.plan(epoch=0, rank=rank, world_size=world).workers)
         per_reader, cache = 0, pieces * ds.chunk_rows * ds.row_bytes
-    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, cache)
+    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, cache, read_buffers)

@@ -10,6 +10,8 @@ through zarr as usual.
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 import sys
 import threading
@@ -25,30 +27,41 @@ from zarrtorch.fetch import RetryPolicy, get_bytes
 from zarrtorch.pool import Pools
 
 
+def _simple(arr: zarr.Array) -> bool:
+    """Whether ``arr`` is stored the way the shortcut understands: Zarr v3, no sharding, bytes (native
+    order) + zstd, a plain numeric dtype."""
+    if getattr(arr, "shards", None) is not None or getattr(arr.metadata, "zarr_format", None) != 3:
+        return False
+    codecs = tuple(arr.metadata.codecs)
+    if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], ZstdCodec):
+        return False
+    dtype = np.dtype(arr.dtype)
+    endian = getattr(codecs[0].endian, "value", codecs[0].endian)
+    return not (dtype.itemsize > 1 and endian != sys.byteorder) and not (dtype.hasobject or dtype.kind in "UOSV")
+
+
+def read_buffer_bytes(arr: zarr.Array) -> int:
+    """Bytes of the buffer each reading thread keeps for ``arr``'s chunk files (0 when chunks are not read
+    through one): the largest a zstd frame of one chunk can be, so it is never reallocated."""
+    if not (_simple(arr) and isinstance(arr.store_path.store, zarr.storage.LocalStore)):
+        return 0
+    n = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
+    return n + (n >> 8) + max(0, (128 << 10) - n) // 2048 + (64 << 10)  # ZSTD_COMPRESSBOUND + headers
+
+
 def direct_decoder(
     arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None
 ) -> Callable[..., np.ndarray] | None:
     """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into a
     full-chunk array from a pool (:mod:`zarrtorch.pool`: reused once nothing references it), or ``None``
     when ``arr`` is not stored in the simple layout this shortcut understands."""
+    if not _simple(arr):
+        return None
     store = arr.store_path.store
-    if getattr(arr, "shards", None) is not None:
-        return None
-    if getattr(arr.metadata, "zarr_format", None) != 3:
-        return None
-    codecs = tuple(arr.metadata.codecs)
-    if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], ZstdCodec):
-        return None
-    dtype = np.dtype(arr.dtype)
-    endian = getattr(codecs[0].endian, "value", codecs[0].endian)
-    if dtype.itemsize > 1 and endian != sys.byteorder:
-        return None
-    if dtype.hasobject or dtype.kind in "UOSV":
-        return None
-    shape = tuple(arr.chunks)
     zstd = numcodecs.Zstd()
-    read = _local_reader(store) if isinstance(store, zarr.storage.LocalStore) else _remote_reader(store, policy)
-    chunk_buffer = (pools or Pools()).chunks(shape, dtype)
+    local = isinstance(store, zarr.storage.LocalStore)
+    read = _local_reader(store, read_buffer_bytes(arr)) if local else _remote_reader(store, policy)
+    chunk_buffer = (pools or Pools()).chunks(tuple(arr.chunks), np.dtype(arr.dtype))
 
     def decode(key: str, raw: bytes | None = None) -> np.ndarray:
         if raw is None:
@@ -60,18 +73,20 @@ def direct_decoder(
     return decode
 
 
-def _local_reader(store: zarr.storage.LocalStore) -> Callable[[str], memoryview]:
+def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], memoryview]:
     """Reads a chunk file into a buffer of the calling thread's, reused for its next chunk (the bytes are
-    decoded before that thread reads again)."""
+    decoded before that thread reads again). The buffer is mapped memory of ``size`` bytes (the largest a
+    chunk file can be): only the pages a file fills become resident, it is never reallocated, and it is
+    unmapped when the thread ends, not kept by the C allocator."""
     root = Path(str(store.root))
     mine = threading.local()
 
     def read(key: str) -> memoryview:
         with open(root / key, "rb", buffering=0) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if len(getattr(mine, "buffer", b"")) < size:
-                mine.buffer = bytearray(size)  # grows to the thread's largest chunk file
-            view = memoryview(mine.buffer)[:size]
+            need = os.fstat(fh.fileno()).st_size
+            if len(getattr(mine, "buffer", b"")) < need:
+                mine.buffer = mmap.mmap(-1, max(size, need))
+            view = memoryview(mine.buffer)[:need]
             got = fh.readinto(view)
         return view[:got]
 

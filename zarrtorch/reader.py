@@ -22,6 +22,12 @@ from zarrtorch.pool import Pools
 from zarrtorch.source import is_local
 
 
+def reading_threads(threads: int, prefetch: int) -> int:
+    """Threads a :class:`PieceReader` reads in: enough for its reads in flight (none of its own when it
+    reads one piece at a time)."""
+    return 1 if max(1, threads) == 1 and prefetch <= 1 else max(threads, prefetch - 1)
+
+
 class ChunkReadError(RuntimeError):
     """A chunk could not be read; the message names the array, chunk index, rows and store key."""
 
@@ -137,7 +143,8 @@ class PieceReader:
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
-        pool = ThreadPoolExecutor(max_workers=max(self.threads, self.prefetch - 1), thread_name_prefix="zarrtorch-read")
+        threads = reading_threads(self.threads, self.prefetch)
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
         pending: deque = deque()
         try:
             todo = iter(pieces)

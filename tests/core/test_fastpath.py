@@ -5,7 +5,7 @@ import pytest
 import zarr
 
 from zarrtorch import prepare_zarr
-from zarrtorch.fastpath import direct_decoder
+from zarrtorch.fastpath import _local_reader, direct_decoder, read_buffer_bytes
 from zarrtorch.reader import PieceReader
 
 
@@ -45,3 +45,27 @@ def test_sharded_arrays_fall_back_and_other_stores_are_read_through_their_get():
     assert direct_decoder(sharded) is None
     decode = direct_decoder(plain)  # a store that is not a local directory: one get per chunk
     np.testing.assert_array_equal(decode("p/c/1/0"), plain[4:8])
+
+
+def test_read_buffer_holds_any_chunk_file_and_is_reused(tmp_path):
+    """The per-thread buffer is sized for the largest zstd frame of a chunk (incompressible data, the worst
+    case, fits) and one buffer serves chunk files of every size: no reallocation, nothing left to the C
+    allocator to keep."""
+    rng = np.random.default_rng(1)
+    noise = rng.integers(0, 2**32, (300, 50), dtype=np.uint32)  # incompressible
+    noise[200:] = 0  # and small files
+    group = prepare_zarr({"x": noise}, tmp_path / "n.zarr", chunk_rows=64, progress=False)
+    arr = group["x"]
+    files = sorted((tmp_path / "n.zarr" / "x").rglob("*"))
+    sizes = [f.stat().st_size for f in files if f.is_file() and f.name != "zarr.json"]
+    assert len(sizes) == 5 and max(sizes) > 64 * 50 * 4  # a zstd frame of noise is larger than the data
+    assert read_buffer_bytes(arr) >= max(sizes)
+    read = _local_reader(arr.store_path.store, read_buffer_bytes(arr))
+    buffers = set()
+    for c in [4, 0, 3, 1]:  # small, big, small, big
+        view = read(f"x/{arr.metadata.encode_chunk_key((c, 0))}")
+        buffers.add(id(view.obj))
+        del view
+    assert len(buffers) == 1
+    sharded = zarr.create_array(tmp_path / "sh.zarr", shape=(8, 4), chunks=(2, 4), shards=(4, 4), dtype="f4")
+    assert read_buffer_bytes(sharded) == 0  # not read through the shortcut: no such buffer

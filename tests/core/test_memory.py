@@ -18,6 +18,7 @@ import torch
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch.buffer import SlotBuffer
+from zarrtorch.fastpath import read_buffer_bytes
 from zarrtorch.reader import PieceReader
 
 CHUNK, FEATURES = 32, 256  # 32 rows x 1 KiB per chunk of x
@@ -196,7 +197,8 @@ def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monke
     assert 0 < peak[0] <= budget.batches == 2 + 1 + 2
     assert budget.ring == 0 and budget.readers == 1
     assert budget.per_reader == ds.worker_memory_bytes(decode_threads=1)
-    assert budget.total == budget.per_reader + budget.batches * 16 * (ds.row_bytes + 8)
+    assert budget.read_buffers == 1 * sum(read_buffer_bytes(a) for a in ds.arrays.values()) > 0  # one thread
+    assert budget.total == budget.per_reader + budget.read_buffers + budget.batches * 16 * (ds.row_bytes + 8)
 
 
 def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
@@ -211,7 +213,8 @@ def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
     assert ring.batches == 0 and ring.readers == 2
     queue = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2, transport="queue", prefetch_factor=3))
     assert queue.ring == 0 and queue.batches == 2 + 1 + 2 + 2 * 3
-    assert queue.total == 2 * queue.per_reader + queue.batches * queue.batch_bytes
+    assert queue.total == 2 * queue.per_reader + queue.read_buffers + queue.batches * queue.batch_bytes
+    assert queue.read_buffers == ring.read_buffers == 2 * sum(read_buffer_bytes(a) for a in ds.arrays.values())
 
 
 def _root(a: np.ndarray) -> np.ndarray:
