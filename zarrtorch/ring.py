@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from zarrtorch.pool import Lease, attach
+from zarrtorch.sizes import ceil_div
 
 REF = "__zarrtorch_ring__"  # the key of what a worker sends instead of a batch: [worker, slot, rows]
 FREE = 0
@@ -129,12 +130,14 @@ class RingWriter:
         return {REF: [int(self.worker), int(slot), int(rows)]}
 
 
-def ring_slots(prefetch_factor: int, work_ahead: int) -> int:
+def ring_slots(prefetch_factor: int, work_ahead: int, workers: int) -> int:
     """Slots per worker so that a consumer which keeps up never sends a batch through the queue: the
-    batches DataLoader lets a worker have in flight, those waiting in the work-ahead thread (+1 in its
-    hands), two the consumer references (the current and, during ``next()``, the previous one), one more
-    a trainer prefetches, and the one being written."""
-    return prefetch_factor + (work_ahead + 1 if work_ahead else 0) + 2 + 1 + 1
+    ``prefetch_factor`` batches DataLoader lets a worker have in flight (the one being written included),
+    plus this worker's share of the batches received and not yet freed, which DataLoader hands out from
+    the workers in turn: those waiting in the work-ahead thread (+1 in its hands), the consumer's current
+    and previous ones and one more a trainer prefetches; and one spare."""
+    received = (work_ahead + 1 if work_ahead else 0) + 2 + 1
+    return prefetch_factor + ceil_div(received, max(1, workers)) + 1
 
 
 def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport: str | None) -> BatchRing | None:
@@ -146,7 +149,8 @@ def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport:
     columns = (("index", (), "int64"),) + tuple(
         (name, tuple(a.shape[1:]), str(np.dtype(a.dtype))) for name, a in dataset.arrays.items()
     )
-    shape = RingShape(config.num_workers, ring_slots(prefetch_factor, work_ahead), config.batch_size, columns)
+    slots = ring_slots(prefetch_factor, work_ahead, config.num_workers)
+    shape = RingShape(config.num_workers, slots, config.batch_size, columns)
     return BatchRing(shape)
 
 

@@ -175,3 +175,32 @@ def test_pin_memory_without_an_accelerator_still_streams(store):
         for b, rows in zip(loader, planned, strict=True):  # no accelerator: views, used one at a time
             assert isinstance(b["x"], torch.Tensor)
             np.testing.assert_array_equal(b["y"].numpy(), rows * 5)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_consumer_that_keeps_up_never_falls_back_to_the_queue(store, workers, monkeypatch):
+    """The ring has enough slots for a trainer that prefetches one batch and drops each after its step,
+    while the workers and the work-ahead thread fill everything they may (a slow step)."""
+    import time
+
+    from zarrtorch.ring import REF
+
+    seen = {"ring": 0, "queue": 0}
+    receive = BatchRing.receive
+
+    def counted(self, batch, *args, **kwargs):
+        seen["ring" if isinstance(batch, dict) and REF in batch else "queue"] += 1
+        return receive(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(BatchRing, "receive", counted)
+    ds = ZarrIterableDataset(store, seed=4, buffer_chunks=2)
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=workers, multiprocessing_context="fork")
+    it = iter(loader)
+    ahead = next(it)  # what a trainer prefetches
+    for batch in it:
+        current, ahead = ahead, batch
+        batch = None
+        time.sleep(0.01)  # the step: meanwhile every slot that may fill does
+        current = None  # noqa: F841 (dropped after its step)
+    assert seen["queue"] == 0 and seen["ring"] == len(ds.batch_row_ids(epoch=0, num_workers=workers,
+                                                                        batch_size=BATCH, drop_last=False))  # fmt: skip
