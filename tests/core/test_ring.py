@@ -177,6 +177,7 @@ def test_pin_memory_without_an_accelerator_still_streams(store):
             np.testing.assert_array_equal(b["y"].numpy(), rows * 5)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")  # 3 workers on 2 CPUs
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_a_consumer_that_keeps_up_never_falls_back_to_the_queue(store, workers, monkeypatch):
     """The ring has enough slots for a trainer that prefetches one batch and drops each after its step,
