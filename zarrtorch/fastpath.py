@@ -43,8 +43,11 @@ def _simple(arr: zarr.Array) -> bool:
 def read_buffer_bytes(arr: zarr.Array) -> int:
     """Bytes of the buffer each reading thread keeps for ``arr``'s chunk files (0 when chunks are not read
     through one): the largest a zstd frame of one chunk can be, so it is never reallocated."""
-    if not (_simple(arr) and isinstance(arr.store_path.store, zarr.storage.LocalStore)):
-        return 0
+    local = isinstance(arr.store_path.store, zarr.storage.LocalStore)
+    return _largest_frame(arr) if local and _simple(arr) else 0
+
+
+def _largest_frame(arr: zarr.Array) -> int:
     n = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
     return n + (n >> 8) + max(0, (128 << 10) - n) // 2048 + (64 << 10)  # ZSTD_COMPRESSBOUND + headers
 
@@ -60,7 +63,7 @@ def direct_decoder(
     store = arr.store_path.store
     zstd = numcodecs.Zstd()
     local = isinstance(store, zarr.storage.LocalStore)
-    read = _local_reader(store, read_buffer_bytes(arr)) if local else _remote_reader(store, policy)
+    read = _local_reader(store, _largest_frame(arr)) if local else _remote_reader(store, policy)
     chunk_buffer = (pools or Pools()).chunks(tuple(arr.chunks), np.dtype(arr.dtype))
 
     def decode(key: str, raw: bytes | None = None) -> np.ndarray:

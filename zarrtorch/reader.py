@@ -34,7 +34,7 @@ class ChunkReadError(RuntimeError):
 
 class PieceReader:
     """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead (the requests in flight),
-    in ``max(threads, prefetch - 1)`` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`);
+    in :func:`reading_threads` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`);
     decoded chunks come from ``pools`` (:mod:`zarrtorch.pool`; the process's, kept across epochs)."""
 
     def __init__(
@@ -139,11 +139,11 @@ class PieceReader:
         """Yield the pieces' data in order while the next ones are decoded in the background."""
         if len(pieces) == 0:
             return
-        if self.threads == 1 and self.prefetch <= 1:
+        threads = reading_threads(self.threads, self.prefetch)
+        if threads == 1 and self.prefetch <= 1:  # nothing to read ahead: in the caller's thread
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
-        threads = reading_threads(self.threads, self.prefetch)
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
         pending: deque = deque()
         try:

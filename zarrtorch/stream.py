@@ -69,33 +69,32 @@ def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip:
     buffer runs on row ids alone and each batch's rows are copied straight from the pieces, so rows are
     neither copied into a buffer first nor held twice. A resumed epoch reads its pieces from the start
     (they are cached for the next epochs) and skips the batches already consumed."""
-    order = np.argsort(pieces[:, 0], kind="stable")
-    starts, data = pieces[order, 0], [None] * len(pieces)  # the pieces' arrays by start row, once read
-
+    by_start = np.argsort(pieces[:, 0])  # piece numbers by first row, to find a row's piece
+    starts, data = pieces[by_start, 0], [None] * len(pieces)  # each piece's arrays, once read
     read = reader.iter_pieces(pieces)
 
-    def read_in_order():
-        for k, piece in zip(order.argsort().tolist(), read, strict=True):
-            data[k] = piece
+    def recorded():
+        for i, piece in enumerate(read):
+            data[i] = piece
             yield piece
 
     ids, cursor = SlotBuffer(capacity, INDEX_ONLY), RowCursor(pieces)
-    cursor.attach(read_in_order())
+    cursor.attach(recorded())
     try:
         for k, step in enumerate(steps):
             index = ids.apply(step, cursor.stream)["index"]
             if k < skip:
                 continue
-            where = np.searchsorted(starts, index, side="right") - 1
-            rows = list(zip(where.tolist(), (index - starts[where]).tolist(), strict=True))
+            piece = by_start[np.searchsorted(starts, index, side="right") - 1]
+            rows = list(zip(piece.tolist(), (index - pieces[piece, 0]).tolist(), strict=True))
             dest = out(len(index)) if out is not None else None
             if dest is None:
-                dest = {n: np.empty((len(index), *a.shape[1:]), dtype=a.dtype) for n, a in data[rows[0][0]].items()}
-                dest["index"] = np.empty(len(index), dtype=np.int64)
+                columns = {"index": index, **data[rows[0][0]]}
+                dest = {n: np.empty((len(index), *a.shape[1:]), dtype=a.dtype) for n, a in columns.items()}
             dest["index"][:] = index
             for name, column in dest.items():
                 if name != "index":
-                    for row, (p, r) in enumerate(rows):
+                    for row, (p, r) in enumerate(rows):  # one copy per row (rows are large; ~1 us of Python each)
                         column[row] = data[p][name][r]
             yield dest
     finally:
