@@ -78,13 +78,14 @@ class SlotBuffer:
     """Applies schedule steps to named columns (the row ids always, the data arrays when reading), and
     keeps its own fill level (``filled``: slots ``[0, filled)`` hold rows).
 
-    ``read(n)`` must return the next ``n`` stream rows as an iterable of dicts column -> array, consumed in
-    order (:meth:`zarrtorch.cursor.RowCursor.read`).
+    ``slots``: the arrays to use (one per column, ``capacity`` rows; :meth:`zarrtorch.pool.Pools.slots`),
+    instead of new ones. ``read(n)`` must return the next ``n`` stream rows as an iterable of dicts column ->
+    array, consumed in order (:meth:`zarrtorch.cursor.RowCursor.read`).
     """
 
-    def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]):
+    def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]], slots: dict | None = None):
         self.capacity = capacity
-        self.slots = {name: np.empty((capacity, *shape), dtype=dtype) for name, (shape, dtype) in columns.items()}
+        self.slots = slots or {name: np.empty((capacity, *shape), dtype=dt) for name, (shape, dt) in columns.items()}
         self.filled = 0
         self._pending = None  # the refill and moves of the last step, run at the start of the next
 

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng, rank_batches
+from zarrtorch.early import EarlyReads
 from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
@@ -112,6 +113,7 @@ class ZarrIterableDataset(IterableDataset):
         self.ring: BatchRing | None = None  # the loader's shared batch slots, when its workers use them
         self._cache_store: dict | None = None
         self._cache_owner: int | None = None
+        self._early: EarlyReads | None = None  # the next epoch's first reads, started as this one ends
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
 
     def attach(self, config: LoaderConfig, epoch_state: EpochState, ring: BatchRing | None = None) -> None:
@@ -191,10 +193,6 @@ class ZarrIterableDataset(IterableDataset):
         """Whether rows go through the shuffle buffer (``shuffle`` and ``buffer_chunks >= 1``)."""
         return self.shuffle and self.buffer_chunks > 0
 
-    def _buffer_rng(self, epoch: int, rank: int, worker: int, segment: int = 0):
-        """The buffer's generator; ``None`` streams the rows in order (no shuffle, or chunk order only)."""
-        return buffer_rng(self.seed, epoch, rank, worker, self._row_shuffle, segment)
-
     def batch_row_ids(self, *, epoch: int, rank: int = 0, world_size: int = 1, **loader_settings) -> list[np.ndarray]:
         """The global row numbers of every batch the loader yields on ``rank``, in order, computed without
         reading data (the same schedule the workers run). Settings as for :meth:`plan`."""
@@ -234,18 +232,27 @@ class ZarrIterableDataset(IterableDataset):
         reader = PieceReader(
             self.arrays, self.chunk_rows, threads=threads, prefetch=self.in_flight(threads), policy=self.retry,
             check_missing=self.check_chunks, cache=self._cache_store if self.cache else None, pools=self._pools,
+            early=self._early,  # emptied as the reading starts
         )  # fmt: skip
-        rng = self._buffer_rng(view.epoch, view.rank, logical, plan.segment)
+        if not self.cache and (info is None or cfg.persistent_workers):  # this process goes on to the next epoch
+            reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)
+        rng = buffer_rng(self.seed, view.epoch, view.rank, logical, self._row_shuffle, plan.segment)  # None: in order
         columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
         writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
         out = writer.out if writer is not None else self._pools.batches(cfg.batch_size, {**INDEX_ONLY, **columns})
         batches = stream_batches(
             reader, plan.workers[logical], columns, row_offset=self.row_offset, buffer_rows=self.buffer_rows,
-            warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache, out=out,
+            warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache, out=out, pools=self._pools,
         )  # fmt: skip
         if writer is not None:  # the batch is in a shared slot: send where (zarrtorch.ring)
             return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
+
+    def _read_next_epoch_early(self, submit, reader: PieceReader, view: EpochView, worker: int, n_workers: int) -> None:
+        """Start the next epoch's first reads in ``reader``'s threads as this one ends (:mod:`zarrtorch.early`)."""
+        nxt = self.plan(epoch=view.epoch + 1, rank=view.rank, world_size=view.world_size, num_workers=n_workers)
+        first = nxt.workers[worker].pieces[: reader.prefetch] + self.row_offset
+        self._early = EarlyReads(submit, reader.read_piece, first)
 
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         batch = stack_columns(batch, self.stack)

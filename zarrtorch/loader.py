@@ -99,7 +99,8 @@ class ZarrDataLoader(DataLoader):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
         self.work_ahead = int(work_ahead)
-        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers))
+        persistent = bool(kwargs.get("persistent_workers")) and int(num_workers) > 0
+        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent)
         self.epoch_state = EpochState()
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         prefetch = kwargs.get("prefetch_factor") or 2

@@ -103,6 +103,15 @@ class Pools:
             self._pools[key] = array_pool(shape, dtype)
         return self._pools[key]
 
+    def slots(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, LeasedArray]:
+        """A shuffle buffer's arrays (:class:`zarrtorch.buffer.SlotBuffer`), back to the pool with the buffer:
+        the next epoch's buffer finds its pages resident instead of faulting in tens of MiB as it fills."""
+        key = ("slots", capacity, tuple((n, tuple(s), np.dtype(d).str) for n, (s, d) in columns.items()))
+        if key not in self._pools:
+            self._pools[key] = Pool(lambda: {n: np.empty((capacity, *s), dtype=d) for n, (s, d) in columns.items()}, 1)
+        arrays, lease = self._pools[key].take()
+        return {name: attach(a, lease) for name, a in arrays.items()}
+
     def batches(self, batch_size: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Callable:
         key = ("batch", batch_size, tuple((n, tuple(s), np.dtype(d).str) for n, (s, d) in columns.items()))
         if key not in self._pools:

@@ -9,13 +9,14 @@ the chunk and the store key. Arrays stored the simple way are decoded by :mod:`z
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zarr
 from zarr.core.sync import sync
 
+from zarrtorch.early import EarlyReads
 from zarrtorch.fastpath import direct_decoder
 from zarrtorch.fetch import RetryPolicy, get_many, with_retries
 from zarrtorch.pool import Pools
@@ -35,7 +36,11 @@ class ChunkReadError(RuntimeError):
 class PieceReader:
     """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead (the requests in flight),
     in :func:`reading_threads` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`);
-    decoded chunks come from ``pools`` (:mod:`zarrtorch.pool`; the process's, kept across epochs)."""
+    decoded chunks come from ``pools`` (:mod:`zarrtorch.pool`; the process's, kept across epochs).
+    ``early``: reads of the first pieces started before (:mod:`zarrtorch.early`), used where they match;
+    ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
+    ``submit`` (idle from then on: what it submits runs before they end).
+    """
 
     def __init__(
         self,
@@ -48,6 +53,8 @@ class PieceReader:
         cache: dict | None = None,
         policy: RetryPolicy | None = None,
         pools: Pools | None = None,
+        early: EarlyReads | None = None,
+        after_last: Callable[[Callable], None] | None = None,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -56,6 +63,7 @@ class PieceReader:
         self.check_missing = check_missing
         self.cache = cache
         self.policy = policy or RetryPolicy()
+        self.early, self.after_last = early, after_last
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
@@ -137,31 +145,34 @@ class PieceReader:
 
     def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
         """Yield the pieces' data in order while the next ones are decoded in the background."""
+        early, self.early = (self.early.take_leading(pieces) if self.early is not None else []), None
         if len(pieces) == 0:
             return
         threads = reading_threads(self.threads, self.prefetch)
-        if threads == 1 and self.prefetch <= 1:  # nothing to read ahead: in the caller's thread
+        if threads == 1 and self.prefetch <= 1 and not early:  # nothing to read ahead: in the caller's thread
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
-        pending: deque = deque()
+        pending: deque = deque(early)
+        handed_over = False  # the threads run reads submitted by after_last: let them finish
         try:
-            todo = iter(pieces)
-            for start, stop in todo:
-                pending.append(pool.submit(self.read_piece, start, stop))
-                if len(pending) >= self.prefetch:
-                    break
+            todo = iter(pieces[len(early) :])
+            while len(pending) < self.prefetch and (nxt := next(todo, None)) is not None:
+                pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
             while pending:
                 data = pending.popleft().result()
                 nxt = next(todo, None)
                 if nxt is not None:
                     pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
+                elif not pending and self.after_last is not None:
+                    self.after_last(pool.submit)
+                    handed_over = True
                 yield data
         finally:
             for f in pending:
                 f.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=not handed_over)
 
     def read_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Arbitrary rows, used to rebuild a shuffle buffer when resuming mid-epoch. Read chunk by chunk

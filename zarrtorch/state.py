@@ -28,6 +28,7 @@ class LoaderConfig:
     batch_size: int
     drop_last: bool
     num_workers: int
+    persistent_workers: bool = False
 
 
 @dataclass(frozen=True)

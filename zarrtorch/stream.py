@@ -15,6 +15,7 @@ import numpy as np
 from zarrtorch.buffer import INDEX_ONLY, SlotBuffer, buffer_capacity, schedule
 from zarrtorch.cursor import RowCursor
 from zarrtorch.plan import WorkerPlan
+from zarrtorch.pool import Pools
 from zarrtorch.reader import PieceReader
 
 
@@ -30,12 +31,14 @@ def stream_batches(
     skip: int = 0,
     copy_direct: bool = False,
     out=None,
+    pools: Pools | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker's share (``{"index": row ids, name: rows}``), after skipping ``skip``.
 
     ``row_offset`` moves the plan's rows to the store's (a row window); ``rng=None`` keeps stream order.
     ``copy_direct`` copies batches that would otherwise be views of the reader's arrays (a cache reuses them).
     ``out(rows)``, when given, returns the arrays each batch is written into (:mod:`zarrtorch.ring`).
+    ``pools``: the process's (:mod:`zarrtorch.pool`), where the shuffle buffer's arrays are kept between epochs.
     """
     pieces, sizes = share.pieces + row_offset, share.batch_sizes
     capacity = buffer_capacity(buffer_rows, sizes, rng is not None)
@@ -43,7 +46,8 @@ def stream_batches(
     if capacity and reader.cache is not None:
         yield from _cached(reader, pieces, steps, capacity, skip, out)
         return
-    buf = SlotBuffer(capacity, {**INDEX_ONLY, **columns})
+    buf_columns = {**INDEX_ONLY, **columns}
+    buf = SlotBuffer(capacity, buf_columns, pools.slots(capacity, buf_columns) if pools and capacity else None)
     cursor = RowCursor(pieces)
     if skip:  # replay the schedule on row ids only, then load what the buffer holds at that point
         ids = SlotBuffer(capacity, INDEX_ONLY)

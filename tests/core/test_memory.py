@@ -91,8 +91,8 @@ def tracked(monkeypatch):
         TRACK.add_piece(out)
         return out
 
-    def tracked_init(self, capacity, columns):
-        init(self, capacity, columns)
+    def tracked_init(self, capacity, columns, slots=None):
+        init(self, capacity, columns, slots)
         TRACK.add_buffer(self)
 
     monkeypatch.setattr(PieceReader, "read_piece", tracked_read_piece)
@@ -251,9 +251,9 @@ def test_cache_buffers_row_ids_only(tmp_path, monkeypatch):
     made = []
     init = SlotBuffer.__init__
 
-    def record(self, capacity, columns):
+    def record(self, capacity, columns, slots=None):
         made.append(sorted(columns))
-        init(self, capacity, columns)
+        init(self, capacity, columns, slots)
 
     monkeypatch.setattr(SlotBuffer, "__init__", record)
     store = make_store(tmp_path / "d.zarr", 12)
