@@ -145,19 +145,20 @@ class PieceReader:
 
     def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
         """Yield the pieces' data in order while the next ones are decoded in the background."""
-        early, self.early = (self.early.take_leading(pieces) if self.early is not None else []), None
+        # reads started early, as futures held only here: each chunk is freed once its piece is consumed
+        pending: deque = deque(self.early.take_leading(pieces) if self.early is not None else ())
+        self.early = None
         if len(pieces) == 0:
             return
         threads = reading_threads(self.threads, self.prefetch)
-        if threads == 1 and self.prefetch <= 1 and not early:  # nothing to read ahead: in the caller's thread
+        if threads == 1 and self.prefetch <= 1 and not pending:  # nothing to read ahead: in the caller's thread
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
-        pending: deque = deque(early)
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         try:
-            todo = iter(pieces[len(early) :])
+            todo = iter(pieces[len(pending) :])
             while len(pending) < self.prefetch and (nxt := next(todo, None)) is not None:
                 pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
             while pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -179,3 +180,27 @@ def test_the_shuffle_buffer_is_reused_between_epochs(store, monkeypatch):
     for epoch in range(3):
         epoch_batches(loader, epoch)
     assert len(seen) == 3 and len(set(seen)) == 1
+
+
+def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
+    """Over several epochs a process never holds more decoded pieces than its reads in flight plus the one
+    being consumed: each early read is freed once its piece is in the buffer, as any other read."""
+    read_piece, live, peak = PieceReader.read_piece, [0], [0]
+
+    def freed():
+        live[0] -= 1
+
+    def tracked(self, start, stop):
+        out = read_piece(self, start, stop)
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(out["x"], freed)
+        return out
+
+    monkeypatch.setattr(PieceReader, "read_piece", tracked)
+    ds = dataset(store)
+    loader = ZarrDataLoader(ds, batch_size=8)
+    for epoch in range(4):
+        epoch_batches(loader, epoch)
+    assert ds._early is not None and ds._early.pieces  # the reads for epoch 4 are under way
+    assert 0 < peak[0] <= ds.in_flight(THREADS) + 1
