@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.epoch_sampler import EpochSampler
-from zarrtorch.process import distributed_topology
+from zarrtorch.process import distributed_topology, frozen_objects
 from zarrtorch.resume import Segment
 from zarrtorch.ring import make_ring, pin_copy
 from zarrtorch.settings import check_loader_settings
@@ -77,9 +77,8 @@ class ZarrDataLoader(DataLoader):
     of memory in the main process; 0 turns it off. ``transport``: how batches leave the workers:
     ``"ring"`` (the default) preallocated shared-memory slots wrapped without a copy, each slot reused once
     nothing references its batch any more (:mod:`zarrtorch.ring`); ``"queue"`` DataLoader's own way (a new
-    shared-memory segment per batch).
-    Other DataLoader arguments (``pin_memory``,
-    ``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``...) pass through.
+    shared-memory segment per batch). Other DataLoader arguments (``pin_memory``, ``prefetch_factor``,
+    ``persistent_workers``, ``multiprocessing_context``...) pass through.
     """
 
     def __init__(
@@ -99,7 +98,7 @@ class ZarrDataLoader(DataLoader):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
         self.work_ahead = int(work_ahead)
-        persistent = bool(kwargs.get("persistent_workers")) and int(num_workers) > 0
+        persistent = bool(kwargs.get("persistent_workers"))
         self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent)
         self.epoch_state = EpochState()
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
@@ -179,7 +178,8 @@ class ZarrDataLoader(DataLoader):
         self._batches_seen = self._resume_skip
         self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
         try:
-            inner = super().__iter__()
+            with frozen_objects(self.config.num_workers > 0):  # workers start here
+                inner = super().__iter__()
         finally:
             self.dataset._loader_starting = False
         self._last_workers = weakref.ref(inner) if self.config.num_workers else None

@@ -8,6 +8,7 @@ chunks) plus ``decode_threads + 2`` chunks being decoded or consumed, whatever t
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import weakref
@@ -264,3 +265,26 @@ def test_cache_buffers_row_ids_only(tmp_path, monkeypatch):
             loader.set_epoch(epoch)
             assert len(list(loader)) > 0
         assert made.count(["index", "x", "y"]) == (0 if cache else 2), made
+
+
+def report_frozen_objects(batch):
+    """A transform, run in the worker: how many inherited objects its garbage collector leaves alone."""
+    return {**batch, "frozen": torch.tensor(gc.get_freeze_count())}
+
+
+def test_workers_are_forked_with_the_parents_objects_frozen(tmp_path):
+    """A forked worker's collections would write into every object it inherited, copying each page that holds
+    one: the loader forks its workers with the objects frozen, then unfreezes them in the main process; a
+    program that froze objects itself keeps its own freeze."""
+    ds = ZarrIterableDataset(make_store(tmp_path / "d.zarr", 12), transform=report_frozen_objects)
+    loader = ZarrDataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork")
+    assert gc.get_freeze_count() == 0
+    assert min(int(b["frozen"]) for b in loader) > 1000  # torch's and numpy's objects, at least
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        loader.set_epoch(1)
+        assert len(list(loader)) > 0 and gc.get_freeze_count() > mine // 2  # (frozen objects freed leave it)
+    finally:
+        gc.unfreeze()
