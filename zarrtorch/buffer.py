@@ -101,6 +101,7 @@ class SlotBuffer:
             for name, column in self.slots.items():
                 column[where] = seg[name]
             offset += n
+            seg = None  # let its chunk go before the next segment is read (one more decoded chunk otherwise)
 
     def _gather(self, column: np.ndarray, take: np.ndarray):
         """A batch's rows of one column, as a fresh array (the benchmark's transport prototypes override

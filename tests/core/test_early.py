@@ -15,6 +15,7 @@ import torch
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch.buffer import SlotBuffer
 from zarrtorch.early import EarlyReads
+from zarrtorch.pool import Pool
 from zarrtorch.reader import PieceReader
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
@@ -197,10 +198,21 @@ def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
         weakref.finalize(out["x"], freed)
         return out
 
+    take, chunk_buffers = Pool.take, set()
+
+    def tracked_take(self):
+        item, lease = take(self)
+        if isinstance(item, np.ndarray) and item.shape == (CHUNK, 4):
+            chunk_buffers.add(id(item))  # pooled buffers live on: ids are not reused
+        return item, lease
+
     monkeypatch.setattr(PieceReader, "read_piece", tracked)
+    monkeypatch.setattr(Pool, "take", tracked_take)
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
     for epoch in range(4):
         epoch_batches(loader, epoch)
     assert ds._early is not None and ds._early.pieces  # the reads for epoch 4 are under way
     assert 0 < peak[0] <= ds.in_flight(THREADS) + 1
+    # nor more chunk buffers in all: a segment copied into the buffer lets its chunk go before the next read
+    assert 0 < len(chunk_buffers) <= ds.in_flight(THREADS) + 1
