@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng, rank_batches
-from zarrtorch.early import EarlyReads
+from zarrtorch.early import EarlyReads, reads_early
 from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
 from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
@@ -234,7 +234,7 @@ class ZarrIterableDataset(IterableDataset):
             check_missing=self.check_chunks, cache=self._cache_store if self.cache else None, pools=self._pools,
             early=self._early,  # emptied as the reading starts
         )  # fmt: skip
-        if not self.cache and (info is None or cfg.persistent_workers):  # this process goes on to the next epoch
+        if reads_early(self.arrays, cache=self.cache, lives_on=info is None or cfg.persistent_workers):
             reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)
         rng = buffer_rng(self.seed, view.epoch, view.rank, logical, self._row_shuffle, plan.segment)  # None: in order
         columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}

@@ -6,6 +6,9 @@ process that lives on into the next epoch (``num_workers=0``, or ``persistent_wo
 starts reading the next epoch's first pieces as soon as it has taken the last piece of this one, in the
 read-ahead places that are then free, so no more decoded chunks are held than the stated bound.
 
+Only for local stores: on object storage an early read is a request, billed, that the last epoch would
+make for nothing (and a course's count of requests per epoch would include the next epoch's).
+
 Which epoch comes next is a guess (the one after this, as ``set_epoch`` is called in a training loop). The
 next epoch uses an early read only where it starts with the very same piece (the same rows of the same
 arrays); anything else is dropped, so the batches are exactly those of a fresh start whatever the guess.
@@ -19,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
+
+from zarrtorch.source import is_local
 
 
 class EarlyReads:
@@ -52,3 +57,9 @@ class EarlyReads:
         while self._reads:
             self._reads.popleft()[1].cancel()
         return taken
+
+
+def reads_early(arrays: dict, *, cache: bool, lives_on: bool) -> bool:
+    """Whether a process reading ``arrays`` starts its next epoch's reads as this one ends: it lives on into
+    that epoch, reads every epoch (no ``cache``), and from local storage."""
+    return lives_on and not cache and all(is_local(a) for a in arrays.values())

@@ -64,6 +64,18 @@ def test_http_store_persistent_workers_and_no_workers(served):
         check_epoch(ds, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
 
 
+def test_a_remote_epoch_requests_no_chunk_of_the_next(served):
+    """On object storage every read is a request: a process that goes on to the next epoch does not start
+    that epoch's reads early (zarrtorch.early), so one epoch requests each chunk exactly once."""
+    with HttpStoreServer(served) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, buffer_chunks=2, return_index=True)
+        loader = ZarrDataLoader(ds, batch_size=BATCH)
+        assert sum(len(b["index"]) for b in loader) == ROWS
+        assert ds._early is None
+        reads = [server.requests.get(f"s.zarr/x/c/{c}/0/0", 0) for c in range(-(-ROWS // CHUNK))]
+        assert set(reads) == {1}
+
+
 def test_an_opened_remote_group_is_accepted(served):
     with HttpStoreServer(served) as server:
         store = zarr.storage.FsspecStore.from_url(f"{server.url}/s.zarr", read_only=True)
