@@ -7,7 +7,7 @@ starts reading the next epoch's first pieces as soon as it has taken the last pi
 read-ahead places that are then free, so no more decoded chunks are held than the stated bound.
 
 Only for local stores: on object storage an early read is a request, billed, that the last epoch would
-make for nothing (and a course's count of requests per epoch would include the next epoch's).
+make for nothing, and an epoch would no longer request each of its chunks exactly once.
 
 Which epoch comes next is a guess (the one after this, as ``set_epoch`` is called in a training loop). The
 next epoch uses an early read only where it starts with the very same piece (the same rows of the same
