@@ -29,7 +29,7 @@ from zarrtorch.resume import EpochSpec, resumed_plan
 from zarrtorch.ring import BatchRing
 from zarrtorch.settings import check_settings
 from zarrtorch.sizes import held_chunks, row_bytes
-from zarrtorch.source import for_this_process, is_local, open_arrays
+from zarrtorch.source import all_local, for_this_process, open_arrays
 from zarrtorch.stacking import check_stack, stack_columns
 from zarrtorch.state import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.stream import stream_batches
@@ -143,8 +143,7 @@ class ZarrIterableDataset(IterableDataset):
 
     def in_flight(self, decode_threads: int) -> int:
         """Chunks one process decoding in ``decode_threads`` threads reads ahead at once (remote: 8)."""
-        remote = not all(is_local(a) for a in self.arrays.values())
-        return self.requests_in_flight or (8 if remote else decode_threads + 1)
+        return self.requests_in_flight or (decode_threads + 1 if all_local(self.arrays) else 8)
 
     def worker_memory_bytes(self, decode_threads: int = 1) -> int:
         """Decoded data one worker holds at most (:func:`zarrtorch.sizes.held_chunks` chunks; no buffer

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from zarrtorch.source import is_local
+from zarrtorch.source import all_local
 
 
 class EarlyReads:
@@ -62,4 +62,4 @@ class EarlyReads:
 def reads_early(arrays: dict, *, cache: bool, lives_on: bool) -> bool:
     """Whether a process reading ``arrays`` starts its next epoch's reads as this one ends: it lives on into
     that epoch, reads every epoch (no ``cache``), and from local storage."""
-    return lives_on and not cache and all(is_local(a) for a in arrays.values())
+    return lives_on and not cache and all_local(arrays)

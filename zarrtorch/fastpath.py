@@ -43,8 +43,12 @@ def _simple(arr: zarr.Array) -> bool:
 def read_buffer_bytes(arr: zarr.Array) -> int:
     """Bytes of the buffer each reading thread keeps for ``arr``'s chunk files (0 when chunks are not read
     through one): the largest a zstd frame of one chunk can be, so it is never reallocated."""
-    local = isinstance(arr.store_path.store, zarr.storage.LocalStore)
-    return _largest_frame(arr) if local and _simple(arr) else 0
+    return _largest_frame(arr) if _in_files(arr) and _simple(arr) else 0
+
+
+def _in_files(arr: zarr.Array) -> bool:
+    """Whether ``arr``'s chunks are files this process opens (a local store, not one in memory)."""
+    return isinstance(arr.store_path.store, zarr.storage.LocalStore)
 
 
 def _largest_frame(arr: zarr.Array) -> int:
@@ -62,8 +66,7 @@ def direct_decoder(
         return None
     store = arr.store_path.store
     zstd = numcodecs.Zstd()
-    local = isinstance(store, zarr.storage.LocalStore)
-    read = _local_reader(store, _largest_frame(arr)) if local else _remote_reader(store, policy)
+    read = _local_reader(store, _largest_frame(arr)) if _in_files(arr) else _remote_reader(store, policy)
     chunk_buffer = (pools or Pools()).chunks(tuple(arr.chunks), np.dtype(arr.dtype))
 
     def decode(key: str, raw: bytes | None = None) -> np.ndarray:

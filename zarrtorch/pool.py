@@ -97,6 +97,13 @@ class Pools:
     def __setstate__(self, state: dict) -> None:
         self.__init__()
 
+    def _columns_pool(self, kind: str, rows: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]], keep: int):
+        """The pool of ``kind`` handing out arrays of ``rows`` rows for ``columns`` (:func:`batch_pool`)."""
+        key = (kind, rows, tuple((n, tuple(s), np.dtype(d).str) for n, (s, d) in columns.items()))
+        if key not in self._pools:
+            self._pools[key] = batch_pool(rows, columns, keep)
+        return self._pools[key]
+
     def chunks(self, shape: tuple[int, ...], dtype) -> Callable[[], LeasedArray]:
         key = ("chunk", tuple(shape), np.dtype(dtype).str)
         if key not in self._pools:
@@ -106,14 +113,7 @@ class Pools:
     def slots(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, LeasedArray]:
         """A shuffle buffer's arrays (:class:`zarrtorch.buffer.SlotBuffer`), back to the pool with the buffer:
         the next epoch's buffer finds its pages resident instead of faulting in tens of MiB as it fills."""
-        key = ("slots", capacity, tuple((n, tuple(s), np.dtype(d).str) for n, (s, d) in columns.items()))
-        if key not in self._pools:
-            self._pools[key] = Pool(lambda: {n: np.empty((capacity, *s), dtype=d) for n, (s, d) in columns.items()}, 1)
-        arrays, lease = self._pools[key].take()
-        return {name: attach(a, lease) for name, a in arrays.items()}
+        return self._columns_pool("slots", capacity, columns, keep=1)(capacity)
 
     def batches(self, batch_size: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Callable:
-        key = ("batch", batch_size, tuple((n, tuple(s), np.dtype(d).str) for n, (s, d) in columns.items()))
-        if key not in self._pools:
-            self._pools[key] = batch_pool(batch_size, columns)
-        return self._pools[key]
+        return self._columns_pool("batch", batch_size, columns, keep=8)

@@ -141,6 +141,11 @@ def is_local(arr: zarr.Array) -> bool:
     return isinstance(arr.store_path.store, (zarr.storage.LocalStore, zarr.storage.MemoryStore))
 
 
+def all_local(arrays: dict[str, zarr.Array]) -> bool:
+    """Whether every array is local (:func:`is_local`): no request has a latency or a cost."""
+    return all(is_local(a) for a in arrays.values())
+
+
 def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     """The arrays with each remote one rebuilt from its description, so that this process opens its own
     connections (fsspec and obstore create a fresh session when a store is unpickled in a new process)."""
