@@ -315,9 +315,10 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
         add(
             p["data_wait_share"] <= TARGET_DATA_WAIT,
             f"{s['label']}{size}: waiting for data <= {TARGET_DATA_WAIT:.0%} of the wall time",
-            f"{p['data_wait_share']:.1%} of the epoch after its first batch; {steady} once "
+            f"{p['data_wait_share']:.1%} of a paced epoch after a paced one, after its first batch; {steady} once "
             f"the shuffle buffers are full (step {p['step_ms']:.1f} ms per batch; top rate "
-            f"{p['top_samples_per_s']:,.0f}/s; repeats {', '.join(f'{v:.1%}' for v in p['repeats'])})",
+            f"{p['top_samples_per_s']:,.0f}/s; repeats {', '.join(f'{v:.1%}' for v in p['repeats'])}); "
+            f"the paced epoch right after the tight one: {p['after_tight_data_wait_share']:.1%}",
         )
     if best and naive:
         nbest = max(naive, key=lambda s: s["epochs"][0]["samples_per_s"])

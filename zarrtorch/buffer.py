@@ -99,7 +99,8 @@ class SlotBuffer:
                 else slice(dst.start + offset, dst.start + offset + n)
             )
             for name, column in self.slots.items():
-                column[where] = seg[name]
+                if not (isinstance(where, slice) and _same_rows(column[where], seg[name])):
+                    column[where] = seg[name]  # (rows read early are in place already: zarrtorch.early)
             offset += n
             seg = None  # let its chunk go before the next segment is read (one more decoded chunk otherwise)
 
@@ -148,7 +149,7 @@ class SlotBuffer:
             self.filled += step.append
         dest = out(len(step.take)) if out is not None else None
         if dest is not None:
-            batch = {n: np.take(c, step.take, axis=0, out=dest[n], mode="clip") for n, c in self.slots.items()}
+            batch = {n: _take_into(c, step.take, dest[n]) for n, c in self.slots.items()}
         else:
             batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}
         if step.refill or step.move_dst is not None:
@@ -156,6 +157,21 @@ class SlotBuffer:
             if step.move_dst is not None:
                 self.filled -= len(step.take) - step.refill
         return batch
+
+
+def _take_into(column: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``column[rows]`` written into ``out``. ``np.take`` copies a column read the other way round
+    (:mod:`zarrtorch.early`) whole before taking from it: such a column is taken from as it is stored."""
+    if column.strides[0] < 0:
+        column, rows = column[::-1], len(column) - 1 - rows
+    return np.take(column, rows, axis=0, out=out, mode="clip")
+
+
+def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are views of the very same memory, row for row."""
+    return (
+        a.shape == b.shape and a.strides == b.strides and a.__array_interface__["data"] == b.__array_interface__["data"]
+    )
 
 
 INDEX_ONLY = {"index": ((), np.dtype(np.int64))}

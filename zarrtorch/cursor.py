@@ -31,6 +31,11 @@ class RowCursor:
         if self._chunks is not None and hasattr(self._chunks, "close"):
             self._chunks.close()
 
+    def rows_left(self) -> int:
+        """Rows of the pieces not read yet."""
+        rest = self.pieces[self.piece :]
+        return int((rest[:, 1] - rest[:, 0]).sum()) - self.offset
+
     def read(self, n: int) -> list[dict[str, np.ndarray]]:
         """The next ``n`` rows, as one segment per piece touched: ``{"index": row ids, name: rows...}``."""
         return list(self.stream(n))

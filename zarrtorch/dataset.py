@@ -247,11 +247,12 @@ class ZarrIterableDataset(IterableDataset):
             return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
 
-    def _read_next_epoch_early(self, submit, reader: PieceReader, view: EpochView, worker: int, n_workers: int) -> None:
+    def _read_next_epoch_early(self, submit, reader: PieceReader, view: EpochView, worker: int, n_workers: int):
         """Start the next epoch's first reads in ``reader``'s threads as this one ends (:mod:`zarrtorch.early`)."""
         nxt = self.plan(epoch=view.epoch + 1, rank=view.rank, world_size=view.world_size, num_workers=n_workers)
-        first = nxt.workers[worker].pieces[: reader.prefetch] + self.row_offset
-        self._early = EarlyReads(submit, reader.read_piece, first)
+        self._early = EarlyReads(submit, reader.read_piece, nxt.workers[worker].pieces + self.row_offset,
+                                 reader.prefetch)  # fmt: skip
+        return self._early
 
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         batch = stack_columns(batch, self.stack)

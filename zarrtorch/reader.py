@@ -39,7 +39,8 @@ class PieceReader:
     decoded chunks come from ``pools`` (:mod:`zarrtorch.pool`; the process's, kept across epochs).
     ``early``: reads of the first pieces started before (:mod:`zarrtorch.early`), used where they match;
     ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
-    ``submit`` (idle from then on: what it submits runs before they end).
+    ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
+    :class:`~zarrtorch.early.EarlyReads`, kept as ``started_early``.
     """
 
     def __init__(
@@ -54,7 +55,7 @@ class PieceReader:
         policy: RetryPolicy | None = None,
         pools: Pools | None = None,
         early: EarlyReads | None = None,
-        after_last: Callable[[Callable], None] | None = None,
+        after_last: Callable[[Callable], EarlyReads] | None = None,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -64,6 +65,7 @@ class PieceReader:
         self.cache = cache
         self.policy = policy or RetryPolicy()
         self.early, self.after_last = early, after_last
+        self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
@@ -143,31 +145,35 @@ class PieceReader:
         except FileNotFoundError:
             raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
 
-    def iter_pieces(self, pieces: np.ndarray) -> Iterator[dict[str, np.ndarray]]:
-        """Yield the pieces' data in order while the next ones are decoded in the background."""
+    def iter_pieces(self, pieces: np.ndarray, ready: list | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Yield the pieces' data in order while the next ones are decoded in the background. ``ready``: the
+        data of the first pieces, already read (:mod:`zarrtorch.early`); they hold no read buffer."""
+        ready = deque(ready or ())
         # reads started early, as futures held only here: each chunk is freed once its piece is consumed
-        pending: deque = deque(self.early.take_leading(pieces) if self.early is not None else ())
+        pending: deque = deque(self.early.take_leading(pieces[len(ready) :]) if self.early is not None else ())
         self.early = None
         if len(pieces) == 0:
             return
         threads = reading_threads(self.threads, self.prefetch)
-        if threads == 1 and self.prefetch <= 1 and not pending:  # nothing to read ahead: in the caller's thread
+        if threads == 1 and self.prefetch <= 1 and not pending and not ready:  # read in the caller's thread
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
         handed_over = False  # the threads run reads submitted by after_last: let them finish
-        try:
-            todo = iter(pieces[len(pending) :])
+        todo = iter(pieces[len(ready) + len(pending) :])
+
+        def read_ahead():
             while len(pending) < self.prefetch and (nxt := next(todo, None)) is not None:
                 pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
-            while pending:
-                data = pending.popleft().result()
-                nxt = next(todo, None)
-                if nxt is not None:
-                    pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
-                elif not pending and self.after_last is not None:
-                    self.after_last(pool.submit)
+
+        try:
+            read_ahead()
+            while ready or pending:
+                data = ready.popleft() if ready else pending.popleft().result()
+                read_ahead()
+                if not ready and not pending and self.after_last is not None:  # the last piece is handed out
+                    self.started_early = self.after_last(pool.submit)
                     handed_over = True
                 yield data
         finally:

@@ -14,6 +14,7 @@ import numpy as np
 
 from zarrtorch.buffer import INDEX_ONLY, SlotBuffer, buffer_capacity, schedule
 from zarrtorch.cursor import RowCursor
+from zarrtorch.early import staged_pieces
 from zarrtorch.plan import WorkerPlan
 from zarrtorch.pool import Pools
 from zarrtorch.reader import PieceReader
@@ -47,7 +48,10 @@ def stream_batches(
         yield from _cached(reader, pieces, steps, capacity, skip, out)
         return
     buf_columns = {**INDEX_ONLY, **columns}
-    buf = SlotBuffer(capacity, buf_columns, pools.slots(capacity, buf_columns) if pools and capacity else None)
+    slots, early = _staged(reader, pieces if capacity and not skip else pieces[:0], capacity, buf_columns)
+    if slots is None and pools and capacity:
+        slots = pools.slots(capacity, buf_columns)
+    buf = SlotBuffer(capacity, buf_columns, slots)
     cursor = RowCursor(pieces)
     if skip:  # replay the schedule on row ids only, then load what the buffer holds at that point
         ids = SlotBuffer(capacity, INDEX_ONLY)
@@ -57,15 +61,33 @@ def stream_batches(
         if ids.filled:
             held = ids.slots["index"][: ids.filled]
             buf.load({"index": held, **reader.read_rows(held)})
-    cursor.attach(reader.iter_pieces(pieces[cursor.piece :]))
+    cursor.attach(reader.iter_pieces(pieces[cursor.piece :], ready=early))
+    early = None
     try:
         for step in steps:
             batch = buf.apply(step, cursor.stream, out)  # one piece at a time into the buffer
             if copy_direct and step.direct and out is None:
                 batch = {name: arr.copy() for name, arr in batch.items()}
             yield batch
+            if capacity and reader.started_early is not None:  # the last piece is in: the buffer drains
+                buf.flush()
+                reader.started_early.stage(buf.slots, capacity - buf.filled - cursor.rows_left())
     finally:
         cursor.close()
+
+
+def _staged(reader: PieceReader, pieces: np.ndarray, capacity: int, columns: dict) -> tuple[dict | None, list]:
+    """The buffer arrays holding this epoch's first pieces, copied there as the last epoch ended, and
+    those pieces' data as views of them (:mod:`zarrtorch.early`); ``(None, [])`` if there are none."""
+    if reader.early is None:
+        return None, []
+    slots, k = reader.early.take_staged(pieces)
+    fits = slots is not None and slots.keys() == columns.keys() and all(
+        slots[n].shape == (capacity, *shape) and slots[n].dtype == dt for n, (shape, dt) in columns.items()
+    )  # fmt: skip
+    if not fits:
+        return None, []
+    return slots, staged_pieces(slots, pieces[:k], [n for n in columns if n != "index"])
 
 
 def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip: int, out) -> Iterator[dict]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from zarrtorch.reader import PieceReader
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
 READS: list[tuple[int, int]] = []  # every piece read in this process
-USED: list[int] = []  # reads each epoch took from those started early, in this process
+USED: list[int] = []  # reads taken from those started early (in the buffer, in flight), in this process
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,16 @@ def store(tmp_path_factory):
 
 @pytest.fixture()
 def recorded(monkeypatch):
-    read_piece, take_leading = PieceReader.read_piece, EarlyReads.take_leading
+    read_piece, take_leading, take_staged = PieceReader.read_piece, EarlyReads.take_leading, EarlyReads.take_staged
 
     def record(self, start, stop):
         READS.append((int(start), int(stop)))
         return read_piece(self, start, stop)
+
+    def record_staged(self, pieces):
+        slots, k = take_staged(self, pieces)
+        USED.append(k)
+        return slots, k
 
     def record_taken(self, pieces):
         taken = take_leading(self, pieces)
@@ -46,22 +52,28 @@ def recorded(monkeypatch):
 
     monkeypatch.setattr(PieceReader, "read_piece", record)
     monkeypatch.setattr(EarlyReads, "take_leading", record_taken)
+    monkeypatch.setattr(EarlyReads, "take_staged", record_staged)
     READS.clear()
     USED.clear()
     return READS
 
 
 def dataset(store, **kw):
-    return ZarrIterableDataset(store, buffer_chunks=3, decode_threads=THREADS, return_index=True, **kw)
+    return ZarrIterableDataset(store, **{"buffer_chunks": 3, **kw}, decode_threads=THREADS, return_index=True)
 
 
-def epoch_batches(loader, epoch):
+def epoch_batches(loader, epoch, step_s=0.0):
+    """One epoch's batches; ``step_s``: a pause after each, as a training step (the reads finish meanwhile)."""
     loader.set_epoch(epoch)
-    return [{k: v.clone() for k, v in b.items()} for b in loader]
+    out = []
+    for b in loader:
+        out.append({k: v.clone() for k, v in b.items()})
+        time.sleep(step_s)
+    return out
 
 
-def fresh_batches(store, epoch, **loader_kw):
-    return epoch_batches(ZarrDataLoader(dataset(store), batch_size=8, **loader_kw), epoch)
+def fresh_batches(store, epoch, ds_kw=None, **loader_kw):
+    return epoch_batches(ZarrDataLoader(dataset(store, **(ds_kw or {})), batch_size=8, **loader_kw), epoch)
 
 
 def assert_same(got, want):
@@ -82,19 +94,24 @@ def wait_for_early_reads(ds):
 
 
 def test_the_next_epoch_starts_from_reads_made_as_this_one_ended(store, recorded):
+    """The reads started as epoch 0 ends are epoch 1's first pieces, in order: first those copied into the
+    draining buffer (more than the reads in flight: the buffer's rows that epoch 0 no longer needed), then
+    the reads in flight. Epoch 1 reads only the pieces after them, and yields a fresh start's batches."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
-    epoch_batches(loader, 0)
+    epoch_batches(loader, 0, step_s=0.02)  # a step long enough for every early read to finish
     ahead = ds.in_flight(THREADS)
-    expected = first_pieces(ds, 1, ahead)
-    assert ds._early is not None and ds._early.pieces == expected
+    early = ds._early.pieces
+    assert early == first_pieces(ds, 1, len(early))
+    staged_rows = sum(b - a for a, b in ds._early._staged)
+    assert ahead < len(early) <= len(ds._early._staged) + ahead and 0 < staged_rows <= ds.buffer_rows
     wait_for_early_reads(ds)
-    assert sorted(recorded[-ahead:]) == sorted(expected)  # read after all of epoch 0's
+    assert sorted(recorded[-len(early) :]) == sorted(early)  # read after all of epoch 0's
 
     recorded.clear()
     got = epoch_batches(loader, 1)
-    assert USED == [ahead]
-    assert recorded[: CHUNKS - ahead] == first_pieces(ds, 1, CHUNKS)[ahead:]  # nothing read twice or skipped
+    assert sum(USED) == len(early)
+    assert recorded[: CHUNKS - len(early)] == first_pieces(ds, 1, CHUNKS)[len(early) :]  # none twice or skipped
     assert_same(got, fresh_batches(store, 1))
 
 
@@ -108,7 +125,7 @@ def test_an_unexpected_next_epoch_reads_everything_itself(store, recorded):
     wait_for_early_reads(ds)
     recorded.clear()
     got = epoch_batches(loader, other)
-    assert USED == [0]
+    assert sum(USED) == 0
     assert recorded[:CHUNKS] == first_pieces(ds, other, CHUNKS)
     assert_same(got, fresh_batches(store, other))
 
@@ -126,7 +143,7 @@ def test_workers_read_early_only_when_they_live_on(store, recorded, persistent):
     loader = ZarrDataLoader(ds, batch_size=8, num_workers=2, persistent_workers=persistent,
                             multiprocessing_context="fork")  # fmt: skip
     for epoch in range(3):
-        got = epoch_batches(loader, epoch)
+        got = epoch_batches(loader, epoch, step_s=0.01)
         early = [int(b.pop("early")) for b in got]
         assert min(early) > 0 if persistent and epoch > 0 else set(early) == {0}
         assert_same(got, fresh_batches(store, epoch, num_workers=2))
@@ -143,6 +160,7 @@ def test_early_reads_belong_to_one_process(store):
     assert copy._early is None or copy._early.pieces == []
     early = ds._early
     early._pid = os.getpid() + 1  # as in a forked child
+    assert early.take_staged(np.array(first_pieces(ds, 1, 3))) == (None, 0)
     assert early.take_leading(np.array(first_pieces(ds, 1, 3))) == []
     assert early.pieces == []
 
@@ -164,7 +182,9 @@ def test_early_read_errors_wait_for_the_piece():
         taken[1].result()
 
 
-def test_the_shuffle_buffer_is_reused_between_epochs(store, monkeypatch):
+@pytest.fixture()
+def buffer_arrays(monkeypatch):
+    """The id of the array under each shuffle buffer's data column, one per buffer made."""
     seen = []
     init = SlotBuffer.__init__
 
@@ -177,10 +197,22 @@ def test_the_shuffle_buffer_is_reused_between_epochs(store, monkeypatch):
             seen.append(id(x))
 
     monkeypatch.setattr(SlotBuffer, "__init__", record)
-    loader = ZarrDataLoader(dataset(store), batch_size=8)
-    for epoch in range(3):
-        epoch_batches(loader, epoch)
-    assert len(seen) == 3 and len(set(seen)) == 1
+    return seen
+
+
+@pytest.mark.parametrize("unexpected", [False, True])
+def test_the_shuffle_buffer_is_reused_between_epochs(store, buffer_arrays, unexpected):
+    """One buffer for every epoch, whether the next epoch finds its first rows in it or not."""
+    ds = dataset(store)
+    loader = ZarrDataLoader(ds, batch_size=8)
+    epochs = (
+        [0, next(e for e in range(2, 50) if first_pieces(ds, e, 1) != first_pieces(ds, 1, 1))]
+        if unexpected
+        else [0, 1, 2]
+    )
+    for epoch in epochs:
+        epoch_batches(loader, epoch, step_s=0.005)
+    assert len(buffer_arrays) == len(epochs) and len(set(buffer_arrays)) == 1
 
 
 def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
@@ -211,8 +243,104 @@ def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
     for epoch in range(4):
-        epoch_batches(loader, epoch)
+        epoch_batches(loader, epoch, step_s=0.005)  # early reads copied into the draining buffer
+        assert epoch == 0 or ds._early._staged
     assert ds._early is not None and ds._early.pieces  # the reads for epoch 4 are under way
     assert 0 < peak[0] <= ds.in_flight(THREADS) + 1
     # nor more chunk buffers in all: a segment copied into the buffer lets its chunk go before the next read
     assert 0 < len(chunk_buffers) <= ds.in_flight(THREADS) + 1
+
+
+def synchronous(fn, *args):
+    """A ``submit`` that reads at once (a finished future, or a failed one)."""
+    done = Future()
+    try:
+        done.set_result(fn(*args))
+    except Exception as exc:
+        done.set_exception(exc)
+    return done
+
+
+PIECES = np.array([[0, 16], [16, 32], [32, 48], [48, 64]])
+
+
+def rows_of(start, stop):
+    if start == 999:
+        raise OSError("unreachable")
+    return {"x": np.arange(start, stop, dtype=np.float32)}
+
+
+def test_finished_reads_are_copied_into_the_rows_the_buffer_no_longer_needs():
+    """Reads go into the buffer's end, the next epoch's first row last, as far as ``free_rows`` allows;
+    each one copied starts the next read, so no more than ``in_flight`` are held as chunks."""
+    early = EarlyReads(synchronous, rows_of, PIECES, in_flight=2)
+    slots = {"index": np.zeros(40, np.int64), "x": np.full(40, -1, np.float32)}
+    early.stage(slots, free_rows=10)
+    assert early._staged == [] and len(early._reads) == 2  # no piece fits in 10 rows
+    early.stage(slots, free_rows=40)
+    assert early._staged == [(0, 16), (16, 32)] and [p for p, _ in early._reads] == [(32, 48), (48, 64)]
+    assert early.pieces == [tuple(p) for p in PIECES.tolist()]
+    np.testing.assert_array_equal(slots["x"][::-1][:32], np.arange(32))
+    np.testing.assert_array_equal(slots["x"][:8], -1)  # the rows still in use are untouched
+
+    taken, k = early.take_staged(PIECES)
+    assert k == 2 and taken["x"].strides[0] < 0  # the next epoch reads the arrays the other way round
+    np.testing.assert_array_equal(taken["x"][:32], np.arange(32))
+    assert [f.result()["x"][0] for f in early.take_leading(PIECES[k:])] == [32, 48]
+
+
+def test_staged_reads_are_used_only_by_an_epoch_starting_with_them():
+    early = EarlyReads(synchronous, rows_of, PIECES, in_flight=2)
+    early.stage({"index": np.zeros(64, np.int64), "x": np.zeros(64, np.float32)}, free_rows=64)
+    assert early.take_staged(PIECES[[0, 2, 1, 3]]) == (None, 0)
+    assert early.take_staged(PIECES) == (None, 0)  # once only
+
+
+def test_a_failed_early_read_is_not_copied_and_raises_where_it_is_taken():
+    pieces = np.array([[0, 16], [999, 1015], [1015, 1031]])
+    early = EarlyReads(synchronous, rows_of, pieces, in_flight=2)
+    early.stage({"index": np.zeros(64, np.int64), "x": np.zeros(64, np.float32)}, free_rows=64)
+    assert early._staged == [(0, 16)]
+    _, k = early.take_staged(pieces)
+    taken = early.take_leading(pieces[k:])
+    with pytest.raises(OSError, match="unreachable"):
+        taken[0].result()
+
+
+def test_a_share_that_ends_while_the_buffer_fills(tmp_path, recorded):
+    """A worker's last piece can come in while its buffer still fills: the next epoch's rows copied early
+    must stay clear of the rows this epoch has yet to append. Here 3 chunks of 64 rows, a buffer of 4: the
+    third chunk comes in at the second batch, the third batch appends the rest of it."""
+    path = tmp_path / "short.zarr"
+    prepare_zarr({"x": np.arange(192 * 4, dtype=np.float32).reshape(192, 4)}, path, chunk_rows=64, progress=False)
+    kw = {"buffer_chunks": 4}
+    loader = ZarrDataLoader(dataset(str(path), **kw), batch_size=8, work_ahead=0)  # runs as the step asks
+    for epoch in range(3):
+        got = epoch_batches(loader, epoch, step_s=0.02)  # the reads are done before the next batch
+        assert_same(got, fresh_batches(str(path), epoch, kw))
+    assert sum(USED) >= 2 * 3  # every early read was used (in a buffer or in flight)
+
+
+def test_a_resumed_epoch_drops_the_rows_copied_early(store, recorded):
+    """Resuming mid-epoch rebuilds the buffer from the saved position: the rows copied for a fresh start
+    of that epoch are not used, and the rest of the epoch is exactly the saved run's."""
+    whole = ZarrDataLoader(dataset(store), batch_size=8)
+    whole.set_epoch(1)
+    it = iter(whole)
+    for _ in range(3):
+        next(it)
+    state = whole.state_dict()
+    want = [{k: v.clone() for k, v in b.items()} for b in it]
+
+    loader = ZarrDataLoader(dataset(store), batch_size=8)
+    epoch_batches(loader, 0, step_s=0.005)
+    assert loader.dataset._early._staged
+    loader.load_state_dict(state)
+    got = [{k: v.clone() for k, v in b.items()} for b in loader]
+    assert_same(got, want)
+
+
+def test_copying_never_waits_for_a_read():
+    early = EarlyReads(lambda fn, *args: Future(), rows_of, PIECES, in_flight=2)  # reads that never finish
+    early.stage({"index": np.zeros(64, np.int64), "x": np.zeros(64, np.float32)}, free_rows=64)
+    assert early._staged == [] and len(early._reads) == 2
