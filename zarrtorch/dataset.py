@@ -231,7 +231,7 @@ class ZarrIterableDataset(IterableDataset):
         reader = PieceReader(
             self.arrays, self.chunk_rows, threads=threads, prefetch=self.in_flight(threads), policy=self.retry,
             check_missing=self.check_chunks, cache=self._cache_store if self.cache else None, pools=self._pools,
-            early=self._early,  # emptied as the reading starts
+            early=self._early, first=None if worker_skip else plan.workers[logical].pieces + self.row_offset,
         )  # fmt: skip
         if reads_early(self.arrays, cache=self.cache, lives_on=info is None or cfg.persistent_workers):
             reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)

@@ -40,7 +40,8 @@ class PieceReader:
     ``early``: reads of the first pieces started before (:mod:`zarrtorch.early`), used where they match;
     ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
     ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
-    :class:`~zarrtorch.early.EarlyReads`, kept as ``started_early``.
+    :class:`~zarrtorch.early.EarlyReads`, kept as ``started_early``. ``first``: the epoch's pieces, whose
+    first reads start at once (:meth:`read_first`).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class PieceReader:
         pools: Pools | None = None,
         early: EarlyReads | None = None,
         after_last: Callable[[Callable], EarlyReads] | None = None,
+        first: np.ndarray | None = None,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -65,10 +67,13 @@ class PieceReader:
         self.cache = cache
         self.policy = policy or RetryPolicy()
         self.early, self.after_last = early, after_last
+        self._pool: ThreadPoolExecutor | None = None  # the reading threads, once started
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
+        if first is not None:
+            self.read_first(first)
 
     def _chunk_key(self, arr: zarr.Array, chunk: int) -> str:
         coords = (chunk,) + (0,) * (arr.ndim - 1)
@@ -145,6 +150,18 @@ class PieceReader:
         except FileNotFoundError:
             raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
 
+    def read_first(self, pieces: np.ndarray) -> None:
+        """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of
+        at the first batch: a DataLoader worker makes its iterator as it starts, some 20 ms before the first
+        index reaches it. :meth:`iter_pieces` takes them as reads started early, and goes on in the same
+        threads; nothing when there are some already (the last epoch's) or when pieces are read one at a
+        time in the caller's thread."""
+        threads = reading_threads(self.threads, self.prefetch)
+        if self.early is not None or len(pieces) == 0 or (threads == 1 and self.prefetch <= 1):
+            return
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")  # the epoch's
+        self.early = EarlyReads(self._pool.submit, self.read_piece, pieces[: self.prefetch])
+
     def iter_pieces(self, pieces: np.ndarray, ready: list | None = None) -> Iterator[dict[str, np.ndarray]]:
         """Yield the pieces' data in order while the next ones are decoded in the background. ``ready``: the
         data of the first pieces, already read (:mod:`zarrtorch.early`); they hold no read buffer."""
@@ -159,7 +176,8 @@ class PieceReader:
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
-        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
+        pool = self._pool or ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
+        self._pool = None
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         todo = iter(pieces[len(ready) + len(pending) :])
 

@@ -21,7 +21,7 @@ from zarrtorch.reader import PieceReader
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
 READS: list[tuple[int, int]] = []  # every piece read in this process
-USED: list[int] = []  # reads taken from those started early (in the buffer, in flight), in this process
+USED: list[int] = []  # reads taken from those the last epoch started (in the buffer, in flight), in this process
 
 
 @pytest.fixture(scope="module")
@@ -35,21 +35,30 @@ def store(tmp_path_factory):
 @pytest.fixture()
 def recorded(monkeypatch):
     read_piece, take_leading, take_staged = PieceReader.read_piece, EarlyReads.take_leading, EarlyReads.take_staged
+    started = ZarrIterableDataset._read_next_epoch_early
 
     def record(self, start, stop):
         READS.append((int(start), int(stop)))
         return read_piece(self, start, stop)
 
+    def mark(self, *args):  # reads an epoch starts as it ends, not those an epoch starts for itself
+        early = started(self, *args)
+        early.by_last_epoch = True
+        return early
+
     def record_staged(self, pieces):
         slots, k = take_staged(self, pieces)
-        USED.append(k)
+        if getattr(self, "by_last_epoch", False):
+            USED.append(k)
         return slots, k
 
     def record_taken(self, pieces):
         taken = take_leading(self, pieces)
-        USED.append(len(taken))
+        if getattr(self, "by_last_epoch", False):
+            USED.append(len(taken))
         return taken
 
+    monkeypatch.setattr(ZarrIterableDataset, "_read_next_epoch_early", mark)
     monkeypatch.setattr(PieceReader, "read_piece", record)
     monkeypatch.setattr(EarlyReads, "take_leading", record_taken)
     monkeypatch.setattr(EarlyReads, "take_staged", record_staged)
@@ -344,3 +353,20 @@ def test_copying_never_waits_for_a_read():
     early = EarlyReads(lambda fn, *args: Future(), rows_of, PIECES, in_flight=2)  # reads that never finish
     early.stage({"index": np.zeros(64, np.int64), "x": np.zeros(64, np.float32)}, free_rows=64)
     assert early._staged == [] and len(early._reads) == 2
+
+
+def test_an_epoch_starts_reading_when_its_iterator_is_made(store, recorded):
+    """A DataLoader worker makes its iterator as it starts, before the first index reaches it: the first
+    reads start then, not at the first batch, and are not read again."""
+    ds = dataset(store)
+    loader = ZarrDataLoader(ds, batch_size=8, work_ahead=0)  # nothing reads until a batch is asked for
+    loader.set_epoch(0)
+    it = iter(loader)
+    ahead = ds.in_flight(THREADS)
+    deadline = time.monotonic() + 10
+    while len(recorded) < ahead and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(recorded) == sorted(first_pieces(ds, 0, ahead))
+    got = [{k: v.clone() for k, v in b.items()} for b in it]
+    assert sorted(recorded[:CHUNKS]) == sorted(first_pieces(ds, 0, CHUNKS))  # each once (then epoch 1's start)
+    assert_same(got, fresh_batches(store, 0))
