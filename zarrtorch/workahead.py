@@ -5,28 +5,73 @@ accelerator waits for every batch: the thread reads, decodes and shuffles the ne
 (decoding releases the GIL, and so does a GPU step). With worker processes the batches are built ahead
 already, but receiving one (DataLoader's queues, unpickling, a file descriptor per tensor) still costs the
 main process about a millisecond; the thread takes that off the step too.
+
+Taking a ready batch wakes no thread: the thread polls for room instead of being signalled. A wake-up from
+the consumer's ``next()`` (``queue.Queue`` notifying the waiting producer) let the kernel run the woken
+thread first, and on a machine busy with worker processes the consumer, still holding the GIL, then waited
+2-5 ms for a batch that was ready (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
 
-import queue
+import atexit
 import threading
+import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
+
+POLL_S = 0.0005  # how often a producer with no room looks again (about 2,000 wake-ups a second while full)
+
+
+class Handoff:
+    """At most ``depth`` items from one producer thread to one consumer. The consumer's ``get`` of a ready
+    item is a ``deque.popleft`` (atomic under the GIL) that wakes nobody; a producer without room sleeps
+    :data:`POLL_S` and looks again; a consumer that finds nothing waits for an event the producer sets."""
+
+    def __init__(self, depth: int):
+        self.depth = max(1, int(depth))
+        self._items: deque = deque()
+        self._ready = threading.Event()
+        self._waiting = False  # the consumer waits on _ready
+
+    def put(self, item, stop: threading.Event) -> bool:
+        """Append ``item`` once there is room; ``False`` if ``stop`` is set first."""
+        while len(self._items) >= self.depth:
+            if stop.is_set():
+                return False
+            time.sleep(POLL_S)
+        self._items.append(item)
+        if self._waiting:
+            self._ready.set()
+        return True
+
+    def get(self):
+        while True:
+            try:
+                return self._items.popleft()
+            except IndexError:
+                pass
+            self._waiting = True  # set before looking again: an item appended after the look sets _ready
+            self._ready.clear()
+            if not self._items:
+                self._ready.wait(0.1)
+            self._waiting = False
 
 
 class WorkAhead:
     """Iterate ``inner`` in a daemon thread, at most ``depth`` items ahead, each passed through ``convert``
     there when given. Errors reach the consumer with their traceback; dropping the iterator (a ``break``)
-    stops the thread within a tenth of a second once its current item is in; :meth:`stopper` also waits."""
+    stops the thread within a millisecond once its current item is in; :meth:`stopper` also waits."""
 
     def __init__(self, inner: Iterator, depth: int, convert: Callable | None = None):
         self.inner = inner
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(depth)))
+        self._handoff = Handoff(depth)
         self._stop = threading.Event()
         self._finished = False
-        self._thread = threading.Thread(target=_produce, args=(inner, convert, self._queue, self._stop), daemon=True,
+        self._thread = threading.Thread(target=_produce, args=(inner, convert, self._handoff, self._stop), daemon=True,
                                         name="zarrtorch-work-ahead")  # fmt: skip
+        _stop_at_exit(self._stop, self._thread)
         self._thread.start()
         weakref.finalize(self, self._stop.set)  # the thread holds no reference to self
 
@@ -36,7 +81,7 @@ class WorkAhead:
     def __next__(self):
         if self._finished:
             raise StopIteration
-        ok, item = self._queue.get()
+        ok, item = self._handoff.get()
         if ok:
             return item
         self._finished = True
@@ -56,6 +101,25 @@ class WorkAhead:
         return lambda timeout_s=60.0: _stop_and_join(stop, thread, timeout_s)
 
 
+_RUNNING: dict[threading.Thread, threading.Event] = {}  # work-ahead threads still running, and their stops
+
+
+def _stop_at_exit(stop: threading.Event, thread: threading.Thread) -> None:
+    """Stop ``thread`` when the interpreter exits, before daemon threads are cut off: one cut off inside a
+    torch call that had let go of the GIL aborts the process ("terminate called without an active
+    exception"; seen once in 25 runs of ``python -m zarrtorch roofline``, which leaves loaders mid-epoch)."""
+    if not _RUNNING:
+        atexit.register(_stop_all)  # registering twice is harmless: the second call finds nothing running
+    _RUNNING[thread] = stop
+
+
+def _stop_all(timeout_s: float = 2.0) -> None:
+    for stop in list(_RUNNING.values()):
+        stop.set()
+    for thread in list(_RUNNING):
+        thread.join(timeout_s)  # a thread stuck in a worker's batch is left to the interpreter
+
+
 def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: float) -> None:
     stop.set()
     thread.join(timeout_s)
@@ -66,24 +130,17 @@ def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: f
         )
 
 
-def _put(q: queue.Queue, stop: threading.Event, item) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _produce(inner: Iterator, convert: Callable | None, q: queue.Queue, stop: threading.Event) -> None:
+def _produce(inner: Iterator, convert: Callable | None, q: Handoff, stop: threading.Event) -> None:
     try:
-        for item in inner:
-            if convert is not None:
-                item = convert(item)
-            if not _put(q, stop, (True, item)):
-                return
-        last = (False, StopIteration())
-    except BaseException as exc:  # handed to the consumer, raised there
-        last = (False, exc)
-    _put(q, stop, last)
+        try:
+            for item in inner:
+                if convert is not None:
+                    item = convert(item)
+                if not q.put((True, item), stop):
+                    return
+            last = (False, StopIteration())
+        except BaseException as exc:  # handed to the consumer, raised there
+            last = (False, exc)
+        q.put(last, stop)
+    finally:
+        _RUNNING.pop(threading.current_thread(), None)

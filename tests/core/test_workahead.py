@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.workahead import WorkAhead
+from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr, workahead
+from zarrtorch.workahead import Handoff, WorkAhead
 
 PRODUCED = []
 
@@ -131,3 +131,61 @@ def test_work_ahead_iterator_alone():
         next(it)
     with pytest.raises(StopIteration):
         next(it)  # after the end, at once (no wait on an empty queue)
+
+
+class Recorded:
+    """Stands in for the hand-off's event: records what is done with it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append(name)
+
+
+def test_taking_a_ready_batch_wakes_no_thread():
+    """A ready batch is taken without signalling anyone: a wake-up from the consumer's next() let the kernel
+    run the woken thread while the consumer held the GIL (benchmarks/README.md)."""
+    handoff, stop = Handoff(2), threading.Event()
+    assert handoff.put(1, stop) and handoff.put(2, stop)
+    handoff._ready = Recorded()
+    assert [handoff.get(), handoff.get()] == [1, 2]
+    assert handoff._ready.calls == []
+
+
+def test_a_full_handoff_makes_room_without_a_signal_and_stops_on_request():
+    handoff, stop = Handoff(2), threading.Event()
+    done = []
+    producer = threading.Thread(target=lambda: [done.append(handoff.put(i, stop)) for i in range(3)], daemon=True)
+    producer.start()
+    assert wait_until(lambda: len(handoff._items) == 2)
+    time.sleep(0.05)
+    assert done == [True, True]  # the third waits for room
+    assert handoff.get() == 0
+    producer.join(5)
+    assert done == [True, True, True] and [handoff.get(), handoff.get()] == [1, 2]
+    assert handoff.put(3, stop) and handoff.put(4, stop)
+    stop.set()
+    assert handoff.put(5, stop) is False  # full and asked to stop: gives up instead of waiting
+
+
+def test_a_consumer_waiting_on_an_empty_handoff_is_woken_by_the_next_item():
+    handoff, stop = Handoff(1), threading.Event()
+    threading.Timer(0.05, lambda: handoff.put("x", stop)).start()
+    start = time.monotonic()
+    assert handoff.get() == "x"
+    assert time.monotonic() - start < 5
+
+
+def test_threads_still_running_are_stopped_at_exit():
+    """At exit every work-ahead thread is told to stop and waited for, so none is cut off in the middle of a
+    torch call (which aborts the process)."""
+
+    def endless():
+        while True:
+            yield np.zeros(1)
+
+    ahead = WorkAhead(endless(), 2)
+    assert next(ahead) is not None and ahead._thread in workahead._RUNNING
+    workahead._stop_all()
+    assert not ahead._thread.is_alive() and ahead._thread not in workahead._RUNNING
