@@ -99,8 +99,10 @@ class SlotBuffer:
                 else slice(dst.start + offset, dst.start + offset + n)
             )
             for name, column in self.slots.items():
-                if not (isinstance(where, slice) and _same_rows(column[where], seg[name])):
-                    column[where] = seg[name]  # (rows read early are in place already: zarrtorch.early)
+                if not isinstance(where, slice):
+                    column[where] = seg[name]
+                elif not _same_rows(target := column[where], seg[name]):  # rows read early are in place already
+                    target[...] = seg[name]
             offset += n
             seg = None  # let its chunk go before the next segment is read (one more decoded chunk otherwise)
 
@@ -168,7 +170,10 @@ def _take_into(column: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndar
 
 
 def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether ``a`` and ``b`` are views of the very same memory, row for row."""
+    """Whether ``a`` and ``b`` are views of the very same memory, row for row (on every write into the
+    buffer: the cheap bounds check first, 0.2 us against 2)."""
+    if not np.may_share_memory(a, b):
+        return False
     return (
         a.shape == b.shape and a.strides == b.strides and a.__array_interface__["data"] == b.__array_interface__["data"]
     )

@@ -70,8 +70,11 @@ class EarlyReads:
         return self._staged + [piece for piece, _ in self._reads]
 
     def __getstate__(self) -> dict:
-        return {"_pid": None, "_reads": deque(), "_todo": np.empty((0, 2), np.int64), "_submitted": 0,
-                "_staged": [], "_slots": None, "_staged_rows": 0, "_submit": None, "_read": None}  # fmt: skip
+        return {}  # reads belong to the threads of one process
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(None, None, np.empty((0, 2), np.int64))
+        self._pid = None
 
     def stage(self, slots: dict[str, np.ndarray], free_rows: int) -> None:
         """Copy the finished reads, in order, into ``slots`` (the ending epoch's shuffle buffer) read the

@@ -15,6 +15,7 @@ thread first, and on a machine busy with worker processes the consumer, still ho
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import time
 import weakref
@@ -108,9 +109,13 @@ def _stop_at_exit(stop: threading.Event, thread: threading.Thread) -> None:
     """Stop ``thread`` when the interpreter exits, before daemon threads are cut off: one cut off inside a
     torch call that had let go of the GIL aborts the process ("terminate called without an active
     exception"; seen once in 25 runs of ``python -m zarrtorch roofline``, which leaves loaders mid-epoch)."""
-    if not _RUNNING:
-        atexit.register(_stop_all)  # registering twice is harmless: the second call finds nothing running
+    _register_stop_all()
     _RUNNING[thread] = stop
+
+
+@functools.cache
+def _register_stop_all() -> None:
+    atexit.register(_stop_all)  # once per process, at the first work-ahead thread
 
 
 def _stop_all(timeout_s: float = 2.0) -> None:
