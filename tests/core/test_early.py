@@ -20,7 +20,6 @@ from zarrtorch.pool import Pool
 from zarrtorch.reader import PieceReader
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
-READS: list[tuple[int, int]] = []  # every piece read in this process
 USED: list[int] = []  # reads taken from those the last epoch started (in the buffer, in flight), in this process
 
 
@@ -36,9 +35,10 @@ def store(tmp_path_factory):
 def recorded(monkeypatch):
     read_piece, take_leading, take_staged = PieceReader.read_piece, EarlyReads.take_leading, EarlyReads.take_staged
     started = ZarrIterableDataset._read_next_epoch_early
+    reads: list[tuple[int, int]] = []  # this test's: an earlier test's early reads may still finish now
 
     def record(self, start, stop):
-        READS.append((int(start), int(stop)))
+        reads.append((int(start), int(stop)))
         return read_piece(self, start, stop)
 
     def mark(self, *args):  # reads an epoch starts as it ends, not those an epoch starts for itself
@@ -62,9 +62,8 @@ def recorded(monkeypatch):
     monkeypatch.setattr(PieceReader, "read_piece", record)
     monkeypatch.setattr(EarlyReads, "take_leading", record_taken)
     monkeypatch.setattr(EarlyReads, "take_staged", record_staged)
-    READS.clear()
     USED.clear()
-    return READS
+    return reads
 
 
 def dataset(store, **kw):

@@ -81,15 +81,22 @@ class Tracker:
 
 
 TRACK = Tracker()
+TRACK.test = 0  # which test the readers counted belong to
 
 
 @pytest.fixture()
 def tracked(monkeypatch):
-    read_piece, init = PieceReader.read_piece, SlotBuffer.__init__
+    read_piece, init, reader_init = PieceReader.read_piece, SlotBuffer.__init__, PieceReader.__init__
+    TRACK.test += 1  # reads of an earlier test's readers (its next epoch's early reads) may still finish now
+
+    def tracked_reader_init(self, *args, **kwargs):
+        self.tracked_test = TRACK.test  # before __init__: it may start its first reads at once
+        reader_init(self, *args, **kwargs)
 
     def tracked_read_piece(self, start, stop):
         out = read_piece(self, start, stop)
-        TRACK.add_piece(out)
+        if getattr(self, "tracked_test", None) == TRACK.test:
+            TRACK.add_piece(out)
         return out
 
     def tracked_init(self, capacity, columns, slots=None):
@@ -97,6 +104,7 @@ def tracked(monkeypatch):
         TRACK.add_buffer(self)
 
     monkeypatch.setattr(PieceReader, "read_piece", tracked_read_piece)
+    monkeypatch.setattr(PieceReader, "__init__", tracked_reader_init)
     monkeypatch.setattr(SlotBuffer, "__init__", tracked_init)
     TRACK.reset()
     return TRACK
