@@ -9,7 +9,8 @@ main process about a millisecond; the thread takes that off the step too.
 Taking a ready batch wakes no thread: the thread polls for room instead of being signalled. A wake-up from
 the consumer's ``next()`` (``queue.Queue`` notifying the waiting producer) let the kernel run the woken
 thread first, and on a machine busy with worker processes the consumer, still holding the GIL, then waited
-2-5 ms for a batch that was ready (``benchmarks/README.md``).
+2-5 ms for a batch that was ready (``benchmarks/README.md``). The polls thin out the longer the queue stays
+full, so a slow step or a paused consumer (validation) costs a few dozen wake-ups a second, not thousands.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 
-POLL_S = 0.0005  # how often a producer with no room looks again (about 2,000 wake-ups a second while full)
+POLL_S = 0.0005  # how soon a producer with no room looks again at first
+MAX_POLL_S = 0.02  # the longest it sleeps between looks: the delay, once room appears after a long pause
 
 
 class Handoff:
     """At most ``depth`` items from one producer thread to one consumer. The consumer's ``get`` of a ready
-    item is a ``deque.popleft`` (atomic under the GIL) that wakes nobody; a producer without room sleeps
-    :data:`POLL_S` and looks again; a consumer that finds nothing waits for an event the producer sets."""
+    item is a ``deque.popleft`` (atomic under the GIL) that wakes nobody; a producer without room looks again
+    after half the time it has waited so far (from :data:`POLL_S` up to :data:`MAX_POLL_S`); a consumer that
+    finds nothing waits for an event the producer sets."""
 
     def __init__(self, depth: int):
         self.depth = max(1, int(depth))
@@ -38,10 +41,15 @@ class Handoff:
 
     def put(self, item, stop: threading.Event) -> bool:
         """Append ``item`` once there is room; ``False`` if ``stop`` is set first."""
+        full_since = None
         while len(self._items) >= self.depth:
             if stop.is_set():
                 return False
-            time.sleep(POLL_S)
+            now = time.monotonic()
+            full_since = now if full_since is None else full_since
+            # a consumer that has not taken for w seconds is unlikely to within w/2: the producer, which holds
+            # the next item already, then puts it in at most w/2 late, while the queue still holds depth-1
+            time.sleep(min(MAX_POLL_S, max(POLL_S, (now - full_since) / 2)))
         self._items.append(item)
         if self._waiting:
             self._ready.set()

@@ -189,3 +189,44 @@ def test_threads_still_running_are_stopped_at_exit():
     assert next(ahead) is not None and ahead._thread in workahead._RUNNING
     workahead._stop_all()
     assert not ahead._thread.is_alive() and ahead._thread not in workahead._RUNNING
+
+
+class FakeClock:
+    """Stands in for ``workahead.time``: sleeping advances the clock, and the consumer takes an item at
+    ``take_at`` (in the producer's own thread, so the test is deterministic)."""
+
+    def __init__(self, handoff, take_at):
+        self.now, self.sleeps, self.handoff, self.take_at = 0.0, [], handoff, take_at
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.now >= self.take_at and len(self.handoff._items) == self.handoff.depth:
+            self.handoff.get()
+
+
+def test_a_producer_without_room_looks_less_often_the_longer_it_waits(monkeypatch):
+    """Polling at 0.5 ms cost about 1,700 wake-ups a second while a paused consumer (validation) left the
+    queue full. Now the first looks come 0.5 ms apart, later ones after half the time waited, at most
+    MAX_POLL_S, so the item still goes in soon after room appears."""
+    handoff, stop = Handoff(2), threading.Event()
+    assert handoff.put(1, stop) and handoff.put(2, stop)
+    clock = FakeClock(handoff, take_at=2.0)
+    monkeypatch.setattr(workahead, "time", clock)
+    assert handoff.put(3, stop) and list(handoff._items) == [2, 3]
+    assert clock.sleeps[:3] == [workahead.POLL_S] * 3
+    assert clock.sleeps == sorted(clock.sleeps) and max(clock.sleeps) == workahead.MAX_POLL_S
+    assert len(clock.sleeps) < 2.0 / workahead.MAX_POLL_S + 20  # 4,000 looks at a fixed 0.5 ms
+    assert clock.now - 2.0 <= workahead.MAX_POLL_S  # put in at most one look after the room appeared
+
+
+def test_a_producer_that_waits_briefly_keeps_looking_every_half_millisecond(monkeypatch):
+    handoff, stop = Handoff(1), threading.Event()
+    assert handoff.put(1, stop)
+    clock = FakeClock(handoff, take_at=0.0015)
+    monkeypatch.setattr(workahead, "time", clock)
+    assert handoff.put(2, stop)
+    assert clock.sleeps == [workahead.POLL_S] * 3
