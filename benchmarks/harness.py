@@ -389,6 +389,27 @@ def run_naive(spec: dict, sampler: MemorySampler) -> dict:
     return {"epochs": timed_epochs(loader, spec, sampler, **limits)}
 
 
+class NothingToRead(IterableDataset):
+    """Each worker yields ``batches`` batches of ``batch_size`` zeros (one float per row) at once: the first
+    batch then times DataLoader's own start-up alone (forking the workers, the first index, the result
+    queue), the floor under any loader's first batch with as many workers."""
+
+    def __init__(self, batches: int, batch_size: int):
+        self.batches, self.batch_size = batches, batch_size
+
+    def __iter__(self):
+        rows = torch.zeros(self.batch_size, 1)
+        for _ in range(self.batches):
+            yield {ARRAY: rows}
+
+
+def run_startup(spec: dict, sampler: MemorySampler) -> dict:
+    """DataLoader with persistent workers, as the benchmark's zarrtorch loader, over :class:`NothingToRead`."""
+    ds = NothingToRead(8, spec["batch_size"])
+    loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"], persistent_workers=True)
+    return {"epochs": timed_epochs(loader, spec, sampler, epochs=spec["epochs"])}
+
+
 class RamBatches(IterableDataset):
     """Random batches gathered (sorted fancy indexing) from an array held in RAM; the workers each yield
     their share of an epoch's batches."""
@@ -426,6 +447,7 @@ RUNNERS = {
     "reference": run_reference,
     "naive": run_naive,
     "numpy": run_numpy,
+    "startup": run_startup,
 }
 
 

@@ -139,6 +139,7 @@ def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
             naive = {"batches": args.naive_batches, "max_seconds": args.naive_seconds, **store}
             specs += [{"kind": "naive", "workers": w, **naive} for w in (0, 2)]
             specs += [{"kind": "numpy", "workers": w, **store} for w in (0, 2)]
+            specs += [{"kind": "startup", "workers": 2, **loaders}]  # the floor under a first batch
     return [s for s in specs if not kinds or s["kind"] in kinds]
 
 
@@ -156,6 +157,7 @@ def label_of(kind: str, par: int) -> str:
         "prototype": f"zarrtorch transport={PROTOTYPES.get(par)}, {par} workers",
         "cache": f"zarrtorch cache=True, {par} workers",
         "paced": f"zarrtorch, {par} workers, step at {PACE:.0%} of its top rate",
+        "startup": f"DataLoader start-up alone, {par} workers",
     }[kind]
 
 
@@ -219,6 +221,16 @@ def _min_epoch_rate(s):
     return min(e["samples_per_s"] for e in s["epochs"])
 
 
+def _startup_floor(summary, par: int) -> str:
+    """The first batches of DataLoader alone at ``par`` workers, when that configuration ran."""
+    return "".join(
+        "; DataLoader's start-up alone (a dataset with nothing to read): first batch in "
+        + " / ".join(f"{1e3 * e['ttfb_s']:.0f}" for e in floor["epochs"])
+        + f" ms in epochs {' / '.join(str(e['epoch']) for e in floor['epochs'])}"
+        for floor in find(summary, "1x", "startup", par)
+    )
+
+
 def _flat(small: float, big: float, slack: float) -> bool:
     return big <= small * (1 + FLAT_TOLERANCE) + slack
 
@@ -279,7 +291,8 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
             t1 <= TARGET_TTFB_CHUNKS * chunk_s,
             f"{s['label']}: time to first batch <= {TARGET_TTFB_CHUNKS} chunk reads "
             f"({1e3 * TARGET_TTFB_CHUNKS * chunk_s:.0f} ms)",
-            f"slowest epoch's first batch {1e3 * t1:.0f} ms = {t1 / chunk_s:.1f} chunk reads of {1e3 * chunk_s:.1f} ms",
+            f"slowest epoch's first batch {1e3 * t1:.0f} ms = {t1 / chunk_s:.1f} chunk reads of {1e3 * chunk_s:.1f} ms"
+            + _startup_floor(summary, s["par"]),
         )
         for big in find(summary, "big" if scaled else None, "zarrtorch", s["par"]):
             t4 = max(e["ttfb_s"] for e in big["epochs"])
@@ -355,7 +368,7 @@ def table(summary: list[dict], size: str) -> str:
         ("configuration", "ep", "samples/s", "xL0(2t)", "steady/s", "TTFB ms", "CPU us/smp", "xL0 CPU")
         + ("RSS main", "RSS worker", "held MiB")
     ]
-    for s in (s for s in summary if s["size"] == size):
+    for s in (s for s in summary if s["size"] == size and s["kind"] != "startup"):  # in the targets instead
         for e in s["epochs"]:
             ep = "-" if s["kind"] in ("l0", "naive", "numpy") else str(e["epoch"])
             rows.append(

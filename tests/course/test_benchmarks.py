@@ -33,6 +33,7 @@ EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
     ("1x", "naive", 2): 1,
     ("1x", "numpy", 0): 1,
     ("1x", "numpy", 2): 1,
+    ("1x", "startup", 2): 2,  # DataLoader over a dataset with nothing to read: the floor under a first batch
     ("big", "zarrtorch", 0): 2,
     ("big", "zarrtorch", 2): 2,
     ("big", "reference", 0): 2,
@@ -87,6 +88,9 @@ def test_bench_tiny_end_to_end(tmp_path):
             assert abs(p["step_ms"] / 1e3 - 16 / (0.8 * p["top_samples_per_s"])) < 1e-9  # --tiny: batch 16
             assert 0.0 <= p["data_wait_share"] <= 1.0
     assert sum("waiting for data" in t["target"] for t in data["targets"]) == 4
+    first_batch = {t["target"].split(":")[0]: t["detail"] for t in data["targets"] if "first batch <=" in t["target"]}
+    assert "start-up alone" in first_batch["zarrtorch, 2 workers"]  # beside the floor measured in the same run
+    assert "start-up alone" not in first_batch["zarrtorch, 0 workers"]
 
 
 @pytest.mark.slow
