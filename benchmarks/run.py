@@ -223,12 +223,11 @@ def _min_epoch_rate(s):
 
 def _startup_floor(summary, par: int) -> str:
     """The first batches of DataLoader alone at ``par`` workers, when that configuration ran."""
-    return "".join(
-        "; DataLoader's start-up alone (a dataset with nothing to read): first batch in "
-        + " / ".join(f"{1e3 * e['ttfb_s']:.0f}" for e in floor["epochs"])
-        + f" ms in epochs {' / '.join(str(e['epoch']) for e in floor['epochs'])}"
-        for floor in find(summary, "1x", "startup", par)
-    )
+    for floor in find(summary, "1x", "startup", par):
+        ms = " / ".join(f"{1e3 * e['ttfb_s']:.0f}" for e in floor["epochs"])
+        epochs = " / ".join(str(e["epoch"]) for e in floor["epochs"])
+        return f"; DataLoader's start-up alone (nothing to read): first batch in {ms} ms in epochs {epochs}"
+    return ""
 
 
 def _flat(small: float, big: float, slack: float) -> bool:

@@ -29,6 +29,11 @@ def reading_threads(threads: int, prefetch: int) -> int:
     return 1 if max(1, threads) == 1 and prefetch <= 1 else max(threads, prefetch - 1)
 
 
+def _reading_pool(threads: int) -> ThreadPoolExecutor:
+    """An epoch's reading threads, named so that profiles and ``--by-thread`` tell them apart."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
+
+
 class ChunkReadError(RuntimeError):
     """A chunk could not be read; the message names the array, chunk index, rows and store key."""
 
@@ -159,7 +164,7 @@ class PieceReader:
         threads = reading_threads(self.threads, self.prefetch)
         if self.early is not None or len(pieces) == 0 or (threads == 1 and self.prefetch <= 1):
             return
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")  # the epoch's
+        self._pool = _reading_pool(threads)  # the epoch's
         self.early = EarlyReads(self._pool.submit, self.read_piece, pieces[: self.prefetch])
 
     def iter_pieces(self, pieces: np.ndarray, ready: list | None = None) -> Iterator[dict[str, np.ndarray]]:
@@ -176,7 +181,7 @@ class PieceReader:
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
-        pool = self._pool or ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
+        pool = self._pool or _reading_pool(threads)
         self._pool = None
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         todo = iter(pieces[len(ready) + len(pending) :])
