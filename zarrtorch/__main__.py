@@ -1,5 +1,5 @@
-"""``python -m zarrtorch``: the command line (its commands are the course's: make-data, train)."""
+"""``python -m zarrtorch``: the command line (:mod:`zarrtorch.cli`)."""
 
-from zarrtorch.course.cli import main
+from zarrtorch.cli import main
 
 raise SystemExit(main())

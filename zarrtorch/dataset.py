@@ -21,7 +21,7 @@ from zarrtorch.buffer import INDEX_ONLY, buffer_rng, rank_batches
 from zarrtorch.early import EarlyReads, reads_early
 from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
-from zarrtorch.plan import RankPlan, epoch_plan, resume_roles
+from zarrtorch.plan import RankPlan, epoch_plan, plan_fingerprint, resume_roles
 from zarrtorch.pool import Pools
 from zarrtorch.process import cpu_share
 from zarrtorch.reader import PieceReader
@@ -152,6 +152,15 @@ class ZarrIterableDataset(IterableDataset):
                            row_shuffle=self._row_shuffle)  # fmt: skip
         return held * self.chunk_rows * self.row_bytes
 
+    def fingerprint(self, batch_size: int, drop_last: bool) -> str:
+        """What fixes this dataset's batches for a loader of ``batch_size`` and ``drop_last``
+        (:func:`zarrtorch.plan.plan_fingerprint`), for checkpoints and the ranks' agreement."""
+        return plan_fingerprint(
+            rows=self.rows, chunk_rows=self.chunk_rows, row_offset=self.row_offset, seed=self.seed,
+            shuffle=self.shuffle, buffer_chunks=self.buffer_chunks, cache=self.cache, batch_size=int(batch_size),
+            drop_last=bool(drop_last),
+        )  # fmt: skip
+
     def _require_config(self) -> LoaderConfig:
         if self.config is None:
             raise TypeError(THROUGH_THE_LOADER)
@@ -257,4 +266,6 @@ class ZarrIterableDataset(IterableDataset):
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         batch = stack_columns(batch, self.stack)
         out = {name: torch.from_numpy(arr) for name, arr in batch.items() if name != "index" or self.return_index}
-        return self.transform(out) if self.transform is not None else out
+        if self.transform is None or (self.config is not None and self.config.transform_in_consumer):
+            return out
+        return self.transform(out)

@@ -73,10 +73,46 @@ def direct_decoder(
         if raw is None:
             raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
         out = chunk_buffer()
+        size = frame_content_size(raw)
+        if size is None:  # a frame that does not state its size (written by a streaming compressor)
+            decoded = zstd.decode(raw)
+            _check_size(len(decoded), out)
+            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(decoded, np.uint8)
+            return out
+        _check_size(size, out)  # zstd would fill a larger buffer only in part, and leave the rest as it was
         zstd.decode(raw, out=out)
         return out
 
     return decode
+
+
+ZSTD_MAGIC = 0xFD2FB528
+
+
+def frame_content_size(raw) -> int | None:
+    """The decoded size a zstd frame states in its header (RFC 8878, section 3.1.1.1), or ``None`` when it
+    does not state one. Raises ``ValueError`` for bytes that do not start with a zstd frame header."""
+    head = bytes(raw[:18])
+    if len(head) < 6 or int.from_bytes(head[:4], "little") != ZSTD_MAGIC:
+        raise ValueError(f"it does not start with a zstd frame ({len(raw)} bytes, first ones {head[:4].hex()})")
+    descriptor = head[4]
+    fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]  # after the window and dictionary fields
+    width = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    if width == 0:
+        return None
+    if len(head) < at + width:
+        raise ValueError(f"its zstd frame header is cut short ({len(raw)} bytes)")
+    value = int.from_bytes(head[at : at + width], "little")
+    return value + 256 if width == 2 else value
+
+
+def _check_size(size: int, out: np.ndarray) -> None:
+    if size != out.nbytes:
+        raise ValueError(
+            f"its zstd frame decodes to {size} bytes where the chunk holds {out.nbytes} ({tuple(out.shape)} "
+            f"{out.dtype}): the chunk is damaged, or was written for another shape or data type"
+        )
 
 
 def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], memoryview]:

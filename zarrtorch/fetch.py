@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import zarr
-from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.sync import sync
 
 T = TypeVar("T")
@@ -69,13 +69,20 @@ def with_retries(attempt: Callable[[], T], policy: RetryPolicy) -> T:
     raise AssertionError("unreachable")
 
 
-async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
+async def get_buffer(store: zarr.abc.store.Store, key: str, policy: RetryPolicy | None) -> Buffer:
+    """The object at ``key`` as zarr's buffer; each attempt waits ``policy.timeout_s`` at most (``policy=None``:
+    one attempt without a deadline, for local stores); ``FileNotFoundError`` when the store has none."""
+    if policy is None:
+        got = await store.get(key, default_buffer_prototype())
+        if got is None:
+            raise FileNotFoundError(key)
+        return got
     for n in range(policy.retries + 1):
         try:
             got = await asyncio.wait_for(store.get(key, default_buffer_prototype()), policy.timeout_s)
             if got is None:
                 raise FileNotFoundError(key)
-            return got.to_bytes()
+            return got
         except Exception as exc:
             if is_permanent(exc):
                 raise
@@ -83,6 +90,10 @@ async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> by
                 raise _exhausted(policy, exc) from exc
             await asyncio.sleep(policy.backoff_s * 2**n)
     raise AssertionError("unreachable")
+
+
+async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
+    return (await get_buffer(store, key, policy)).to_bytes()
 
 
 def get_bytes(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:

@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.epoch_sampler import EpochSampler
-from zarrtorch.process import distributed_topology, frozen_objects
+from zarrtorch.plan import PLAN_VERSION
+from zarrtorch.process import TopologyUnknown, check_ranks_agree, distributed_topology, frozen_objects
 from zarrtorch.resume import Segment
 from zarrtorch.ring import make_ring, pin_copy
 from zarrtorch.settings import check_loader_settings
@@ -26,34 +27,47 @@ from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfi
 from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 from zarrtorch.workahead import WorkAhead
 
+SUPERSEDED = (
+    "this iterator of a ZarrDataLoader was superseded: iter(loader) was called again since it was made, and "
+    "a loader runs one epoch at a time (its workers, shared slots and position belong to the newest "
+    "iterator). Use the newest iterator, or finish this one before starting another"
+)
+
 
 class EpochIterator:
-    """One epoch of a :class:`ZarrDataLoader`: counts the batches handed out (for ``state_dict``) and stops
-    the workers at once when one of them fails."""
+    """One epoch of a :class:`ZarrDataLoader`: counts the batches handed out (for ``state_dict``), stops
+    the workers at once when one of them fails, and refuses to go on once a newer epoch started."""
 
-    def __init__(self, inner, loader: ZarrDataLoader):
+    def __init__(self, inner, loader: ZarrDataLoader, generation: int, transform=None):
         ahead = isinstance(inner, WorkAhead)
         self._inner = inner.inner if ahead else inner  # DataLoader's own iterator
         self._next = inner.__next__ if ahead else lambda: loader.receive(next(inner))  # received there
         self._loader = loader
+        self._generation = generation
+        self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        loader = self._loader
+        if loader._generation != self._generation:
+            raise RuntimeError(SUPERSEDED)
         try:
             batch = self._next()
         except StopIteration:
-            self._loader._finished_epoch()
+            loader._finished_epoch()
             raise
         except Exception as exc:
-            if stop_workers(self._loader, self._inner):
+            if stop_workers(loader, self._inner):
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
                 # would keep this loader and its next workers for the garbage collector); the message
                 # already carries the worker's traceback
                 raise exc.with_traceback(None) from None
             raise
-        self._loader._batches_seen += 1
+        if self._transform is not None:
+            batch = self._transform(batch)
+        loader._batches_seen += 1
         return batch
 
     def __len__(self) -> int:
@@ -92,18 +106,23 @@ class ZarrDataLoader(DataLoader):
         world_size: int | None = None,
         work_ahead: int = 2,
         transport: str | None = None,
+        check_ranks: bool = True,
         **kwargs,
     ):
         if not isinstance(dataset, ZarrIterableDataset):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
         self.work_ahead = int(work_ahead)
+        self.check_ranks = bool(check_ranks)
         persistent = bool(kwargs.get("persistent_workers"))
-        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent)
+        # with no workers a random transform would run in the work-ahead thread, drawing from torch's global
+        # generator while the training step does: it runs in the consumer's thread instead, as DataLoader's
+        in_consumer = dataset.transform is not None and int(num_workers) == 0 and self.work_ahead > 0
+        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent, in_consumer)
         self.epoch_state = EpochState()
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         prefetch = kwargs.get("prefetch_factor") or 2
-        self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport)
+        self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport)  # allocated by iter()
         self._ring_keep = None if dataset.return_index else set(dataset.arrays)  # what receive() keeps of a slot
         self._ring_copy = pin_copy if pinned else None
         dataset.attach(self.config, self.epoch_state, self.ring)
@@ -111,12 +130,13 @@ class ZarrDataLoader(DataLoader):
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
         self._epoch = 0
-        self._resume_skip = 0
+        self._resume: LoaderCheckpoint | None = None  # a loaded state, applied when its epoch starts
+        self._resume_skip = 0  # batches of the running epoch yielded before it (re)started
+        self._history: tuple[Segment, ...] = ()  # the running epoch's segments on earlier topologies
         self._batches_seen = 0
         self._epoch_done = False
         self._epoch_set_since_last = True
-        self._history: tuple[Segment, ...] = ()  # this epoch's segments on earlier topologies
-        self._pending_state: LoaderCheckpoint | None = None
+        self._generation = 0  # of the newest iterator: older ones refuse to go on
         self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
         self._last_workers: weakref.ref | None = None  # the last epoch's DataLoader iterator, with workers
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
@@ -125,10 +145,11 @@ class ZarrDataLoader(DataLoader):
 
     # -- epochs and topology ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch``: a new chunk order and new partition on every rank. Call it every epoch."""
+        """Start ``epoch``: a new chunk order and new partition on every rank. Call it every epoch. A loaded
+        state (:meth:`load_state_dict`) of another epoch is dropped: that epoch starts afresh."""
         epoch = int(epoch)
         if epoch != self._epoch:
-            self._resume_skip, self._history = 0, ()
+            self._resume_skip, self._history, self._resume = 0, (), None
         self._epoch = epoch
         self._epoch_set_since_last = True
 
@@ -137,28 +158,47 @@ class ZarrDataLoader(DataLoader):
         return self._epoch
 
     def topology(self) -> tuple[int, int]:
-        """(rank, world size) this loader uses now."""
+        """(rank, world size) this loader uses now: ``rank=``/``world_size=`` if given, else
+        :func:`zarrtorch.process.distributed_topology` (the process group, or torchrun's environment)."""
         return self._fixed_topology or distributed_topology()
 
-    def _plan(self, rank: int, world: int):
+    def _start_point(self, world: int) -> tuple[tuple[Segment, ...], int]:
+        """(earlier segments, batches already yielded) from which this rank's epoch (re)starts on a
+        topology of ``world`` ranks: a loaded state's, else the running epoch's."""
+        saved = self._resume
+        if saved is None:
+            return self._history, self._resume_skip
+        return resumed_history(saved, world, self.config.num_workers), saved.batches_seen
+
+    def _plan(self, rank: int, world: int, history: tuple[Segment, ...] | None = None):
         cfg = self.config
         return self.dataset.plan(
-            epoch=self._epoch, rank=rank, world_size=world, history=self._history, num_workers=cfg.num_workers,
+            epoch=self._epoch, rank=rank, world_size=world,
+            history=self._start_point(world)[0] if history is None else history, num_workers=cfg.num_workers,
             batch_size=cfg.batch_size, drop_last=cfg.drop_last,
         )  # fmt: skip
 
     def __len__(self) -> int:
         """Exact number of batches this rank yields per epoch (the same on every rank). In an epoch resumed
         on another topology: the batches yielded before, plus what every rank yields of the rest."""
-        return sum(seg.batches for seg in self._history) + self._plan(*self.topology()).batches
+        rank, world = self.topology()
+        history = self._start_point(world)[0]
+        return sum(seg.batches for seg in history) + self._plan(rank, world, history).batches
 
     def __iter__(self):
         if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
             self._stop_work_ahead, stop = None, self._stop_work_ahead
             stop()
-        if self._pending_state is not None:
-            self._apply_state()
         rank, world = self.topology()
+        history, skip = self._start_point(world)
+        try:
+            batches = self._plan(rank, world, history).batches  # raise here, not in a worker
+        except ValueError as exc:
+            if self._resume is None:
+                raise
+            self._resume = None  # refused as a whole: the loader stays as it was before load_state_dict
+            raise ValueError(f"the loaded state was not applied: {exc}") from exc
+        self._resume, self._history, self._resume_skip = None, history, skip
         if self._epoch_done and not self._epoch_set_since_last and self.dataset.shuffle:
             warnings.warn(
                 f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
@@ -167,15 +207,23 @@ class ZarrDataLoader(DataLoader):
             )
         self._epoch_done = False
         self._epoch_set_since_last = False
-        self._plan(rank, world)  # raise here, not in a worker
+        self._generation += 1
+        if self.check_ranks and self._fixed_topology is None and torch.distributed.is_initialized():
+            cfg = self.config
+            fingerprint = self.dataset.fingerprint(cfg.batch_size, cfg.drop_last)
+            check_ranks_agree(
+                f"plan {fingerprint}, epoch {self._epoch}, {world} ranks x {cfg.num_workers} workers, "
+                f"{sum(seg.batches for seg in history) + batches} batches from batch {skip}, earlier segments "
+                f"{[tuple(vars(seg).values()) for seg in history]}",
+                f"epoch {self._epoch} of a ZarrDataLoader",
+            )
         self.dataset.attach(self.config, self.epoch_state, self.ring)
         if self.ring is not None:
             self._stop_earlier_workers()
             self.ring.start_epoch()
-        earlier = sum(seg.batches for seg in self._history)
-        view = EpochView(self._epoch, self._resume_skip - earlier, rank, world, self._history)
-        self.epoch_state.publish(view)
-        self._batches_seen = self._resume_skip
+        earlier = sum(seg.batches for seg in history)
+        self.epoch_state.publish(EpochView(self._epoch, skip - earlier, rank, world, history))
+        self._batches_seen = skip
         self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
         try:
             with frozen_objects(self.config.num_workers > 0):  # workers start here
@@ -186,7 +234,8 @@ class ZarrDataLoader(DataLoader):
         if self.work_ahead > 0:
             inner = WorkAhead(inner, self.work_ahead, convert=self.receive)
             self._stop_work_ahead = inner.stopper()
-        return EpochIterator(inner, self)
+        transform = self.dataset.transform if self.config.transform_in_consumer else None
+        return EpochIterator(inner, self, self._generation, transform)
 
     def _stop_earlier_workers(self) -> None:
         """Workers of an earlier epoch still running (not persistent, and their iterator still referenced)
@@ -207,15 +256,21 @@ class ZarrDataLoader(DataLoader):
 
     # -- checkpointing ------------------------------------------------------------------------------
     def checkpoint(self) -> LoaderCheckpoint:
-        """This rank's position, the topology it runs on and the set-up the position is valid for."""
+        """This rank's position, the topology it runs on and the set-up the position is valid for. A finished
+        epoch is saved as the start of the next one: a run resumed from it trains the next epoch, whether or
+        not its trainer calls ``set_epoch`` before it iterates (Lightning builds the iterator first)."""
         rank, world = self.topology()
+        history, skip = self._start_point(world)
+        epoch, seen = self._epoch, (skip if self._resume is not None else self._position())
+        if self._epoch_done or seen >= sum(seg.batches for seg in history) + self._plan(rank, world, history).batches:
+            epoch, seen, history = epoch + 1, 0, ()
         ds, cfg = self.dataset, self.config
         return LoaderCheckpoint(
-            epoch=self._epoch, batches_seen=self._position(), rank=rank, world_size=world,
-            num_workers=cfg.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last, seed=ds.seed,
-            shuffle=ds.shuffle, buffer_chunks=ds.buffer_chunks, row_offset=ds.row_offset, rows=ds.rows,
-            chunk_rows=ds.chunk_rows, cache=ds.cache,
-            history=tuple((seg.world_size, seg.num_workers, seg.batches) for seg in self._history),
+            epoch=epoch, batches_seen=seen, rank=rank, world_size=world, num_workers=cfg.num_workers,
+            batch_size=cfg.batch_size, drop_last=cfg.drop_last, seed=ds.seed, shuffle=ds.shuffle,
+            buffer_chunks=ds.buffer_chunks, row_offset=ds.row_offset, rows=ds.rows, chunk_rows=ds.chunk_rows,
+            cache=ds.cache, plan_version=PLAN_VERSION, fingerprint=ds.fingerprint(cfg.batch_size, cfg.drop_last),
+            history=tuple((seg.world_size, seg.num_workers, seg.batches) for seg in history),
         )  # fmt: skip
 
     def _position(self) -> int:
@@ -235,26 +290,49 @@ class ZarrDataLoader(DataLoader):
         On another one, the rows not yet consumed by any saved rank are split again over the new ranks
         (:mod:`zarrtorch.resume`): every row once (``drop_last=False``, plus fewer than ``world_size``
         repeated rows to even out the ranks) or no row twice (``drop_last=True``), equal batches per rank.
-        The batch size, seed, shuffling and data must be those of the saved run."""
-        saved = LoaderCheckpoint.from_dict(state)
-        self._epoch = saved.epoch
-        self._resume_skip = self._batches_seen = saved.batches_seen
-        self._epoch_set_since_last = True
-        self._pending_state = saved
-        if self._fixed_topology is not None or torch.distributed.is_initialized():
-            self._apply_state()  # else once the process group exists (first iteration)
+        The batch size, seed, shuffling and data must be those of the saved run.
 
-    def _apply_state(self) -> None:
-        saved, self._pending_state = self._pending_state, None
-        diff = saved.setup_differences(self.checkpoint())
+        Everything is checked before anything changes: a refused state raises here and leaves the loader as
+        it was. The position is taken up when the saved epoch next starts (``set_epoch`` of another epoch
+        drops it); the topology is that of that moment."""
+        saved = LoaderCheckpoint.from_dict(state)
+        diff = saved.setup_differences(self._setup_checkpoint())
         if diff:
             raise ValueError(
                 "cannot resume this loader: the state was saved with other data or settings (" + "; ".join(diff)
                 + "). Resume with the saved batch_size, seed, shuffle, buffer_chunks, drop_last and store, or "
                 "start the epoch afresh with loader.set_epoch(epoch) instead of load_state_dict."
             )  # fmt: skip
-        history = saved.segments
-        if (saved.world_size, saved.num_workers) != (self.topology()[1], self.config.num_workers):
-            history += (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
-        self._history = history
-        self._plan(*self.topology())  # refuse here (cache=True, a state from other data), not in a worker
+        try:
+            rank, world = self.topology()
+        except TopologyUnknown:
+            rank = world = None  # checked when the epoch starts, once the process group exists
+        if world is not None:
+            history = resumed_history(saved, world, self.config.num_workers)
+            self.dataset.plan(
+                epoch=saved.epoch, rank=rank, world_size=world, history=history, num_workers=self.config.num_workers,
+                batch_size=self.config.batch_size, drop_last=self.config.drop_last,
+            )  # fmt: skip  # raises for a position this data cannot have (cache=True on another topology...)
+        self._epoch, self._resume, self._resume_skip, self._history = saved.epoch, saved, 0, ()
+        self._batches_seen = saved.batches_seen
+        self._epoch_done = False
+        self._epoch_set_since_last = True
+
+    def _setup_checkpoint(self) -> LoaderCheckpoint:
+        """A checkpoint of this loader's set-up (its position fields are placeholders)."""
+        ds, cfg = self.dataset, self.config
+        return LoaderCheckpoint(
+            epoch=0, batches_seen=0, rank=0, world_size=1, num_workers=cfg.num_workers, batch_size=cfg.batch_size,
+            drop_last=cfg.drop_last, seed=ds.seed, shuffle=ds.shuffle, buffer_chunks=ds.buffer_chunks,
+            row_offset=ds.row_offset, rows=ds.rows, chunk_rows=ds.chunk_rows, cache=ds.cache,
+            plan_version=PLAN_VERSION, fingerprint=ds.fingerprint(cfg.batch_size, cfg.drop_last),
+        )  # fmt: skip
+
+
+def resumed_history(saved: LoaderCheckpoint, world: int, num_workers: int) -> tuple[Segment, ...]:
+    """The segments before a resume of ``saved`` on ``world`` ranks x ``num_workers`` workers: the saved
+    ones, plus the saved topology's own when the new one differs."""
+    history = saved.segments
+    if (saved.world_size, saved.num_workers) != (world, num_workers):
+        history += (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
+    return history

@@ -18,12 +18,26 @@ bit-identical answer, so no process ever has to tell another what it reads.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily: ~10 ms at first use
 
 from zarrtorch.sizes import ceil_div
+
+PLAN_VERSION = 2  # raise whenever the same inputs would give other batches (a checkpoint then is refused)
+
+
+def plan_fingerprint(**inputs) -> str:
+    """A short digest of what fixes every epoch's batches: the plan's inputs (passed by name), the algorithm's
+    version, and a sample of NumPy's generator output (a NumPy whose generator draws other numbers would give
+    other plans from the same inputs). Equal on every rank of one job, and in a checkpoint and the run that
+    resumes it, exactly when they compute the same batches."""
+    probe = rng_for(int(inputs.get("seed", 0)), 0, 0).permutation(257)
+    probe = np.concatenate([probe, rng_for(int(inputs.get("seed", 0)), 0, 2, 0, 0).choice(1000, 16, replace=False)])
+    text = repr((PLAN_VERSION, sorted(inputs.items()), probe.astype(np.int64).tolist()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def rng_for(seed: int, epoch: int, *stream: int) -> np.random.Generator:

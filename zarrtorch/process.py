@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from datetime import timedelta
 
 
 def available_cpus() -> int:
@@ -21,13 +22,56 @@ def cpu_share(parts: int) -> int:
     return max(1, available_cpus() // max(1, int(parts)))
 
 
+class TopologyUnknown(RuntimeError):
+    """This process is part of a DDP job whose process group does not exist yet and whose environment
+    does not say its rank."""
+
+
 def distributed_topology() -> tuple[int, int]:
-    """(rank, world size) of this process from ``torch.distributed``, or (0, 1) outside DDP."""
+    """(rank, world size) of this process: ``torch.distributed``'s once its process group exists, before
+    that the ``RANK`` and ``WORLD_SIZE`` that torchrun (and Slurm scripts that export them) set, else (0, 1).
+
+    Why the environment: a loader asked for its length or its first epoch before ``init_process_group``
+    would otherwise take every process for rank 0 of 1, and every rank would read every row. A process
+    that says ``WORLD_SIZE > 1`` without its ``RANK`` is refused (:class:`TopologyUnknown`), never guessed."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return environment_topology()
+
+
+def environment_topology(env: dict | None = None) -> tuple[int, int]:
+    """(rank, world size) from ``RANK`` / ``WORLD_SIZE`` (see :func:`distributed_topology`)."""
+    env = os.environ if env is None else env
+    world_text, rank_text = env.get("WORLD_SIZE"), env.get("RANK")
+    try:
+        world = int(world_text) if world_text not in (None, "") else None
+        rank = int(rank_text) if rank_text not in (None, "") else None
+    except ValueError:
+        raise TopologyUnknown(
+            f"RANK={rank_text!r} and WORLD_SIZE={world_text!r} in the environment are not integers: fix them, "
+            "or pass rank= and world_size= to ZarrDataLoader"
+        ) from None
+    if world is None and rank is None:
+        return 0, 1
+    if world is None or world < 1:
+        raise TopologyUnknown(
+            f"RANK={rank_text} is set but WORLD_SIZE={world_text!r}: set both (torchrun does), initialise "
+            "torch.distributed first, or pass rank= and world_size= to ZarrDataLoader"
+        )
+    if rank is None:
+        if world == 1:
+            return 0, 1
+        raise TopologyUnknown(
+            f"WORLD_SIZE={world} is set but RANK is not, and torch.distributed is not initialised yet: this "
+            "process cannot know which share of the data is its own. Initialise the process group first "
+            "(Lightning does before it asks for batches), export RANK, or pass rank= and world_size= to "
+            "ZarrDataLoader"
+        )
+    if not 0 <= rank < world:
+        raise TopologyUnknown(f"RANK={rank} is outside [0, WORLD_SIZE={world}): fix the job's environment")
+    return rank, world
 
 
 @contextlib.contextmanager
@@ -44,3 +88,46 @@ def frozen_objects(when: bool = True):
         yield
     finally:
         gc.unfreeze()  # in this process only: the forked workers keep theirs frozen
+
+
+RANK_CHECK_TIMEOUT_S = 300.0  # how long a rank waits for the others to start the same epoch before it says so
+_CHECK_GROUPS: dict[str, tuple] = {}  # "group": (the default process group, the gloo group checks run in)
+
+
+def _check_group(timeout_s: float):
+    """A gloo group over every rank, made once per process group: the check's collective runs on the CPU
+    whatever the training's backend, and waits ``timeout_s`` at most (the default group waits 30 minutes)."""
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    cached = _CHECK_GROUPS.get("group")
+    if cached is None or cached[0] is not world:
+        _CHECK_GROUPS["group"] = (world, dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
+    return _CHECK_GROUPS["group"][1]
+
+
+def check_ranks_agree(value: str, what: str, timeout_s: float = RANK_CHECK_TIMEOUT_S) -> None:
+    """Raise unless every rank of the process group passes the same ``value`` (one small all-gather).
+
+    Why: every rank computes its share of an epoch by itself; ranks that disagree on an input (another seed,
+    another zarrtorch or NumPy) would read overlapping rows, silently. The error names the ranks that differ."""
+    import torch.distributed as dist
+
+    values: list = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(values, value, group=_check_group(timeout_s))
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"the ranks did not all start {what} within {timeout_s:g} s ({type(exc).__name__}: {exc}). Every rank "
+            "must iterate the loader, in the same order as the others (a loader iterated on one rank only, "
+            "say to look at a batch, needs check_ranks=False)"
+        ) from exc
+    if len(set(values)) > 1:
+        by_value: dict = {}
+        for rank, v in enumerate(values):
+            by_value.setdefault(v, []).append(rank)
+        lines = "; ".join(f"rank(s) {ranks}: {v}" for v, ranks in by_value.items())
+        raise RuntimeError(
+            f"the ranks computed different plans for {what}, so they would read overlapping rows: {lines}. "
+            "Run every rank with the same arguments, data, zarrtorch and NumPy versions"
+        )

@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
 
+from zarrtorch.chunks import chunk_key, read_chunk
 from zarrtorch.early import EarlyReads
 from zarrtorch.fastpath import direct_decoder
-from zarrtorch.fetch import RetryPolicy, get_many, with_retries
+from zarrtorch.fetch import RetryPolicy, get_many
 from zarrtorch.pool import Pools
 from zarrtorch.source import is_local
 
@@ -80,13 +80,9 @@ class PieceReader:
         if first is not None:
             self.read_first(first)
 
-    def _chunk_key(self, arr: zarr.Array, chunk: int) -> str:
-        coords = (chunk,) + (0,) * (arr.ndim - 1)
-        return f"{arr.store_path.path}/{arr.metadata.encode_chunk_key(coords)}".lstrip("/")
-
     def _where(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
         return (
-            f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {self._chunk_key(arr, chunk)!r} "
+            f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {chunk_key(arr, chunk)!r} "
             f"in store {arr.store_path.store}"
         )
 
@@ -110,50 +106,38 @@ class PieceReader:
     def _fetch_together(self, chunk: int) -> dict[str, bytes | Exception]:
         if len(self._together) < 2:
             return {}
-        keys = [(self.arrays[n].store_path.store, self._chunk_key(self.arrays[n], chunk)) for n in self._together]
+        keys = [(self.arrays[n].store_path.store, chunk_key(self.arrays[n], chunk)) for n in self._together]
         return dict(zip(self._together, get_many(keys, self.policy), strict=True))
 
     def _read_checked(self, start: int, stop: int) -> dict[str, np.ndarray]:
         chunk = start // self.chunk_rows
+        first = chunk * self.chunk_rows
         fetched = self._fetch_together(chunk)
         out = {}
         for name, arr in self.arrays.items():
-            decode = self._direct[name]
-            if decode is not None:
-                try:
-                    first = chunk * self.chunk_rows
-                    raw = fetched.get(name)
-                    if isinstance(raw, Exception):
-                        raise raw
-                    out[name] = decode(self._chunk_key(arr, chunk), raw)[start - first : stop - first]
-                    continue
-                except FileNotFoundError:
-                    if self.check_missing:
-                        raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
-                except Exception as exc:
-                    raise ChunkReadError(
-                        f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
-                    ) from exc
             try:
-                out[name] = self._read_through_zarr(name, arr, chunk, start, stop)
-            except ChunkReadError:
-                raise
+                out[name] = self._read_chunk(name, arr, chunk, fetched.get(name))[start - first : stop - first]
+            except FileNotFoundError:
+                if self.check_missing:
+                    raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
+                fill = arr.fill_value if arr.fill_value is not None else 0  # what zarr reads a missing chunk as
+                out[name] = np.full((stop - start, *arr.shape[1:]), fill, dtype=arr.dtype)
             except Exception as exc:
                 raise ChunkReadError(
                     f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
                 ) from exc
         return out
 
-    def _read_through_zarr(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> np.ndarray:
-        def attempt() -> np.ndarray:
-            if self.check_missing and not sync(arr.store_path.store.exists(self._chunk_key(arr, chunk))):
-                raise FileNotFoundError(self._chunk_key(arr, chunk))  # permanent: not retried
-            return arr[int(start) : int(stop)]
-
-        try:
-            return attempt() if is_local(arr) else with_retries(attempt, self.policy)
-        except FileNotFoundError:
-            raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
+    def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched) -> np.ndarray:
+        """The whole chunk, decoded: directly (:mod:`zarrtorch.fastpath`) or through zarr's codecs
+        (:mod:`zarrtorch.chunks`); ``fetched``: its bytes, requested already (or the error that got)."""
+        if isinstance(fetched, Exception):
+            raise fetched
+        decode = self._direct[name]
+        if decode is not None:
+            return decode(chunk_key(arr, chunk), fetched)
+        policy = None if is_local(arr) else self.policy
+        return read_chunk(arr, chunk, policy=policy, check_missing=self.check_missing)
 
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of

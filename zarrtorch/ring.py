@@ -18,6 +18,8 @@ batches through DataLoader's queue instead, so it never waits and never overwrit
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -49,20 +51,39 @@ class BatchRing:
 
     def __init__(self, shape: RingShape):
         self.shape = shape
-        self.data = {
-            name: torch.from_numpy(
-                np.zeros((shape.workers, shape.slots, shape.batch_size, *row), dtype=dtype)
-            ).share_memory_()  # zeros: pages touched once here, not at every batch
-            for name, row, dtype in shape.columns
-        }
-        self.busy = torch.zeros((shape.workers, shape.slots), dtype=torch.int32).share_memory_()
-        self.generation = torch.zeros(1, dtype=torch.int32).share_memory_()
+        self.data: dict[str, torch.Tensor] | None = None  # allocated by the first epoch (:meth:`allocate`)
+        self.busy: torch.Tensor | None = None
+        self.generation: torch.Tensor | None = None
         self._next = 0  # worker side: the slot to try first (each worker process has its own copy)
 
     @property
     def nbytes(self) -> int:
-        """Shared memory the slots take, all workers together."""
-        return sum(t.numel() * t.element_size() for t in self.data.values())
+        """Shared memory the slots take, all workers together (whether allocated yet or not)."""
+        rows = self.shape.workers * self.shape.slots * self.shape.batch_size
+        return sum(rows * math.prod(row) * np.dtype(dtype).itemsize for _, row, dtype in self.shape.columns)
+
+    def allocate(self) -> None:
+        """Take the shared memory, once, when the first epoch starts (not when the loader is built: a loader
+        made and never iterated, or one of several made in a notebook, holds none). Refuses with what to do
+        when ``/dev/shm`` cannot hold the slots (a container's default is 64 MiB)."""
+        if self.data is not None:
+            return
+        need = self.nbytes + self.shape.workers * self.shape.slots * 4 + 4
+        free = shm_free_bytes()
+        if free is not None and need > free:
+            raise RuntimeError(shm_message(need, f"{free / 2**20:.0f} MiB are free there"))
+        try:
+            data = {
+                name: torch.from_numpy(
+                    np.zeros((self.shape.workers, self.shape.slots, self.shape.batch_size, *row), dtype=dtype)
+                ).share_memory_()  # zeros: pages touched once here, not at every batch
+                for name, row, dtype in self.shape.columns
+            }
+            busy = torch.zeros((self.shape.workers, self.shape.slots), dtype=torch.int32).share_memory_()
+            generation = torch.zeros(1, dtype=torch.int32).share_memory_()
+        except (RuntimeError, OSError, MemoryError) as exc:
+            raise RuntimeError(shm_message(need, f"allocating them failed: {type(exc).__name__}: {exc}")) from exc
+        self.data, self.busy, self.generation = data, busy, generation
 
     # -- worker side --------------------------------------------------------------------------------
     def claim(self, worker: int, generation: int) -> int | None:
@@ -105,6 +126,7 @@ class BatchRing:
 
     def start_epoch(self) -> None:
         """Before an epoch's workers start (or resume): batches written and never received become free."""
+        self.allocate()
         self.generation += 1
 
 
@@ -128,6 +150,27 @@ class RingWriter:
             return to_torch(batch)
         slot, rows = self._last
         return {REF: [int(self.worker), int(slot), int(rows)]}
+
+
+SHM = "/dev/shm"
+
+
+def shm_free_bytes(path: str = SHM) -> int | None:
+    """Bytes free in the shared-memory file system PyTorch allocates from (``None`` where there is none)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shm_message(need: int, why: str) -> str:
+    return (
+        f"the batch ring of this ZarrDataLoader needs {need / 2**20:.0f} MiB of shared memory in {SHM}, and "
+        f"{why}. Pass transport='queue' (DataLoader's own way: one segment per batch in flight), use fewer "
+        "workers or a smaller batch, or give the container more shared memory (docker run --shm-size=2g; "
+        "Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)"
+    )
 
 
 def ring_slots(prefetch_factor: int, work_ahead: int, workers: int) -> int:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from zarrtorch.chunks import chunk_key
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.loader import ZarrDataLoader
 from zarrtorch.pacing import paced_epoch
@@ -91,10 +92,6 @@ class Roofline:
         return "\n".join(lines)
 
 
-def _chunk_key(arr, chunk: int) -> str:
-    return f"{arr.store_path.path}/{arr.metadata.encode_chunk_key((chunk,) + (0,) * (arr.ndim - 1))}".lstrip("/")
-
-
 def _decoder(arr):
     """A one-call decoder of a chunk's stored bytes for the usual layouts (zstd, blosc or no compressor on
     plain bytes), or ``None`` for others (then decoding is timed through zarr, minus the raw read)."""
@@ -123,7 +120,7 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
 
     def get(job):
         arr, c = job
-        raw = sync(arr.store_path.store.get(_chunk_key(arr, c), prototype=default_buffer_prototype()))
+        raw = sync(arr.store_path.store.get(chunk_key(arr, c), prototype=default_buffer_prototype()))
         return raw.to_bytes() if raw is not None else b""
 
     rows = sum(min(ds.chunk_rows, ds.rows - c * ds.chunk_rows) for c in chunks)

@@ -4,6 +4,7 @@ found later, inside a worker, would surface as a less readable error in every pr
 from __future__ import annotations
 
 import numpy as np
+from torch.utils.data import default_convert
 
 
 def check_settings(*, seed, buffer_chunks, **at_least_one) -> None:
@@ -31,6 +32,12 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
                 "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)"
             )
         kwargs.pop(name, None)
+    if kwargs.get("collate_fn") not in (None, default_convert):
+        raise ValueError(
+            "collate_fn= is not used by ZarrDataLoader: it yields whole batches, assembled in the workers from "
+            "the shuffle buffer, as dicts of tensors. To change a batch, pass transform= (a picklable function "
+            "batch dict -> batch dict) to ZarrIterableDataset; it runs on every batch, in the workers"
+        )
     if kwargs.get("in_order", True) is False:
         raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
     if (rank is None) != (world_size is None):

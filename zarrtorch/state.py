@@ -29,6 +29,7 @@ class LoaderConfig:
     drop_last: bool
     num_workers: int
     persistent_workers: bool = False
+    transform_in_consumer: bool = False  # the loader applies the dataset's transform in the consumer's thread
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class LoaderCheckpoint:
     rows: int
     chunk_rows: int
     cache: bool
+    plan_version: int
+    fingerprint: str  # zarrtorch.plan.plan_fingerprint of the set-up: equal exactly when the batches are
     history: tuple[tuple[int, int, int], ...] = ()  # (world_size, num_workers, batches) of earlier segments
 
     # where the rank is and on which topology; every other field must match to resume
@@ -102,8 +105,16 @@ class LoaderCheckpoint:
 
     @classmethod
     def from_dict(cls, state: dict) -> LoaderCheckpoint:
+        if not isinstance(state, dict):
+            raise TypeError(f"a ZarrDataLoader state is a dict (from state_dict()), got {type(state).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
         missing = [n for n in names if n not in state]
+        if missing and set(missing) <= {"plan_version", "fingerprint"}:
+            raise ValueError(
+                "this loader state was saved by a zarrtorch whose plan (plan version 1) gives other batches than "
+                "this one's: the position cannot be carried over. Start the epoch afresh with "
+                "loader.set_epoch(epoch) (Lightning: resume the weights only, or start the next epoch)"
+            )
         if missing:
             raise ValueError(
                 f"not a ZarrDataLoader state: keys {missing} are missing (saved by "
@@ -128,6 +139,11 @@ class LoaderCheckpoint:
         for f in dataclasses.fields(self):
             if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):
                 out.append(f"{f.name}: saved {getattr(self, f.name)!r}, now {getattr(other, f.name)!r}")
+        if out == [f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r}"]:
+            out = [
+                f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r} with the same settings: the "
+                "state was saved by another zarrtorch or NumPy whose plan or random numbers differ"
+            ]
         return out
 
 

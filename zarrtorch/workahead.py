@@ -27,6 +27,9 @@ POLL_S = 0.0005  # how soon a producer with no room looks again at first
 MAX_POLL_S = 0.02  # the longest it sleeps between looks: the delay, once room appears after a long pause
 
 
+STOPPED = (False, RuntimeError("the work-ahead thread was stopped before the epoch ended (a newer epoch started)"))
+
+
 class Handoff:
     """At most ``depth`` items from one producer thread to one consumer. The consumer's ``get`` of a ready
     item is a ``deque.popleft`` (atomic under the GIL) that wakes nobody; a producer without room looks again
@@ -38,6 +41,7 @@ class Handoff:
         self._items: deque = deque()
         self._ready = threading.Event()
         self._waiting = False  # the consumer waits on _ready
+        self._closed = False  # the producer has ended: nothing more will come
 
     def put(self, item, stop: threading.Event) -> bool:
         """Append ``item`` once there is room; ``False`` if ``stop`` is set first."""
@@ -55,15 +59,22 @@ class Handoff:
             self._ready.set()
         return True
 
+    def close(self) -> None:
+        """The producer ends: a consumer that finds nothing more gets :data:`STOPPED` instead of waiting."""
+        self._closed = True
+        self._ready.set()
+
     def get(self):
         while True:
             try:
                 return self._items.popleft()
             except IndexError:
                 pass
+            if self._closed and not self._items:
+                return STOPPED
             self._waiting = True  # set before looking again: an item appended after the look sets _ready
             self._ready.clear()
-            if not self._items:
+            if not self._items and not self._closed:
                 self._ready.wait(0.1)
             self._waiting = False
 
@@ -97,6 +108,8 @@ class WorkAhead:
         self._stop.set()
         if isinstance(item, StopIteration):
             raise StopIteration  # a fresh one: the stored one, raised here, would hold this frame in a cycle
+        if item is STOPPED[1]:
+            raise RuntimeError(item.args[0])  # a fresh one: the shared one would collect every traceback
         try:
             raise item
         finally:
@@ -156,4 +169,5 @@ def _produce(inner: Iterator, convert: Callable | None, q: Handoff, stop: thread
             last = (False, exc)
         q.put(last, stop)
     finally:
+        q.close()
         _RUNNING.pop(threading.current_thread(), None)

@@ -15,11 +15,26 @@ from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepa
 from zarrtorch.workahead import Handoff, WorkAhead
 
 PRODUCED = []
+TRANSFORMED = []
 
 
-def count_batches(batch):  # a transform runs where the batch is assembled: here, in the work-ahead thread
-    PRODUCED.append(threading.current_thread().name)
+def count_batches(batch):  # a transform runs where it draws from torch's generator in order: the consumer's thread
+    TRANSFORMED.append(threading.current_thread().name)
     return batch
+
+
+@pytest.fixture()
+def assembled(monkeypatch):
+    """The thread that assembles each batch (the dataset turns it into tensors there)."""
+    PRODUCED.clear()
+    to_torch = ZarrIterableDataset._to_torch
+
+    def recorded(self, batch):
+        PRODUCED.append(threading.current_thread().name)
+        return to_torch(self, batch)
+
+    monkeypatch.setattr(ZarrIterableDataset, "_to_torch", recorded)
+    return PRODUCED
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +62,13 @@ def assert_done_where_expected(threads: list[str], ahead: int, what: str) -> Non
 
 
 @pytest.mark.parametrize("ahead", [0, 2])
-def test_batches_are_built_while_the_consumer_is_busy(store, ahead):
-    PRODUCED.clear()
+def test_batches_are_built_while_the_consumer_is_busy(store, ahead, assembled):
+    TRANSFORMED.clear()
     ds = ZarrIterableDataset(store, seed=1, transform=count_batches)
     it = iter(ZarrDataLoader(ds, batch_size=8, work_ahead=ahead))
     next(it)
-    assert_done_where_expected(PRODUCED, ahead, "assembled")
+    assert_done_where_expected(assembled, ahead, "assembled")
+    assert TRANSFORMED == ["MainThread"]  # the transform of the one batch taken, in the consumer's thread
 
 
 @pytest.mark.parametrize("ahead", [0, 2])

@@ -1,15 +1,13 @@
-"""Command line: ``python -m zarrtorch make-data | train | audit | roofline``.
-
-Each sub-command lives in its own module; this file only parses and dispatches.
+"""The course's commands, ``zarrtorch make-data`` and ``zarrtorch train``: registered with the core's command
+line (:mod:`zarrtorch.cli`) through the ``zarrtorch.commands`` entry points in ``pyproject.toml``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 
-def _make_data(argv: list[str]) -> int:
+def make_data_command(argv: list[str]) -> int:
     from zarrtorch.course.paths import SIZES, course_size
     from zarrtorch.course.synthetic import make_data
 
@@ -29,30 +27,7 @@ def _make_data(argv: list[str]) -> int:
     return 0
 
 
-def _train(argv: list[str]) -> int:
+def train_command(argv: list[str]) -> int:
     from zarrtorch.course.train import main as train_main
 
     return train_main(argv)
-
-
-def _audit(argv: list[str]) -> int:
-    from zarrtorch.audit import main as audit_main
-
-    return audit_main(argv)
-
-
-def _roofline(argv: list[str]) -> int:
-    from zarrtorch.roofline import main as roofline_main
-
-    return roofline_main(argv)
-
-
-COMMANDS = {"make-data": _make_data, "train": _train, "audit": _audit, "roofline": _roofline}
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m zarrtorch {make-data,train,audit,roofline} [options]   (add --help after a command)")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return COMMANDS[argv[0]](argv[1:])

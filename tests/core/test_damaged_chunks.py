@@ -1,0 +1,182 @@
+"""Every damaged or missing chunk is an error naming the array, the chunk and its rows: never values.
+
+Each decode path (the direct zstd path, zarr's codecs with Blosc and gzip, shards, Zarr v2) gets a chunk file
+cut short, emptied, lengthened (random or zero bytes), replaced by random bytes, or holding a valid frame of
+fewer or more rows than the chunk, read with 0 and 2 workers. The zstd case "frame of fewer rows" once
+returned half real values and half uninitialised memory.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+
+from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.fastpath import frame_content_size
+
+ROWS, CHUNK, DAMAGED = 60, 10, 2
+X = np.arange(ROWS * 6, dtype=np.float32).reshape(ROWS, 6)
+PATHS = ["direct", "blosc", "gzip", "sharded", "v2"]
+
+
+def write(path, kind: str, data: np.ndarray = X) -> None:
+    if kind == "direct":  # bytes + zstd: decoded by zarrtorch.fastpath
+        prepare_zarr({"x": data}, path, chunk_rows=CHUNK, progress=False)
+        return
+    fmt = 2 if kind == "v2" else 3
+    group = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    options = {
+        "blosc": dict(chunks=(CHUNK, data.shape[1]), compressors=[zarr.codecs.BloscCodec(cname="zstd")]),
+        "gzip": dict(chunks=(CHUNK, data.shape[1]), compressors=[zarr.codecs.GzipCodec()]),
+        "sharded": dict(chunks=(CHUNK // 2, data.shape[1]), shards=(CHUNK, data.shape[1])),
+        "v2": dict(chunks=(CHUNK, data.shape[1])),  # zarr's v2 default: Blosc lz4
+    }[kind]
+    array = group.create_array("x", shape=data.shape, dtype=data.dtype, **options)
+    array[:] = data
+
+
+def chunk_file(path, kind: str, chunk: int = DAMAGED):
+    return path / "x" / (f"{chunk}.0" if kind == "v2" else f"c/{chunk}/0")
+
+
+def a_frame_of(kind: str, rows: int, tmp_path) -> bytes:
+    """The stored bytes of a valid chunk of the same codec holding ``rows`` rows instead of CHUNK."""
+    part = np.ascontiguousarray(np.resize(X, (rows, 6)))
+    if kind == "direct":
+        return numcodecs.Zstd().encode(part)
+    if kind == "blosc":
+        return numcodecs.Blosc(cname="zstd").encode(part)
+    if kind == "gzip":
+        return numcodecs.GZip().encode(part)
+    if kind == "v2":
+        return numcodecs.Blosc(cname="lz4").encode(part)
+    # a shard of two inner chunks of `rows // 2` rows each, from another array of the same width
+    rows -= rows % 2
+    other = tmp_path / "other.zarr"
+    group = zarr.open_group(str(other), mode="w")
+    array = group.create_array("x", shape=(ROWS, 6), dtype="f4", chunks=(rows // 2, 6), shards=(rows, 6))
+    array[:] = np.resize(X, (ROWS, 6))
+    return chunk_file(other, "sharded", 0).read_bytes()
+
+
+def damaged(raw: bytes, how: str, kind: str, tmp_path) -> bytes:
+    noise = np.random.default_rng(7).integers(0, 256, max(64, len(raw)), dtype=np.uint8).tobytes()
+    return {
+        "cut short": lambda: raw[: len(raw) // 2],
+        "emptied": lambda: b"",
+        "lengthened": lambda: raw + noise[:64],
+        "zero bytes appended": lambda: raw + bytes(64),
+        "random bytes": lambda: noise[: len(raw)],
+        "frame of fewer rows": lambda: a_frame_of(kind, CHUNK // 2, tmp_path),
+        "frame of more rows": lambda: a_frame_of(kind, CHUNK * 2, tmp_path),
+    }[how]()
+
+
+DAMAGES = [
+    "cut short",
+    "emptied",
+    "lengthened",
+    "zero bytes appended",
+    "random bytes",
+    "frame of fewer rows",
+    "frame of more rows",
+]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine")
+    for kind in PATHS:
+        write(root / f"{kind}.zarr", kind)
+    return root
+
+
+def read_all(path, kind: str, num_workers: int, **dataset_kw) -> np.ndarray:
+    ds = ZarrIterableDataset(path, allow_shards=kind == "sharded", shuffle=False, **dataset_kw)
+    extra = {"multiprocessing_context": "fork", "timeout": 60} if num_workers else {}
+    loader = ZarrDataLoader(ds, batch_size=CHUNK, num_workers=num_workers, **extra)
+    return np.concatenate([b["x"].numpy() for b in loader])
+
+
+def test_the_paths_are_the_ones_named(pristine):
+    """The direct path decodes the zstd store only; the others go through zarr's codecs."""
+    from zarrtorch.fastpath import direct_decoder
+
+    for kind in PATHS:
+        array = zarr.open_group(str(pristine / f"{kind}.zarr"), mode="r")["x"]
+        assert (direct_decoder(array) is not None) == (kind == "direct"), kind
+        np.testing.assert_array_equal(read_all(pristine / f"{kind}.zarr", kind, 0), X)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("kind", PATHS)
+def test_a_damaged_chunk_is_an_error_naming_it(pristine, tmp_path, kind, how, num_workers):
+    path = tmp_path / f"{kind}.zarr"
+    shutil.copytree(pristine / f"{kind}.zarr", path)
+    target = chunk_file(path, kind)
+    target.write_bytes(damaged(target.read_bytes(), how, kind, tmp_path))
+    with pytest.raises(ChunkReadError) as err:
+        read_all(path, kind, num_workers)
+    message = str(err.value)
+    rows = f"rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}"
+    assert f"chunk {DAMAGED} ({rows}) of array 'x'" in message, message
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", PATHS)
+def test_a_missing_chunk_is_an_error_not_fill_values(pristine, tmp_path, kind, num_workers):
+    path = tmp_path / f"{kind}.zarr"
+    shutil.copytree(pristine / f"{kind}.zarr", path)
+    chunk_file(path, kind).unlink()
+    with pytest.raises(ChunkReadError, match=rf"missing chunk {DAMAGED} .*of array 'x'.*fill value"):
+        read_all(path, kind, num_workers)
+    # check_chunks=False: the store was written without empty chunks on purpose, they read as fill values
+    rows = read_all(path, kind, 0, check_chunks=False)
+    expected = X.copy()
+    expected[DAMAGED * CHUNK : (DAMAGED + 1) * CHUNK] = 0
+    np.testing.assert_array_equal(rows, expected)
+
+
+def test_a_shard_missing_an_inner_chunk_is_an_error(tmp_path):
+    """A shard whose index marks an inner chunk as absent (zarr reads it as fill values)."""
+    path = tmp_path / "s.zarr"
+    write(path, "sharded")
+    shard = slice(DAMAGED * CHUNK, (DAMAGED + 1) * CHUNK)
+    data = X.copy()
+    data[DAMAGED * CHUNK + CHUNK // 2 : (DAMAGED + 1) * CHUNK] = 0  # the shard's second inner chunk
+    # rewritten all fill values, zarr leaves that inner chunk out of the shard (write_empty_chunks=False)
+    zarr.open_group(str(path), mode="r+")["x"][shard] = data[shard]
+    with pytest.raises(ChunkReadError, match=r"inner chunk\(s\) \[1\]"):
+        read_all(path, "sharded", 0)
+    np.testing.assert_array_equal(read_all(path, "sharded", 0, check_chunks=False), data)
+
+
+def without_content_size(frame: bytes) -> bytes:
+    """The same zstd frame with a header that does not state the decoded size (as streaming writers do)."""
+    descriptor = frame[4]
+    assert descriptor >> 5 & 1, "expected a single-segment frame"
+    width = (1, 2, 4, 8)[descriptor >> 6]
+    blocks = frame[5 + width :]
+    window = bytes([(17 - 10) << 3])  # a 128 KiB window: enough for the chunk
+    return frame[:4] + bytes([descriptor & 0b00000111]) + window + blocks
+
+
+def test_a_zstd_frame_without_its_size_is_checked_too(tmp_path):
+    path = tmp_path / "direct.zarr"
+    write(path, "direct")
+    target = chunk_file(path, "direct")
+    frame = without_content_size(target.read_bytes())
+    assert frame_content_size(frame) is None
+    decoded = np.frombuffer(numcodecs.Zstd().decode(frame), np.float32)
+    np.testing.assert_array_equal(decoded, X[DAMAGED * CHUNK : (DAMAGED + 1) * CHUNK].ravel())
+    target.write_bytes(frame)
+    np.testing.assert_array_equal(read_all(path, "direct", 0), X)
+    short = without_content_size(numcodecs.Zstd().encode(np.ascontiguousarray(X[:5])))
+    target.write_bytes(short)
+    with pytest.raises(ChunkReadError, match=r"decodes to 120 bytes where the chunk holds 240"):
+        read_all(path, "direct", 0)

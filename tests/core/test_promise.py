@@ -1,0 +1,335 @@
+"""The loader's promise under calls made in another order and under torchrun's environment: every row once,
+equal batches, nothing invented, nothing stuck. One test per way it once broke (each seen to fail before
+its fix); damaged chunks are in test_damaged_chunks.py, the random call sequences in test_model.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr, ring
+from zarrtorch.course.servers import HttpStoreServer
+from zarrtorch.fetch import RetryPolicy
+from zarrtorch.process import TopologyUnknown
+
+ROWS, CHUNK, BATCH = 400, 10, 8
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("promise") / "s.zarr"
+    prepare_zarr({"x": np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+@pytest.fixture()
+def no_torchrun_env(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+def rows_of(loader) -> np.ndarray:
+    batches = [b["index"].numpy() for b in loader]
+    return np.concatenate(batches) if batches else np.zeros(0, np.int64)
+
+
+def with_deadline(fn, seconds: float):
+    """``fn()``'s result, or a test failure if it takes longer than ``seconds`` (it runs in a thread)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(("ok", fn()))
+        except BaseException as exc:  # handed to the test
+            out.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds} s: stuck")
+    kind, value = out[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+# 1 -------------------------------------------------------------------------------------------------------
+def test_a_state_from_another_topology_then_a_new_epoch_reads_every_row(store, no_torchrun_env):
+    """A state saved on 4 ranks, loaded where no process group exists, then ``set_epoch(1)``: the new epoch
+    is whole (it once yielded 40 of 400 rows while ``len()`` said 50 batches)."""
+    ds = ZarrIterableDataset(store, return_index=True)
+    saving = ZarrDataLoader(ds, batch_size=BATCH, drop_last=True, rank=0, world_size=4)
+    it = iter(saving)
+    for _ in range(5):
+        next(it)
+    state = saving.state_dict()
+    loader = ZarrDataLoader(ZarrIterableDataset(store, return_index=True), batch_size=BATCH, drop_last=True)
+    loader.load_state_dict(state)
+    loader.set_epoch(1)
+    assert len(loader) == ROWS // BATCH
+    rows = rows_of(loader)
+    assert len(rows) == ROWS and len(np.unique(rows)) == ROWS
+
+
+def test_a_state_kept_until_the_rank_is_known_is_dropped_by_another_epoch(store, no_torchrun_env):
+    """Where the rank cannot be known yet (``WORLD_SIZE`` without ``RANK``), the state waits; ``set_epoch``
+    of another epoch drops it, and the epoch is whole on the rank known by then."""
+    ds = ZarrIterableDataset(store, return_index=True)
+    saving = ZarrDataLoader(ds, batch_size=BATCH, drop_last=True, rank=1, world_size=2)
+    it = iter(saving)
+    next(it)
+    state = saving.state_dict()
+    no_torchrun_env.setenv("WORLD_SIZE", "2")
+    loader = ZarrDataLoader(ZarrIterableDataset(store, return_index=True), batch_size=BATCH, drop_last=True)
+    loader.load_state_dict(state)
+    with pytest.raises(TopologyUnknown, match="RANK is not"):
+        len(loader)
+    loader.set_epoch(3)
+    no_torchrun_env.setenv("RANK", "1")
+    expected = np.concatenate(ds.batch_row_ids(epoch=3, rank=1, world_size=2, batch_size=BATCH, drop_last=True))
+    np.testing.assert_array_equal(rows_of(loader), expected)
+
+
+# 2 -------------------------------------------------------------------------------------------------------
+def test_torchrun_environment_before_the_process_group(store, no_torchrun_env):
+    """``RANK``/``WORLD_SIZE`` set as torchrun sets them, no process group yet: each rank reads its own share
+    (every rank once read all 400 rows)."""
+    seen, lengths = [], []
+    for rank in range(4):
+        no_torchrun_env.setenv("RANK", str(rank))
+        no_torchrun_env.setenv("WORLD_SIZE", "4")
+        loader = ZarrDataLoader(ZarrIterableDataset(store, return_index=True), batch_size=BATCH)
+        assert loader.topology() == (rank, 4)
+        lengths.append(len(loader))
+        seen.append(rows_of(loader))
+    everything = np.concatenate(seen)
+    assert len(set(lengths)) == 1 and lengths[0] == ROWS // 4 // BATCH + 1
+    assert len(everything) == ROWS and set(everything.tolist()) == set(range(ROWS))
+
+
+@pytest.mark.parametrize(
+    "env,needle",
+    [
+        ({"WORLD_SIZE": "4"}, "RANK is not"),
+        ({"RANK": "1"}, "set both"),
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "outside"),
+        ({"RANK": "x", "WORLD_SIZE": "4"}, "not integers"),
+    ],
+)
+def test_an_environment_that_does_not_say_the_rank_is_refused(store, no_torchrun_env, env, needle):
+    for key, value in env.items():
+        no_torchrun_env.setenv(key, value)
+    loader = ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)
+    for attempt in (len, iter):
+        with pytest.raises(TopologyUnknown, match=needle) as err:
+            attempt(loader)
+        assert "rank= and world_size=" in str(err.value) or "environment" in str(err.value)
+
+
+# 4 -------------------------------------------------------------------------------------------------------
+def test_collate_fn_is_refused_at_construction_pointing_to_transform(store):
+    """A ``collate_fn`` once received the ring's internal reference instead of the batch, in the worker."""
+
+    def to_float(batch):
+        return {k: v.float() for k, v in batch.items()}
+
+    with pytest.raises(ValueError, match=r"collate_fn= is not used .*transform="):
+        ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH, num_workers=2, collate_fn=to_float)
+    ds = ZarrIterableDataset(store, transform=to_float)
+    batch = next(iter(ZarrDataLoader(ds, batch_size=BATCH, num_workers=2)))
+    assert batch["x"].dtype == torch.float32 and batch["x"].shape == (BATCH, 4)
+
+
+# 5 -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("num_workers,work_ahead", [(0, 0), (0, 2), (2, 0), (2, 2)])
+def test_a_superseded_iterator_says_so_instead_of_hanging(store, num_workers, work_ahead):
+    loader = ZarrDataLoader(
+        ZarrIterableDataset(store), batch_size=BATCH, num_workers=num_workers, work_ahead=work_ahead
+    )
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    next(second)
+    with pytest.raises(RuntimeError, match="superseded"):
+        with_deadline(lambda: sum(1 for _ in first), 30)
+    assert with_deadline(lambda: 1 + sum(1 for _ in second), 60) == len(loader)
+
+
+# 6 -------------------------------------------------------------------------------------------------------
+def test_every_console_script_resolves():
+    scripts = [ep for ep in entry_points(group="console_scripts") if ep.value.startswith("zarrtorch")]
+    assert scripts, "zarrtorch installs no console script"
+    for ep in scripts:
+        assert callable(ep.load()), ep
+
+
+def test_audit_and_roofline_run_without_the_course_extras(store, tmp_path):
+    """The core's command line needs numpy, zarr and torch only: xarray, dask, Lightning, matplotlib are
+    made unimportable, and ``audit`` still runs; a course command says which extra it needs."""
+    code = f"""
+import sys
+for name in ("xarray", "dask", "lightning", "matplotlib", "h5py", "tqdm"):
+    sys.modules[name] = None
+from zarrtorch.cli import main
+assert main(["audit", {str(store)!r}, "--world-size", "3", "--batch-size", "8"]) == 0
+assert main(["roofline", {str(store)!r}, "--cpus", "1", "--chunks", "2", "--batches", "4"]) == 0
+try:
+    main(["make-data", "--size", "tiny"])
+except SystemExit as exc:
+    print("REFUSED", exc)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "OK: every rank gets the same batches" in run.stdout
+    assert "REFUSED" in run.stdout and "zarrtorch[course]" in run.stdout
+
+
+# 7 -------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def blosc_store(tmp_path_factory):
+    """A store the direct zstd path does not decode (Blosc), so reads go through zarr's codecs."""
+    root = tmp_path_factory.mktemp("blosc")
+    g = zarr.open_group(str(root / "b.zarr"), mode="w", zarr_format=3)
+    a = g.create_array("x", shape=(ROWS, 4), dtype="f4", chunks=(CHUNK, 4), compressors=[zarr.codecs.BloscCodec()])
+    a[:] = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
+    zarr.consolidate_metadata(str(root / "b.zarr"))  # HTTP cannot list a directory
+    return root
+
+
+def test_reads_through_zarr_have_a_deadline_and_one_request_per_chunk(blosc_store):
+    """A Blosc array over HTTP: one request per chunk (an existence check once doubled them), and a server
+    that stops answering ends in a ChunkReadError after the retries (it once waited forever)."""
+    policy = RetryPolicy(timeout_s=1.0, retries=1, backoff_s=0.05)
+    with HttpStoreServer(blosc_store) as server:
+        ds = ZarrIterableDataset(f"{server.url}/b.zarr", shuffle=False, retry=policy, return_index=True)
+        np.testing.assert_array_equal(rows_of(ZarrDataLoader(ds, batch_size=BATCH)), np.arange(ROWS))
+        chunk_requests = {k: n for k, n in server.requests.items() if "/c/" in k}
+        assert len(chunk_requests) == ROWS // CHUNK and set(chunk_requests.values()) == {1}
+        server.hang()
+        start = time.monotonic()
+        with pytest.raises(ChunkReadError, match=r"(?s)cannot read chunk \d+ .*2 attempts failed \(timeout 1 s"):
+            with_deadline(lambda: rows_of(ZarrDataLoader(ds, batch_size=BATCH)), 60)
+        assert time.monotonic() - start < 30
+        server.release.set()
+
+
+# 8 -------------------------------------------------------------------------------------------------------
+def test_shared_memory_is_taken_at_the_first_epoch_and_a_small_dev_shm_is_named(store, monkeypatch):
+    loader = ZarrDataLoader(ZarrIterableDataset(store, return_index=True), batch_size=BATCH, num_workers=2)
+    assert loader.ring is not None and loader.ring.data is None, "the ring took shared memory at construction"
+    monkeypatch.setattr(ring, "shm_free_bytes", lambda path=ring.SHM: loader.ring.nbytes // 2)
+    with pytest.raises(RuntimeError, match=r"(?s)needs \d+ MiB of shared memory in /dev/shm.*transport='queue'"):
+        iter(loader)
+    queue = ZarrDataLoader(ZarrIterableDataset(store, return_index=True), batch_size=BATCH, num_workers=2,
+                           transport="queue")  # fmt: skip
+    assert len(rows_of(queue)) == ROWS
+    monkeypatch.undo()
+    assert len(rows_of(loader)) == ROWS  # the same loader works once there is room
+    assert loader.ring.data is not None
+
+
+# 9 -------------------------------------------------------------------------------------------------------
+def add_noise(batch):
+    return {"x": batch["x"] + torch.rand(1)}
+
+
+def test_a_random_transform_draws_in_the_consumers_order_with_no_workers(store):
+    """With ``num_workers=0`` the transform once ran in the work-ahead thread, drawing from torch's global
+    generator while the training step did: the same seed gave other numbers than without work-ahead."""
+
+    def train(work_ahead):
+        torch.manual_seed(0)
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(store, transform=add_noise), batch_size=BATCH, work_ahead=work_ahead
+        )
+        return [float(b["x"][0, 0]) + float(torch.rand(1)) for b in loader]
+
+    assert train(2) == train(0)
+
+
+# 10 ------------------------------------------------------------------------------------------------------
+def test_a_checkpoint_carries_the_plans_fingerprint(store):
+    ds = ZarrIterableDataset(store, seed=3)
+    loader = ZarrDataLoader(ds, batch_size=BATCH)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state["plan_version"] >= 2 and len(state["fingerprint"]) == 16
+    other = ZarrDataLoader(ZarrIterableDataset(store, seed=3), batch_size=BATCH)
+    with pytest.raises(ValueError, match="another zarrtorch or NumPy"):
+        other.load_state_dict({**state, "fingerprint": "0" * 16})
+    old = {k: v for k, v in state.items() if k not in ("plan_version", "fingerprint")}
+    with pytest.raises(ValueError, match="plan version 1"):
+        other.load_state_dict(old)
+    assert other.state_dict()["batches_seen"] == 0  # refused: nothing changed
+    other.load_state_dict(state)
+    assert other.state_dict()["batches_seen"] == 1
+
+
+WORKER = """
+import os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+seeds = [int(s) for s in sys.argv[2].split(",")]
+loader = ZarrDataLoader(ZarrIterableDataset(sys.argv[1], seed=seeds[rank]), batch_size=8)
+try:
+    n = sum(1 for _ in loader)
+    print("OK", n)
+except RuntimeError as exc:
+    print("REFUSED", exc)
+dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", ["1,1", "1,2"])
+def test_ranks_that_computed_different_plans_are_named(store, seeds):
+    """Two gloo ranks; with another seed on rank 1 both refuse the epoch and name the ranks (each once
+    silently read its own, overlapping, rows)."""
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(store), seeds], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for out in outs:
+        if seeds == "1,1":
+            assert f"OK {-(-ROWS // 2 // 8)}" in out, out[-2000:]
+        else:
+            assert "REFUSED the ranks computed different plans" in out, out[-2000:]
+            assert "rank(s) [0]" in out and "rank(s) [1]" in out
+
+
+def test_state_json_round_trip(store, tmp_path):
+    """A state written as JSON (as the course's CLI and audit read it) loads back unchanged."""
+    loader = ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)
+    next(iter(loader))
+    path = Path(tmp_path) / "state.json"
+    path.write_text(json.dumps(loader.state_dict()))
+    again = ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)
+    again.load_state_dict(json.loads(path.read_text()))
+    assert again.state_dict() == loader.state_dict()

@@ -1,0 +1,105 @@
+"""Read one whole chunk of any Zarr array through zarr's own codecs, with the loader's deadline and checks.
+
+Arrays stored the simple way are decoded by :mod:`zarrtorch.fastpath`. Every other one (Blosc, gzip and
+other codecs, Zarr v2, shards) goes through here rather than ``array[start:stop]``, which waits on a remote
+request without a deadline, reads a missing chunk (or a shard's missing inner chunk) as fill values, and
+would need a second request to tell. Here each chunk is one request (with a deadline and retries for a
+remote store, :mod:`zarrtorch.fetch`), decoded by the array's codec pipeline and checked to be the whole
+chunk; a shard's index is checked first: every inner chunk inside the array present, and within the shard.
+
+This module is the only user of zarr's internal API (the codec pipeline, chunk specs, the shard index);
+``tests/core/test_zarr_private.py`` checks each use against the installed zarr.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numcodecs
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, GzipCodec
+from zarr.codecs.sharding import MAX_UINT_64, ShardingCodec, ShardingCodecIndexLocation
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from zarrtorch.fetch import RetryPolicy, get_buffer
+from zarrtorch.sizes import ceil_div
+
+
+def chunk_key(arr: zarr.Array, chunk: int) -> str:
+    """The store key of chunk (or shard) ``chunk`` along the first axis of a first-axis-chunked array."""
+    coords = (chunk,) + (0,) * (arr.ndim - 1)
+    return f"{arr.store_path.path}/{arr.metadata.encode_chunk_key(coords)}".lstrip("/")
+
+
+def read_chunk(arr: zarr.Array, chunk: int, *, policy: RetryPolicy | None, check_missing: bool = True) -> np.ndarray:
+    """Chunk ``chunk`` of ``arr`` decoded whole (rows ``chunk * chunk_rows`` on). ``policy=None``: one
+    attempt without a deadline (a local store). ``FileNotFoundError`` for a missing chunk; ``ValueError``
+    for bytes that do not decode to exactly the chunk, or a shard whose index is damaged or (with
+    ``check_missing``) lacks an inner chunk."""
+    return sync(_read_chunk(arr, chunk, policy, check_missing))
+
+
+async def _read_chunk(arr: zarr.Array, chunk: int, policy: RetryPolicy | None, check_missing: bool) -> np.ndarray:
+    inner = arr._async_array
+    prototype = default_buffer_prototype()
+    config = replace(inner.config, order=inner.order) if inner.metadata.zarr_format == 2 else inner.config
+    coords = (chunk,) + (0,) * (arr.ndim - 1)
+    spec = inner.metadata.get_chunk_spec(coords, config, prototype=prototype)
+    raw = await get_buffer(arr.store_path.store, chunk_key(arr, chunk), policy)
+    codecs = getattr(inner.metadata, "codecs", ())
+    _check_framing(inner.metadata, spec, raw)
+    if codecs and isinstance(codecs[0], ShardingCodec):
+        rows = min(spec.shape[0], arr.shape[0] - chunk * spec.shape[0])
+        await _check_shard(codecs[0], raw, spec, rows, check_missing)
+    (decoded,) = await inner.codec_pipeline.decode([(raw, spec)])
+    if decoded is None or tuple(decoded.shape) != tuple(spec.shape):
+        got = "nothing" if decoded is None else f"shape {tuple(decoded.shape)}"
+        raise ValueError(f"its {len(raw)} stored bytes decode to {got}, not the chunk's shape {tuple(spec.shape)}")
+    return decoded.as_numpy_array()
+
+
+def _check_framing(metadata, spec, raw) -> None:
+    """Refuse a chunk with bytes after its compressed stream, which Blosc (and gzip, for zero bytes) would
+    ignore: the file was lengthened or overwritten in part, and holds something other than what was written.
+    Blosc's header states its frame's length; gzip's last four bytes state the decoded length."""
+    if metadata.zarr_format == 2:
+        outer = metadata.compressor
+        only = not metadata.filters
+        blosc, gzip = isinstance(outer, numcodecs.Blosc), isinstance(outer, numcodecs.GZip)
+    else:
+        codecs = tuple(metadata.codecs)
+        blosc = bool(codecs) and isinstance(codecs[-1], BloscCodec)
+        gzip = bool(codecs) and isinstance(codecs[-1], GzipCodec)
+        only = len(codecs) == 2 and isinstance(codecs[0], BytesCodec)
+    if blosc and len(raw) >= 16:  # shorter: too short for a header, which Blosc itself refuses
+        framed = int.from_bytes(raw[12:16].to_bytes(), "little")
+        if framed != len(raw):
+            raise ValueError(f"its Blosc frame says {framed} bytes, the stored chunk has {len(raw)}: it is damaged")
+    if gzip and only and len(raw) >= 18:
+        stated = int.from_bytes(raw[len(raw) - 4 :].to_bytes(), "little")
+        nbytes = int(np.prod(spec.shape)) * spec.dtype.to_native_dtype().itemsize
+        if stated != nbytes % 2**32:
+            raise ValueError(
+                f"its gzip stream ends saying {stated} bytes where the chunk holds {nbytes}: it is damaged"
+            )
+
+
+async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing: bool) -> None:
+    """Refuse a shard whose index cannot be read, points outside the shard, or (``check_missing``) lacks an
+    inner chunk holding some of its ``rows`` rows: zarr would read such an inner chunk as the fill value."""
+    per_shard = codec._get_chunks_per_shard(spec)
+    size = codec._shard_index_size(per_shard)
+    if len(raw) < size:
+        raise ValueError(f"the shard holds {len(raw)} bytes, fewer than its index alone ({size})")
+    at_start = codec.index_location == ShardingCodecIndexLocation.start
+    index = await codec._decode_shard_index(raw[:size] if at_start else raw[len(raw) - size :], per_shard)
+    entries = index.offsets_and_lengths[: ceil_div(rows, codec.chunk_shape[0])].reshape(-1, 2)
+    present = entries[:, 0] != MAX_UINT_64
+    if check_missing and not present.all():
+        absent = np.nonzero(~present)[0].tolist()
+        raise ValueError(f"the shard has no bytes for its inner chunk(s) {absent}: zarr would read them as fill values")
+    ends = entries[present, 0].astype(np.uint64) + entries[present, 1].astype(np.uint64)
+    if len(ends) and int(ends.max()) > len(raw):
+        raise ValueError(f"the shard's index points past its {len(raw)} bytes: it is cut short or damaged")
