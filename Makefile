@@ -3,7 +3,7 @@ SIZE ?= small
 PY := $(shell bash scripts/python.sh)
 export ZARRTORCH_SIZE := $(SIZE)
 
-.PHONY: setup data course test test-fast lint fmt lab bench slides clean-data
+.PHONY: setup data course test test-fast fuzz lint fmt lab bench slides clean-data
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,11 @@ lint: setup
 fmt: setup
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+## the loader against its reference model, many more random call sequences than CI runs (FUZZ=examples)
+FUZZ ?= 400
+fuzz: setup
+	ZARRTORCH_FUZZ_EXAMPLES=$(FUZZ) $(PY) -m pytest tests/core/test_model.py -p no:randomly --hypothesis-show-statistics $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
@@ -27,6 +28,23 @@ from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfi
 from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 from zarrtorch.workahead import WorkAhead
 
+
+@dataclass
+class EpochRun:
+    """One iteration of an epoch (``iter(loader)``): where in the epoch it started and how far it got."""
+
+    epoch: int
+    history: tuple[Segment, ...]  # the epoch's segments on earlier topologies
+    start: int  # batches of the epoch yielded before this iteration began (earlier segments included)
+    length: int  # batches of the whole epoch on this rank (``len(loader)`` when it began)
+    seen: int = 0  # batches this iteration has yielded
+    done: bool = False  # it ran to its end
+
+    @property
+    def position(self) -> int:
+        return self.start + self.seen
+
+
 SUPERSEDED = (
     "this iterator of a ZarrDataLoader was superseded: iter(loader) was called again since it was made, and "
     "a loader runs one epoch at a time (its workers, shared slots and position belong to the newest "
@@ -38,12 +56,12 @@ class EpochIterator:
     """One epoch of a :class:`ZarrDataLoader`: counts the batches handed out (for ``state_dict``), stops
     the workers at once when one of them fails, and refuses to go on once a newer epoch started."""
 
-    def __init__(self, inner, loader: ZarrDataLoader, generation: int, transform=None):
+    def __init__(self, inner, loader: ZarrDataLoader, run: EpochRun, transform=None):
         ahead = isinstance(inner, WorkAhead)
         self._inner = inner.inner if ahead else inner  # DataLoader's own iterator
         self._next = inner.__next__ if ahead else lambda: loader.receive(next(inner))  # received there
         self._loader = loader
-        self._generation = generation
+        self._run = run
         self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
 
     def __iter__(self):
@@ -51,12 +69,12 @@ class EpochIterator:
 
     def __next__(self):
         loader = self._loader
-        if loader._generation != self._generation:
+        if loader._run is not self._run:
             raise RuntimeError(SUPERSEDED)
         try:
             batch = self._next()
         except StopIteration:
-            loader._finished_epoch()
+            loader._finished(self._run)
             raise
         except Exception as exc:
             if stop_workers(loader, self._inner):
@@ -67,11 +85,11 @@ class EpochIterator:
             raise
         if self._transform is not None:
             batch = self._transform(batch)
-        loader._batches_seen += 1
+        self._run.seen += 1
         return batch
 
     def __len__(self) -> int:
-        return len(self._loader) - self._loader._resume_skip
+        return self._run.length - self._run.start
 
     @property
     def workers(self) -> list:
@@ -129,14 +147,12 @@ class ZarrDataLoader(DataLoader):
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
-        self._epoch = 0
-        self._resume: LoaderCheckpoint | None = None  # a loaded state, applied when its epoch starts
-        self._resume_skip = 0  # batches of the running epoch yielded before it (re)started
-        self._history: tuple[Segment, ...] = ()  # the running epoch's segments on earlier topologies
-        self._batches_seen = 0
-        self._epoch_done = False
-        self._epoch_set_since_last = True
-        self._generation = 0  # of the newest iterator: older ones refuse to go on
+        self._epoch = 0  # the epoch the next iter() runs
+        # where in it the next iter() starts: None (its beginning), a loaded state (resolved on the topology
+        # of that moment), or (earlier segments, batches) of the last iteration of this epoch (a restart)
+        self._start: LoaderCheckpoint | tuple[tuple[Segment, ...], int] | None = None
+        self._run: EpochRun | None = None  # the newest iteration: older iterators refuse to go on
+        self._set_since_run = True  # set_epoch or load_state_dict since the newest iteration began
         self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
         self._last_workers: weakref.ref | None = None  # the last epoch's DataLoader iterator, with workers
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
@@ -145,13 +161,14 @@ class ZarrDataLoader(DataLoader):
 
     # -- epochs and topology ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch``: a new chunk order and new partition on every rank. Call it every epoch. A loaded
-        state (:meth:`load_state_dict`) of another epoch is dropped: that epoch starts afresh."""
+        """Make ``epoch`` the one the next ``iter(loader)`` runs: a new chunk order and a new partition on every
+        rank. Call it every epoch. A loaded state (:meth:`load_state_dict`) of another epoch is dropped: that
+        epoch starts afresh. An iteration already running goes on with its own epoch."""
         epoch = int(epoch)
         if epoch != self._epoch:
-            self._resume_skip, self._history, self._resume = 0, (), None
+            self._start = None
         self._epoch = epoch
-        self._epoch_set_since_last = True
+        self._set_since_run = True
 
     @property
     def epoch(self) -> int:
@@ -163,27 +180,31 @@ class ZarrDataLoader(DataLoader):
         return self._fixed_topology or distributed_topology()
 
     def _start_point(self, world: int) -> tuple[tuple[Segment, ...], int]:
-        """(earlier segments, batches already yielded) from which this rank's epoch (re)starts on a
-        topology of ``world`` ranks: a loaded state's, else the running epoch's."""
-        saved = self._resume
-        if saved is None:
-            return self._history, self._resume_skip
-        return resumed_history(saved, world, self.config.num_workers), saved.batches_seen
+        """(earlier segments, batches already yielded) from which the next iteration starts its epoch on a
+        topology of ``world`` ranks."""
+        start = self._start
+        if start is None:
+            return (), 0
+        if isinstance(start, LoaderCheckpoint):
+            return resumed_history(start, world, self.config.num_workers), start.batches_seen
+        return start
 
-    def _plan(self, rank: int, world: int, history: tuple[Segment, ...] | None = None):
+    def _plan(self, rank: int, world: int, history: tuple[Segment, ...], epoch: int | None = None):
         cfg = self.config
         return self.dataset.plan(
-            epoch=self._epoch, rank=rank, world_size=world,
-            history=self._start_point(world)[0] if history is None else history, num_workers=cfg.num_workers,
-            batch_size=cfg.batch_size, drop_last=cfg.drop_last,
+            epoch=self._epoch if epoch is None else epoch, rank=rank, world_size=world, history=history,
+            num_workers=cfg.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last,
         )  # fmt: skip
 
-    def __len__(self) -> int:
-        """Exact number of batches this rank yields per epoch (the same on every rank). In an epoch resumed
-        on another topology: the batches yielded before, plus what every rank yields of the rest."""
-        rank, world = self.topology()
-        history = self._start_point(world)[0]
+    def _length(self, rank: int, world: int, history: tuple[Segment, ...]) -> int:
         return sum(seg.batches for seg in history) + self._plan(rank, world, history).batches
+
+    def __len__(self) -> int:
+        """Exact number of batches this rank yields in the epoch the next ``iter()`` runs (the same on every
+        rank). In an epoch resumed on another topology: the batches yielded before, plus what every rank
+        yields of the rest."""
+        rank, world = self.topology()
+        return self._length(rank, world, self._start_point(world)[0])
 
     def __iter__(self):
         if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
@@ -192,38 +213,36 @@ class ZarrDataLoader(DataLoader):
         rank, world = self.topology()
         history, skip = self._start_point(world)
         try:
-            batches = self._plan(rank, world, history).batches  # raise here, not in a worker
+            length = self._length(rank, world, history)  # raise here, not in a worker
         except ValueError as exc:
-            if self._resume is None:
+            if not isinstance(self._start, LoaderCheckpoint):
                 raise
-            self._resume = None  # refused as a whole: the loader stays as it was before load_state_dict
+            self._start = None  # refused as a whole: the loader starts the epoch afresh next time
             raise ValueError(f"the loaded state was not applied: {exc}") from exc
-        self._resume, self._history, self._resume_skip = None, history, skip
-        if self._epoch_done and not self._epoch_set_since_last and self.dataset.shuffle:
+        last = self._run
+        if last is not None and last.done and not self._set_since_run and self.dataset.shuffle:
             warnings.warn(
                 f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
                 "loader.set_epoch(epoch) before each epoch to get a new shuffle",
                 stacklevel=2,
             )
-        self._epoch_done = False
-        self._epoch_set_since_last = False
-        self._generation += 1
+        self._start = (history, skip) if history or skip else None  # a restart of this epoch starts here too
+        run = self._run = EpochRun(self._epoch, history, skip, length)
+        self._set_since_run = False
         if self.check_ranks and self._fixed_topology is None and torch.distributed.is_initialized():
             cfg = self.config
             fingerprint = self.dataset.fingerprint(cfg.batch_size, cfg.drop_last)
             check_ranks_agree(
-                f"plan {fingerprint}, epoch {self._epoch}, {world} ranks x {cfg.num_workers} workers, "
-                f"{sum(seg.batches for seg in history) + batches} batches from batch {skip}, earlier segments "
-                f"{[tuple(vars(seg).values()) for seg in history]}",
-                f"epoch {self._epoch} of a ZarrDataLoader",
+                f"plan {fingerprint}, epoch {run.epoch}, {world} ranks x {cfg.num_workers} workers, "
+                f"{length} batches from batch {skip}, earlier segments {[tuple(vars(s).values()) for s in history]}",
+                f"epoch {run.epoch} of a ZarrDataLoader",
             )
         self.dataset.attach(self.config, self.epoch_state, self.ring)
         if self.ring is not None:
             self._stop_earlier_workers()
             self.ring.start_epoch()
         earlier = sum(seg.batches for seg in history)
-        self.epoch_state.publish(EpochView(self._epoch, skip - earlier, rank, world, history))
-        self._batches_seen = skip
+        self.epoch_state.publish(EpochView(run.epoch, skip - earlier, rank, world, history))
         self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
         try:
             with frozen_objects(self.config.num_workers > 0):  # workers start here
@@ -235,7 +254,7 @@ class ZarrDataLoader(DataLoader):
             inner = WorkAhead(inner, self.work_ahead, convert=self.receive)
             self._stop_work_ahead = inner.stopper()
         transform = self.dataset.transform if self.config.transform_in_consumer else None
-        return EpochIterator(inner, self, self._generation, transform)
+        return EpochIterator(inner, self, run, transform)
 
     def _stop_earlier_workers(self) -> None:
         """Workers of an earlier epoch still running (not persistent, and their iterator still referenced)
@@ -250,20 +269,28 @@ class ZarrDataLoader(DataLoader):
             return batch
         return self.ring.receive(batch, self._ring_keep, copy=self._ring_copy)
 
-    def _finished_epoch(self) -> None:
-        self._epoch_done = True
-        self._resume_skip, self._history = 0, ()
+    def _finished(self, run: EpochRun) -> None:
+        run.done = True
+        if run.epoch == self._epoch:
+            self._start = None  # iterated again without set_epoch, the epoch starts from its beginning
 
     # -- checkpointing ------------------------------------------------------------------------------
     def checkpoint(self) -> LoaderCheckpoint:
-        """This rank's position, the topology it runs on and the set-up the position is valid for. A finished
-        epoch is saved as the start of the next one: a run resumed from it trains the next epoch, whether or
-        not its trainer calls ``set_epoch`` before it iterates (Lightning builds the iterator first)."""
+        """This rank's position, the topology it runs on and the set-up the position is valid for.
+
+        The position is that of the iteration in flight (what is being trained), until it ends or a new one
+        starts; before any, where the next one starts. An epoch whose batches have all been yielded is saved
+        as the start of the next one (or of the epoch ``set_epoch`` chose since): a run resumed from it trains
+        that epoch whether or not its trainer calls ``set_epoch`` before it iterates (Lightning builds the
+        iterator first)."""
         rank, world = self.topology()
-        history, skip = self._start_point(world)
-        epoch, seen = self._epoch, (skip if self._resume is not None else self._position())
-        if self._epoch_done or seen >= sum(seg.batches for seg in history) + self._plan(rank, world, history).batches:
-            epoch, seen, history = epoch + 1, 0, ()
+        run = self._run
+        if run is not None and not run.done and self._position(run) < run.length:
+            epoch, seen, history = run.epoch, self._position(run), run.history
+        elif run is not None and not self._set_since_run:
+            epoch, seen, history = run.epoch + 1, 0, ()  # its last batch yielded: the next epoch's start
+        else:
+            (history, seen), epoch = self._start_point(world), self._epoch
         ds, cfg = self.dataset, self.config
         return LoaderCheckpoint(
             epoch=epoch, batches_seen=seen, rank=rank, world_size=world, num_workers=cfg.num_workers,
@@ -273,10 +300,10 @@ class ZarrDataLoader(DataLoader):
             history=tuple((seg.world_size, seg.num_workers, seg.batches) for seg in history),
         )  # fmt: skip
 
-    def _position(self) -> int:
-        """Batches of this epoch to count as done: those yielded, or fewer if the consumer says so."""
+    def _position(self, run: EpochRun) -> int:
+        """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so."""
         consumed = self.consumed_batches() if self.consumed_batches is not None else None
-        return self._batches_seen if consumed is None else min(self._batches_seen, int(consumed))
+        return run.position if consumed is None else min(run.position, int(consumed))
 
     def state_dict(self) -> dict:
         """Where this rank is (epoch, batches already yielded), the topology and the set-up, as a plain dict
@@ -293,8 +320,8 @@ class ZarrDataLoader(DataLoader):
         The batch size, seed, shuffling and data must be those of the saved run.
 
         Everything is checked before anything changes: a refused state raises here and leaves the loader as
-        it was. The position is taken up when the saved epoch next starts (``set_epoch`` of another epoch
-        drops it); the topology is that of that moment."""
+        it was. An iteration in flight is superseded. The position is taken up by the next ``iter()``
+        (``set_epoch`` of another epoch drops it), on the topology of that moment."""
         saved = LoaderCheckpoint.from_dict(state)
         diff = saved.setup_differences(self._setup_checkpoint())
         if diff:
@@ -307,16 +334,10 @@ class ZarrDataLoader(DataLoader):
             rank, world = self.topology()
         except TopologyUnknown:
             rank = world = None  # checked when the epoch starts, once the process group exists
-        if world is not None:
-            history = resumed_history(saved, world, self.config.num_workers)
-            self.dataset.plan(
-                epoch=saved.epoch, rank=rank, world_size=world, history=history, num_workers=self.config.num_workers,
-                batch_size=self.config.batch_size, drop_last=self.config.drop_last,
-            )  # fmt: skip  # raises for a position this data cannot have (cache=True on another topology...)
-        self._epoch, self._resume, self._resume_skip, self._history = saved.epoch, saved, 0, ()
-        self._batches_seen = saved.batches_seen
-        self._epoch_done = False
-        self._epoch_set_since_last = True
+        if world is not None:  # raises for a position this data cannot have (cache=True on another topology...)
+            self._plan(rank, world, resumed_history(saved, world, self.config.num_workers), epoch=saved.epoch)
+        self._epoch, self._start, self._run = saved.epoch, saved, None
+        self._set_since_run = True
 
     def _setup_checkpoint(self) -> LoaderCheckpoint:
         """A checkpoint of this loader's set-up (its position fields are placeholders)."""

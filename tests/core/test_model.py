@@ -1,0 +1,318 @@
+"""The real ZarrDataLoader driven through random sequences of the calls users make, against the reference model
+(``loader_model.py``): every rank of a job (1-3 ranks x 0-2 workers) in lockstep, as DDP runs them.
+
+Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers),
+``set_epoch``, ``iter``, ``next`` k times, break, a second ``iter`` while one runs, ``state_dict`` then a new
+job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end), a state refused for its
+settings, ``len``.
+
+Invariants after every step: each batch equals the model's, row for row, with its data; ``len()`` equals
+the model's on every rank, and every rank's is the same; a state equals the model's; an iteration that ran
+out covers its epoch (every row once, fewer repeats than the ranks of its segments; with ``drop_last``, no row
+twice and fewer than ``world x batch`` left out), counted on the rows actually yielded; no call takes more
+than ``DEADLINE_S``. CI runs ``ZARRTORCH_FUZZ_EXAMPLES`` (default 25) derandomized examples; ``make fuzz``
+runs many more, randomized.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import shutil
+import signal
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from loader_model import ModelLoader, Refused, Setup, State
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+
+EXAMPLES = int(os.environ.get("ZARRTORCH_FUZZ_EXAMPLES", "25"))
+FUZZING = "ZARRTORCH_FUZZ_EXAMPLES" in os.environ
+DEADLINE_S = 60
+STORES = [(37, 5), (64, 8), (23, 23), (30, 1)]  # (rows, chunk rows): partial last chunk, even, one chunk, 1-row
+_ROOT = Path(tempfile.mkdtemp(prefix="zarrtorch-model-"))
+atexit.register(shutil.rmtree, _ROOT, True)
+
+
+def store_path(rows: int, chunk: int) -> Path:
+    path = _ROOT / f"r{rows}c{chunk}.zarr"
+    if not path.exists():
+        x = np.arange(rows, dtype=np.float32)[:, None] * np.array([1.0, -1.0], dtype=np.float32)
+        prepare_zarr({"x": x}, path, chunk_rows=chunk, progress=False)
+    return path
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Timeout(f"a call took longer than {DEADLINE_S} s: stuck")
+
+
+def deadline(method):
+    """Fail a rule (or invariant) that runs longer than DEADLINE_S (SIGALRM: the test runs in the main thread)."""
+
+    def wrapped(self, *args, **kwargs):
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(DEADLINE_S)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+    wrapped.__name__ = method.__name__
+    wrapped.__doc__ = method.__doc__
+    return wrapped
+
+
+class LoaderMachine(RuleBasedStateMachine):
+    JOB = ("world", "workers", "loaders", "models", "iters", "expected", "yielded")
+
+    def make_job(self, world: int, workers: int) -> dict:
+        """Start a job of ``world`` ranks x ``workers`` workers; returns the job it replaces (restore_job)."""
+        old = {name: getattr(self, name, None) for name in self.JOB}
+        self.world, self.workers = world, workers
+        extra = {"persistent_workers": self.persistent, "multiprocessing_context": "fork"} if workers else {}
+        if workers and self.transport:
+            extra["transport"] = self.transport
+        settings = dict(batch_size=self.setup.batch, drop_last=self.setup.drop_last, num_workers=workers)
+        self.loaders = [
+            ZarrDataLoader(self.dataset, rank=r, world_size=world, **settings, **extra) for r in range(world)
+        ]
+        self.models = [ModelLoader(self.setup, world, workers, rank) for rank in range(world)]
+        self.iters: list | None = None
+        self.expected: list[list[list[int]]] = []
+        self.yielded: list[list[int]] = []  # rows each rank yielded in the current iteration
+        return old
+
+    def restore_job(self, old: dict) -> None:
+        for name, value in old.items():
+            setattr(self, name, value)
+
+    @initialize(
+        store=st.sampled_from(STORES),
+        batch=st.integers(1, 9),
+        drop_last=st.booleans(),
+        shuffle=st.booleans(),
+        buffer_chunks=st.integers(0, 3),
+        cache=st.booleans(),
+        seed=st.integers(0, 3),
+        world=st.integers(1, 3),
+        workers=st.integers(0, 2),
+        transport=st.sampled_from([None, "queue"]),
+        persistent=st.booleans(),
+    )
+    @deadline
+    def build(
+        self, store, batch, drop_last, shuffle, buffer_chunks, cache, seed, world, workers, transport, persistent
+    ):
+        rows, chunk = store
+        batch = min(batch, rows // 3)  # every rank of up to 3 gets a batch with drop_last
+        self.setup = Setup(rows, chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
+        self.persistent = persistent or cache  # cache=True with workers needs persistent workers
+        self.transport = transport
+        self.dataset = ZarrIterableDataset(store_path(rows, chunk), shuffle=shuffle, seed=seed,
+                                           buffer_chunks=buffer_chunks, cache=cache, return_index=True)  # fmt: skip
+        self.make_job(world, workers)
+        self.run_before: list[int] = []  # rows of the current iteration's epoch consumed before it started
+        self.before: list[int] = []  # the same for the next iteration (its start point)
+        self.run_worlds: list[int] = []  # world sizes of the jobs the current iteration's epoch ran on
+        self.worlds: list[int] = [world]
+
+    # -- calls ------------------------------------------------------------------------------------------
+    @rule(epoch=st.integers(0, 3))
+    @deadline
+    def set_epoch(self, epoch):
+        for loader, model in zip(self.loaders, self.models, strict=True):
+            loader.set_epoch(epoch)
+            model.set_epoch(epoch)
+        if self.models[0].start is None:
+            self.before, self.worlds = [], [self.world]
+
+    @rule()
+    @deadline
+    def next_epoch(self):
+        """``loader.set_epoch(epoch + 1)``, then ``iter``: a training loop's next epoch."""
+        self.set_epoch(self.models[0].epoch + 1)
+        self.start_iteration()
+
+    @rule()
+    @deadline
+    def start_iteration(self):
+        self.iters = [iter(loader) for loader in self.loaders]
+        self.expected = [model.iter() for model in self.models]
+        self.yielded = [[] for _ in self.loaders]
+        self.run_before, self.run_worlds = list(self.before), list(self.worlds)
+
+    @precondition(lambda self: self.iters is not None)
+    @rule(k=st.integers(1, 6))
+    @deadline
+    def take(self, k):
+        for _ in range(k):
+            ended = []
+            for rank, (it, model) in enumerate(zip(self.iters, self.models, strict=True)):
+                batch = next(it, None)
+                taken = model.run.seen
+                if taken == len(self.expected[rank]):
+                    assert batch is None, f"rank {rank} yielded a batch past its {taken} planned"
+                    model.finished()
+                    ended.append(rank)
+                    continue
+                assert batch is not None, f"rank {rank} ended after {taken} of {len(self.expected[rank])} batches"
+                rows = batch["index"].numpy().tolist()
+                assert rows == self.expected[rank][taken], f"rank {rank}, batch {taken}"
+                np.testing.assert_array_equal(batch["x"].numpy()[:, 1], -np.asarray(rows, dtype=np.float32))
+                model.took()
+                self.yielded[rank] += rows
+            if ended:
+                assert ended == list(range(self.world)), f"ranks {ended} ended, the others did not"
+                self.check_coverage()
+                self.iters = None
+                if self.models[0].start is None:
+                    self.before, self.worlds = [], [self.world]
+                return
+
+    @precondition(lambda self: self.iters is not None)
+    @rule()
+    @deadline
+    def finish(self):
+        """The rest of the epoch, as a training loop runs it."""
+        self.take(len(self.expected[0]) - self.models[0].run.seen + 1)
+
+    @precondition(lambda self: self.iters is not None)
+    @rule()
+    @deadline
+    def abandon(self):
+        """``break``: the iterators are dropped mid-epoch."""
+        self.iters = None
+        gc.collect()
+
+    @precondition(lambda self: self.iters is not None)
+    @rule()
+    @deadline
+    def second_iterator(self):
+        """A second ``iter()`` while one runs: the first refuses to go on, the second runs."""
+        old = self.iters
+        self.start_iteration()
+        for it in old:
+            with pytest.raises(RuntimeError, match="superseded"):
+                next(it)
+
+    @rule(world=st.integers(1, 3), workers=st.integers(0, 2), again=st.booleans())
+    @deadline
+    def save_and_resume(self, world, workers, again):
+        """Every rank saves; a new job on (maybe) another topology loads rank 0's state (``again``: and calls
+        ``set_epoch`` with the saved epoch, as Lightning does)."""
+        states = [loader.state_dict() for loader in self.loaders]
+        expected = self.models[0].state()
+        for rank, state in enumerate(states):
+            assert (state["epoch"], state["batches_seen"]) == (expected.epoch, expected.position), f"rank {rank}"
+            assert [tuple(h) for h in state["history"]] == list(expected.history)
+        carried = self.carried_rows(expected)
+        worlds = self.carried_worlds(expected)
+        saved_on = (self.world, self.workers)
+        old = self.make_job(world, workers)
+        refused = False
+        for loader, model in zip(self.loaders, self.models, strict=True):
+            try:
+                model.load(State(expected.epoch, expected.position, *saved_on, expected.history))
+            except Refused:
+                refused = True
+                with pytest.raises(ValueError, match="cache=True"):
+                    loader.load_state_dict(states[0])
+                continue
+            loader.load_state_dict(states[0])
+            if again:
+                loader.set_epoch(expected.epoch)
+                model.set_epoch(expected.epoch)
+        if refused:  # the old job goes on
+            self.restore_job(old)
+            return
+        self.before, self.worlds = carried, worlds + [world]
+
+    def carried_rows(self, state: State) -> list[int]:
+        """Rows of ``state``'s epoch consumed before its position, as actually yielded."""
+        run = self.models[0].run
+        if run is not None and state.epoch == run.epoch and state.position == run.position and state.position:
+            return self.run_before + [r for rows in self.yielded for r in rows]
+        return list(self.before) if state.position else []
+
+    def carried_worlds(self, state: State) -> list[int]:
+        """World sizes the saved epoch ran on so far (each pads fewer rows than its ranks)."""
+        run = self.models[0].run
+        if run is not None and state.epoch == run.epoch and state.position == run.position and state.position:
+            return self.run_worlds
+        return self.worlds if state.position else []
+
+    @rule(field=st.sampled_from(["batch_size", "seed", "drop_last"]))
+    @deadline
+    def refused_state(self, field):
+        """A state saved with other settings is refused, and changes nothing."""
+        loader = self.loaders[0]
+        state = loader.state_dict()
+        before_len = len(loader)
+        bad = dict(state)
+        bad[field] = (not bad[field]) if field == "drop_last" else bad[field] + 1
+        with pytest.raises(ValueError, match=f"{field}: saved"):
+            loader.load_state_dict(bad)
+        assert loader.state_dict() == state and len(loader) == before_len
+
+    # -- invariants -------------------------------------------------------------------------------------
+    @invariant()
+    @deadline
+    def lengths_agree(self):
+        if not hasattr(self, "loaders"):
+            return
+        lengths = []
+        for rank, (loader, model) in enumerate(zip(self.loaders, self.models, strict=True)):
+            try:
+                expected = model.length()
+            except Refused:
+                with pytest.raises(ValueError):
+                    len(loader)
+                continue
+            assert len(loader) == expected, f"rank {rank}: len {len(loader)}, the model says {expected}"
+            lengths.append(expected)
+        assert len(set(lengths)) <= 1, f"ranks disagree on the number of batches: {lengths}"
+
+    def check_coverage(self):
+        rows = self.run_before + [r for rank in self.yielded for r in rank]
+        counts = np.bincount(np.asarray(rows, dtype=np.int64), minlength=self.setup.rows)
+        if self.setup.drop_last:
+            assert counts.max(initial=0) <= 1, f"rows read twice: {np.nonzero(counts > 1)[0].tolist()}"
+            assert int((counts == 0).sum()) < self.world * self.setup.batch, "too many rows left out"
+        else:
+            assert counts.min() >= 1, f"rows never read: {np.nonzero(counts == 0)[0].tolist()}"
+            assert int(counts.sum()) - self.setup.rows < sum(self.run_worlds), "more repeats than padding allows"
+
+    def teardown(self):
+        self.iters = None
+        self.loaders = []
+        gc.collect()
+
+
+LoaderMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=16,
+    deadline=None,
+    derandomize=not FUZZING,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],  # explaining forks too much
+)
+
+
+@pytest.mark.slow
+class TestLoaderModel(LoaderMachine.TestCase):
+    def setUp(self):
+        warnings.filterwarnings("ignore", message=".*starts again with the same order")
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
