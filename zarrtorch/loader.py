@@ -60,6 +60,7 @@ class EpochIterator:
         ahead = isinstance(inner, WorkAhead)
         self._inner = inner.inner if ahead else inner  # DataLoader's own iterator
         self._next = inner.__next__ if ahead else lambda: loader.receive(next(inner))  # received there
+        self._stop_ahead = inner.stopper() if ahead else None
         self._loader = loader
         self._run = run
         self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
@@ -77,6 +78,10 @@ class EpochIterator:
             loader._finished(self._run)
             raise
         except Exception as exc:
+            # a worker's death is signalled in this thread while the work-ahead thread may be inside DataLoader's
+            # iterator, which is not safe to shut down under it: that thread sees the death within seconds too
+            if self._stop_ahead is not None and not self._stop_ahead(timeout_s=30.0, quiet=True):
+                raise
             if stop_workers(loader, self._inner):
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
                 # would keep this loader and its next workers for the garbage collector); the message

@@ -1,7 +1,18 @@
 """Every use of a private or guarded part of ``torch.utils.data``, in one place, each with its reason.
 
 ``tests/core/test_torch_private.py`` checks each of them against the installed torch, so an upgrade that
-removes or changes one fails there, loudly, rather than somewhere inside an epoch.
+removes or changes one fails there, loudly, rather than somewhere inside an epoch. It also names, one test
+each, the documented-but-implicit DataLoader behaviour the loader counts on:
+
+* with ``num_workers=0``, ``iter(loader)`` calls ``iter(dataset)`` at once (the loader marks the dataset as
+  started by it only around that call);
+* batches come from the workers in turn, worker 0 first, skipping those that ran out (``plan.round_robin_order``);
+* a worker calls ``iter(dataset)`` as it starts (the epoch's first reads start there: speed only);
+* ``batch_size=None`` hands each item (a whole batch) through unchanged;
+* a persistent worker's copy of the dataset never sees later changes in the main process (``EpochState``);
+* a dead worker is named within ``MP_STATUS_CHECK_INTERVAL`` seconds;
+* shared tensors live in ``/dev/shm`` (the ring checks its room there);
+* workers seed torch from the main process's generator (random transforms are reproducible).
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class WorkAhead:
         reused, as DataLoader reuses its iterator with persistent workers); it holds no reference to this
         iterator, so keeping it does not keep the iterator alive."""
         stop, thread = self._stop, self._thread
-        return lambda timeout_s=60.0: _stop_and_join(stop, thread, timeout_s)
+        return lambda timeout_s=60.0, quiet=False: _stop_and_join(stop, thread, timeout_s, quiet)
 
 
 _RUNNING: dict[threading.Thread, threading.Event] = {}  # work-ahead threads still running, and their stops
@@ -146,9 +146,12 @@ def _stop_all(timeout_s: float = 2.0) -> None:
         thread.join(timeout_s)  # a thread stuck in a worker's batch is left to the interpreter
 
 
-def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: float) -> None:
+def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: float, quiet: bool = False) -> bool:
+    """Whether the thread ended within ``timeout_s`` (``quiet=False``: raise if it did not)."""
     stop.set()
     thread.join(timeout_s)
+    if not thread.is_alive() or quiet:
+        return not thread.is_alive()
     if thread.is_alive():
         raise RuntimeError(
             f"the work-ahead thread still waits for a batch after {timeout_s:g} s: a worker is stuck; "

@@ -1,6 +1,10 @@
 """The private torch API zarrtorch relies on (all of it in zarrtorch/torch_private.py) still exists and still
 behaves as that module says. A torch upgrade that changes one fails here, by name."""
 
+import os
+import tempfile
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -54,3 +58,123 @@ def test_single_process_iterator_has_no_workers():
     it = iter(loader)
     assert worker_processes(it) == []
     assert stop_workers(loader, it) is False
+
+
+# -- implicit DataLoader behaviour the loader relies on, one test each -----------------------------------
+class Recorded(IterableDataset):
+    """Yields (worker id, k) for k in range(counts[worker]), and records when iter() was called."""
+
+    calls: list = []
+
+    def __init__(self, counts):
+        self.counts = counts
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        Recorded.calls.append(worker)
+        return iter([(worker, k) for k in range(self.counts[worker])])
+
+
+def test_single_process_iterator_calls_iter_dataset_at_once():
+    """ZarrDataLoader marks the dataset as 'started by the loader' only around DataLoader.__iter__: with
+    num_workers=0 DataLoader must call iter(dataset) right there, not at the first next()."""
+    Recorded.calls = []
+    it = iter(DataLoader(Recorded([3]), batch_size=None))
+    assert Recorded.calls == [0]
+    assert [tuple(x) for x in it] == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_workers_are_taken_round_robin_skipping_those_that_ran_out():
+    """zarrtorch.plan gives workers contiguous runs of a rank's batches, higher workers one more, and predicts
+    the order DataLoader yields them in (round_robin_order): one from each worker in turn, worker 0 first."""
+    from zarrtorch.plan import round_robin_order
+
+    counts = [1, 3, 2]
+    loader = DataLoader(Recorded(counts), batch_size=None, num_workers=3, multiprocessing_context="fork")
+    order = [w for w, _ in loader]
+    assert order == round_robin_order(counts).tolist() == [0, 1, 2, 1, 2, 1]
+
+
+def test_a_worker_makes_its_iterator_before_the_first_index_arrives():
+    """PieceReader.read_first starts an epoch's first reads when the worker's iterator is made: that happens
+    as the worker starts (a speed matter only; batches do not depend on it)."""
+    marker = os.path.join(tempfile.mkdtemp(), "iter-called")
+
+    class Marks(IterableDataset):
+        def __iter__(self):
+            open(marker, "w").close()
+            return iter([1])
+
+    loader = DataLoader(Marks(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    it = iter(loader)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(marker), "the worker did not call iter(dataset) before next()"
+    assert list(it) == [1]
+
+
+def test_batch_size_none_hands_items_through_unchanged():
+    """batch_size=None turns auto-collation off: each item (a whole batch dict) goes through default_convert,
+    which leaves a dict of tensors as it is (the same tensors, no copy)."""
+    batch = {"x": torch.arange(4)}
+
+    class One(IterableDataset):
+        def __iter__(self):
+            return iter([batch])
+
+    (out,) = list(DataLoader(One(), batch_size=None))
+    assert out["x"] is batch["x"]
+
+
+def test_a_persistent_workers_dataset_copy_lives_across_epochs():
+    """The epoch, resume point and topology reach persistent workers through shared memory (EpochState),
+    because an attribute set in the main process after the workers started never reaches their copy."""
+
+    class Attr(IterableDataset):
+        value = 0
+
+        def __iter__(self):
+            return iter([self.value])
+
+    ds = Attr()
+    loader = DataLoader(ds, batch_size=None, num_workers=1, persistent_workers=True, multiprocessing_context="fork")
+    assert list(loader) == [0]
+    ds.value = 1
+    assert list(loader) == [0], "persistent workers now see the main process's changes: EpochState may be simpler"
+
+
+def test_a_dead_worker_is_detected_within_the_status_interval():
+    """A worker killed with SIGKILL is named by DataLoader within MP_STATUS_CHECK_INTERVAL (the loader's
+    work-ahead thread waits that long, at most, before it hands the error over)."""
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+
+    assert MP_STATUS_CHECK_INTERVAL <= 5.0
+
+
+def test_file_descriptor_sharing_uses_dev_shm():
+    """The ring checks /dev/shm for room before it allocates: torch's default sharing strategy on Linux
+    allocates shared tensors there."""
+    import torch.multiprocessing as mp
+
+    assert mp.get_sharing_strategy() in ("file_descriptor", "file_system")
+    t = torch.zeros(1024).share_memory_()
+    with open("/proc/self/maps") as f:
+        assert any("/dev/shm/" in line for line in f)
+    del t
+
+
+def test_workers_seed_torch_from_the_main_generator():
+    """Random transforms in workers are reproducible from torch.manual_seed in the main process: DataLoader
+    draws each epoch's base seed from the main process's generator."""
+
+    class Draw(IterableDataset):
+        def __iter__(self):
+            return iter([float(torch.rand(1))])
+
+    def run():
+        torch.manual_seed(0)
+        return list(DataLoader(Draw(), batch_size=None, num_workers=1, multiprocessing_context="fork"))
+
+    assert run() == run()

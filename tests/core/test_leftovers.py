@@ -1,0 +1,156 @@
+"""Nothing of the loader outlives what used it: after an abandoned epoch, a KeyboardInterrupt (a notebook's
+stop button) or a worker killed with SIGKILL, no thread, file descriptor, shared-memory segment or process
+of the loader remains, and a killed worker is named in an error within seconds."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+
+ROWS, CHUNK, BATCH = 600, 20, 8
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("leftovers") / "s.zarr"
+    prepare_zarr({"x": np.arange(ROWS * 64, dtype=np.float32).reshape(ROWS, 64)}, path, chunk_rows=CHUNK,
+                 progress=False)  # fmt: skip
+    return path
+
+
+def children() -> set[int]:
+    """Processes whose parent is this one."""
+    me, out = str(os.getpid()), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def shm_mappings() -> int:
+    """Shared-memory segments mapped into this process (torch's, unlinked at once, show as deleted files)."""
+    with open("/proc/self/maps") as f:
+        return sum("/dev/shm/" in line for line in f)
+
+
+def snapshot() -> dict:
+    return {
+        "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith(("zarrtorch", "pin_memory"))),
+        "children": children(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "shm": shm_mappings(),
+    }
+
+
+def settles_to(before: dict, seconds: float = 20.0) -> dict:
+    """The snapshot once it equals ``before`` again (collecting garbage meanwhile), or the last one taken."""
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        now = snapshot()
+        if now == before or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
+
+def loader_for(store, num_workers, work_ahead, **kw):
+    extra = {"multiprocessing_context": "fork"} if num_workers else {}
+    return ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH, num_workers=num_workers, work_ahead=work_ahead,
+                          **extra, **kw)  # fmt: skip
+
+
+CASES = [(0, 0, None), (0, 2, None), (2, 0, "ring"), (2, 2, "ring"), (2, 2, "queue")]
+
+
+@pytest.mark.parametrize("num_workers,work_ahead,transport", CASES)
+def test_an_abandoned_epoch_leaves_nothing(store, num_workers, work_ahead, transport):
+    kw = {"transport": transport} if transport else {}
+    before = snapshot()
+    loader = loader_for(store, num_workers, work_ahead, **kw)
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break  # a training loop that stops early
+    del loader, _
+    assert settles_to(before) == before
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_persistent_workers_go_with_their_loader(store, num_workers):
+    before = snapshot()
+    loader = loader_for(store, num_workers, 2, persistent_workers=bool(num_workers))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+    if num_workers:
+        assert len(snapshot()["children"] - before["children"]) == num_workers  # kept between epochs
+    del loader, _
+    assert settles_to(before) == before
+
+
+class SlowTransform:
+    """Sleeps in the worker on every batch: the consumer waits in ``next()`` when the interrupt comes."""
+
+    def __call__(self, batch):
+        time.sleep(0.2)
+        return batch
+
+
+@pytest.mark.parametrize("num_workers,work_ahead", [(0, 0), (0, 2), (2, 2)])
+def test_a_keyboard_interrupt_leaves_nothing_and_the_loader_runs_again(store, num_workers, work_ahead):
+    before = snapshot()
+    ds = ZarrIterableDataset(store, transform=SlowTransform())
+    extra = {"multiprocessing_context": "fork"} if num_workers else {}
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=num_workers, work_ahead=work_ahead, **extra)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)  # SIGALRM -> SIGINT, as the stop button sends
+        signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader:
+                pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, previous)
+    n = 0
+    for n, _ in enumerate(loader, 1):  # the cell run again: a whole epoch
+        if n == 3:
+            break
+    assert n == 3
+    del loader, ds, _
+    assert settles_to(before) == before
+
+
+@pytest.mark.parametrize("work_ahead", [0, 2])
+def test_a_killed_worker_is_named_within_seconds_and_nothing_remains(store, work_ahead):
+    before = snapshot()
+    loader = loader_for(store, 2, work_ahead)
+    it = iter(loader)
+    next(it)
+    victim = it.workers[1].pid
+    os.kill(victim, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid\(?s?\)? ?{victim}\)?.*(killed|exited)"):
+        for batch in it:
+            del batch  # a training step that keeps nothing
+    assert time.monotonic() - start < 15
+    del it
+    assert sum(1 for _ in loader) == len(loader)  # a new epoch starts fresh workers
+    del loader
+    assert settles_to(before) == before
