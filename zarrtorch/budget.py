@@ -50,7 +50,7 @@ def loader_memory(loader) -> MemoryBudget:
     per_reader = ds.worker_memory_bytes(decode_threads=threads)
     per_thread = sum(read_buffer_bytes(a) for a in ds.arrays.values())
     read_buffers = max(1, workers) * reading_threads(threads, ds.in_flight(threads)) * per_thread
-    batch_bytes = cfg.batch_size * (ds.row_bytes + 8)  # + the int64 row index
+    batch_bytes = cfg.batch_size * (ds.batch_row_bytes + 8)  # + the int64 row index
     ring = loader.ring.nbytes if loader.ring is not None else 0
     batches = 0
     if loader.ring is None:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng, rank_batches
+from zarrtorch.cf import packings
 from zarrtorch.early import EarlyReads, reads_early
 from zarrtorch.fetch import RetryPolicy
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
@@ -29,7 +30,7 @@ from zarrtorch.resume import EpochSpec, resumed_plan
 from zarrtorch.ring import BatchRing
 from zarrtorch.settings import check_settings
 from zarrtorch.sizes import held_chunks, row_bytes
-from zarrtorch.source import all_local, for_this_process, open_arrays
+from zarrtorch.source import all_local, for_this_process, open_arrays, secrets_of, store_label
 from zarrtorch.stacking import check_stack, stack_columns
 from zarrtorch.state import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.stream import stream_batches
@@ -72,6 +73,10 @@ class ZarrIterableDataset(IterableDataset):
         row_range: ``(start, stop)``: use only these rows, e.g. a training period and a validation
             period of one store, without copying. ``start`` must fall on a chunk boundary, and so must
             ``stop`` unless it is the end. Row numbers (``return_index``) stay those of the store.
+        decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``) to floats with
+            NaN where the fill was, as xarray does (:mod:`zarrtorch.cf`); ``False`` streams the stored values.
+        return_padding: add ``"padding"``, a bool per row, True for the rows repeated only to give every rank
+            the same number of batches (``drop_last=False``): leave them out of a metric's mean.
     """
 
     def __init__(
@@ -93,20 +98,25 @@ class ZarrIterableDataset(IterableDataset):
         storage_options: dict | None = None,
         retry: RetryPolicy | None = None,
         stack: dict[str, Sequence[str]] | None = None,
+        decode_cf: bool = True,
+        return_padding: bool = False,
     ):
         check_settings(seed=seed, buffer_chunks=buffer_chunks, decode_threads=decode_threads,
                        requests_in_flight=requests_in_flight)  # fmt: skip
         self.retry = retry or RetryPolicy()
-        self.arrays = open_arrays(source, arrays, storage_options=storage_options, timeout_s=self.retry.timeout_s)
+        self.arrays = open_arrays(source, arrays, storage_options=storage_options, retry=self.retry)
+        self._secrets = secrets_of(storage_options)  # never shown in a message (zarrtorch.source.redact)
         self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
         self.layout = check_first_axis_layout(self.arrays, allow_shards=allow_shards)
-        self.stack = check_stack(stack, self.arrays)
+        self.packings = packings(self.arrays, decode_cf)
+        self.stack = check_stack(stack, self.out_columns)
         self.row_offset = 0
         if row_range is not None:
             self.row_offset, self.layout = restrict_rows(self.layout, row_range)
         self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
         self.decode_threads, self.requests_in_flight = decode_threads, requests_in_flight
         self.cache, self.return_index, self.check_chunks = bool(cache), bool(return_index), bool(check_chunks)
+        self.return_padding = bool(return_padding)
         self.transform = transform
         self.config: LoaderConfig | None = None  # set by the ZarrDataLoader that iterates this dataset
         self.epoch_state: EpochState | None = None
@@ -124,6 +134,14 @@ class ZarrIterableDataset(IterableDataset):
             self._cache_store = None
         self.config, self.epoch_state, self.ring = config, epoch_state, ring
 
+    def __repr__(self) -> str:
+        stores = sorted({store_label(a, self._secrets) for a in self.arrays.values()})
+        return (
+            f"ZarrIterableDataset({', '.join(stores)}, arrays={list(self.arrays)}, rows={self.rows}, "
+            f"chunk_rows={self.chunk_rows}, shuffle={self.shuffle}, seed={self.seed}, "
+            f"buffer_chunks={self.buffer_chunks})"
+        )
+
     @property
     def rows(self) -> int:
         return self.layout.rows
@@ -138,8 +156,24 @@ class ZarrIterableDataset(IterableDataset):
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row of every array together (decoded)."""
+        """Bytes of one row of every array together, as stored (decompressed): what the buffer holds."""
         return row_bytes(self.arrays)
+
+    @property
+    def columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Row shape and dtype of each array as stored: the shuffle buffer's columns."""
+        return {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
+
+    @property
+    def out_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Row shape and dtype of each array in a batch (CF-packed arrays decoded, :mod:`zarrtorch.cf`)."""
+        return {n: (shape, self.packings[n].dtype if n in self.packings else dt) for n, (shape, dt) in
+                self.columns.items()}  # fmt: skip
+
+    @property
+    def batch_row_bytes(self) -> int:
+        """Bytes of one row of every array in a batch (decoded CF-packed arrays are wider than stored)."""
+        return sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in self.out_columns.values())
 
     def in_flight(self, decode_threads: int) -> int:
         """Chunks one process decoding in ``decode_threads`` threads reads ahead at once (remote: 8)."""
@@ -241,20 +275,50 @@ class ZarrIterableDataset(IterableDataset):
             self.arrays, self.chunk_rows, threads=threads, prefetch=self.in_flight(threads), policy=self.retry,
             check_missing=self.check_chunks, cache=self._cache_store if self.cache else None, pools=self._pools,
             early=self._early, first=None if worker_skip else plan.workers[logical].pieces + self.row_offset,
+            secrets=self._secrets,
         )  # fmt: skip
         if reads_early(self.arrays, cache=self.cache, lives_on=info is None or cfg.persistent_workers):
             reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)
         rng = buffer_rng(self.seed, view.epoch, view.rank, logical, self._row_shuffle, plan.segment)  # None: in order
-        columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
+        columns = self.columns
         writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
-        out = writer.out if writer is not None else self._pools.batches(cfg.batch_size, {**INDEX_ONLY, **columns})
+        out = (
+            writer.out
+            if writer is not None
+            else self._pools.batches(cfg.batch_size, {**INDEX_ONLY, **self.out_columns})
+        )
         batches = stream_batches(
             reader, plan.workers[logical], columns, row_offset=self.row_offset, buffer_rows=self.buffer_rows,
             warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache, out=out, pools=self._pools,
         )  # fmt: skip
+        if self.packings:
+            batches = (self._decoded(batch, owned=writer is None or writer.in_slot) for batch in batches)
+        if self.return_padding:
+            padding = plan.padding + self.row_offset
+            batches = (self._with_padding(batch, padding, writer) for batch in batches)
         if writer is not None:  # the batch is in a shared slot: send where (zarrtorch.ring)
             return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
+
+    @staticmethod
+    def _with_padding(batch: dict[str, np.ndarray], padding: np.ndarray, writer) -> dict[str, np.ndarray]:
+        """The batch with ``"padding"``: which of its rows this rank reads only to even out the ranks (a row
+        is never both padding and data on one rank, :attr:`zarrtorch.plan.RankPlan.padding`)."""
+        mask = np.isin(batch["index"], padding) if len(padding) else np.zeros(len(batch["index"]), bool)
+        if writer is not None and writer.in_slot:
+            writer.last_arrays["padding"][...] = mask
+        batch["padding"] = mask
+        return batch
+
+    def _decoded(self, batch: dict[str, np.ndarray], owned: bool) -> dict[str, np.ndarray]:
+        """The batch with its CF-packed columns decoded: in place in the batch's own arrays (gathered in the
+        decoded dtype), or into copies where the batch holds views of a chunk (``owned=False``)."""
+        for name, packing in self.packings.items():
+            rows = batch[name]
+            if not owned or rows.dtype != packing.dtype:
+                rows = batch[name] = rows.astype(packing.dtype)
+            packing.decode(rows)
+        return batch
 
     def _read_next_epoch_early(self, submit, reader: PieceReader, view: EpochView, worker: int, n_workers: int):
         """Start the next epoch's first reads in ``reader``'s threads as this one ends (:mod:`zarrtorch.early`)."""

@@ -42,7 +42,7 @@ class RetriesExhausted(RuntimeError):
 def is_permanent(exc: BaseException) -> bool:
     """Errors that another attempt cannot fix: a missing or forbidden object, refused credentials, bad
     input. Anything else (timeouts, resets, 5xx) is worth another try."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, KeyError, ValueError, TypeError)):
+    if isinstance(exc, (FileNotFoundError, PermissionError, KeyError, ValueError, TypeError, ImportError)):
         return True
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)

@@ -31,6 +31,7 @@ import torch
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
+from zarrtorch.output import is_url
 from zarrtorch.sizes import ceil_div
 from zarrtorch.source import open_arrays
 
@@ -113,7 +114,8 @@ class ZarrDataModule(L.LightningDataModule):
     one the rows ``split_plan.val_range`` (``row_range=``); nothing is copied or written.
 
     Args:
-        store: path of a store written by ``prepare_zarr``.
+        store: path or URL (``s3://...``, ``https://...``) of a store written by ``prepare_zarr``.
+        storage_options: for a URL, fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...).
         batch_size: rows per batch on each rank (validation: ``val_batch_size``, default the same).
         num_workers: DataLoader worker processes per rank (0: read in the training process).
         buffer_chunks: shuffle-buffer size in chunks for ``shuffle="full"``.
@@ -141,11 +143,13 @@ class ZarrDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
         persistent_workers: bool | None = None,
         decode_threads: int | None = None,
+        storage_options: dict | None = None,
     ):
         super().__init__()
         if shuffle not in SHUFFLE_MODES:
             raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, got {shuffle!r}")
-        self.store = Path(store)
+        self.store = store if is_url(store) else Path(store)  # a URL through Path would lose a slash: s3:/b
+        self.storage_options = storage_options
         self.batch_size = int(batch_size)
         self.val_batch_size = int(val_batch_size or batch_size)
         self.num_workers = int(num_workers)
@@ -158,7 +162,7 @@ class ZarrDataModule(L.LightningDataModule):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else bool(persistent_workers)
         self.decode_threads = decode_threads
-        layout = check_first_axis_layout(open_arrays(self.store, self.arrays))
+        layout = check_first_axis_layout(open_arrays(self.store, self.arrays, storage_options=storage_options))
         self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction)
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
@@ -176,12 +180,17 @@ class ZarrDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         shuffle, buffer_chunks = self._dataset_options()
         common = dict(
-            arrays=self.arrays, seed=self.seed, return_index=self.return_index, decode_threads=self.decode_threads
-        )
+            arrays=self.arrays, seed=self.seed, return_index=self.return_index, decode_threads=self.decode_threads,
+            storage_options=self.storage_options,
+        )  # fmt: skip
         self.train_dataset = ZarrIterableDataset(
             self.store, shuffle=shuffle, buffer_chunks=buffer_chunks, row_range=self.split_plan.fit_range, **common
         )
-        self.val_dataset = ZarrIterableDataset(self.store, shuffle=False, row_range=self.split_plan.val_range, **common)
+        # validation reads every row once, plus fewer than world-size rows repeated to even out the ranks:
+        # "padding" marks those, so that a metric's mean counts each row once (ForecastModule does)
+        self.val_dataset = ZarrIterableDataset(
+            self.store, shuffle=False, row_range=self.split_plan.val_range, return_padding=True, **common
+        )
 
     def _loader_kwargs(self) -> dict:
         kw = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
@@ -231,7 +240,7 @@ class ZarrDataModule(L.LightningDataModule):
         try:
             import xarray as xr
 
-            ds = xr.open_zarr(str(self.store), consolidated=None)
+            ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.storage_options)
             t = ds["time"].values
             day = np.datetime_as_string(t[[0, p.split_row - 1, p.split_row, -1]], unit="D")
             text += f"; fit {day[0]} .. {day[1]}, validate {day[2]} .. {day[3]}"

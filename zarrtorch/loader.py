@@ -146,7 +146,8 @@ class ZarrDataLoader(DataLoader):
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         prefetch = kwargs.get("prefetch_factor") or 2
         self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport)  # allocated by iter()
-        self._ring_keep = None if dataset.return_index else set(dataset.arrays)  # what receive() keeps of a slot
+        # what receive() keeps of a slot
+        self._ring_keep = None if dataset.return_index else set(dataset.arrays) | {"padding"}
         self._ring_copy = pin_copy if pinned else None
         dataset.attach(self.config, self.epoch_state, self.ring)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
@@ -170,6 +171,18 @@ class ZarrDataLoader(DataLoader):
         rank. Call it every epoch. A loaded state (:meth:`load_state_dict`) of another epoch is dropped: that
         epoch starts afresh. An iteration already running goes on with its own epoch."""
         epoch = int(epoch)
+        run = self._run
+        if run is not None and not run.done and epoch == run.epoch == self._epoch:
+            return  # the iteration in flight runs it already (Lightning calls set_epoch after it iterates)
+        if run is not None and not run.done and epoch != run.epoch and run.seen <= 2:
+            warnings.warn(
+                f"ZarrDataLoader: set_epoch({epoch}) came after the iteration over epoch {run.epoch} began; that "
+                f"iteration goes on as epoch {run.epoch} (its first batches are out), and epoch {epoch} starts at "
+                "the next iter(). Under Lightning this is a run resumed at an epoch's end with a bare loader, "
+                "whose position Lightning does not restore there: use zarrtorch.lightning.ZarrDataModule (it keeps "
+                "the position in its own state), or call loader.set_epoch(epoch) before trainer.fit",
+                stacklevel=2,
+            )
         if epoch != self._epoch:
             self._start = None
         self._epoch = epoch

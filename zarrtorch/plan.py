@@ -180,6 +180,8 @@ class RankPlan:
     budget: RowBudget
     workers: list[WorkerPlan]
     segment: int = 0  # 0: a whole epoch; k: the k-th resumption of it on another topology
+    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # rows read again
+    # by this rank only to even out the ranks (drop_last=False): never rows it also reads once otherwise
 
     @property
     def batches(self) -> int:
@@ -237,7 +239,10 @@ def epoch_plan(
         if b1 == budget.batches_per_rank and b1 > b0:
             sizes[-1] = budget.last_batch_size
         workers.append(WorkerPlan(worker=w, first_batch=b0, pieces=pieces, batch_sizes=sizes))
+    rank_stop = rank_start + budget.rows_per_rank
+    padded = slice_runs(runs, max(rank_start, stream_rows), rank_stop) if rank_stop > stream_rows else runs[:0]
+    padding = np.concatenate([np.arange(a, b) for a, b in padded.tolist()] or [np.zeros(0, np.int64)])
     return RankPlan(
         epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget, workers=workers,
-        segment=segment,
+        segment=segment, padding=padding.astype(np.int64),
     )  # fmt: skip

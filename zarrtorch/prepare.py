@@ -9,6 +9,8 @@ still opens with ``xarray.open_zarr``.
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import warnings
 from collections.abc import Mapping
@@ -20,7 +22,7 @@ import zarr
 
 from zarrtorch.dims import sample_dimension
 from zarrtorch.layout import LayoutError, check_first_axis_layout
-from zarrtorch.output import CODECS, make_codec, rows_for_chunk_mb, shard_shape, target_store
+from zarrtorch.output import CODECS, is_url, make_codec, rows_for_chunk_mb, shard_shape, target_store
 from zarrtorch.sizes import row_bytes
 
 __all__ = ["CODECS", "make_codec", "prepare_zarr", "rows_for_chunk_mb"]
@@ -59,8 +61,8 @@ def _resolve_chunk_rows(rows: int, row_bytes: int, chunk_rows: int | None, chunk
         raise ValueError("give chunk_rows or chunk_mb, not both")
     if chunk_rows is None:
         chunk_rows = rows_for_chunk_mb(row_bytes, 8.0 if chunk_mb is None else chunk_mb)
-    if int(chunk_rows) < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if isinstance(chunk_rows, bool) or int(chunk_rows) != chunk_rows or int(chunk_rows) < 1:
+        raise ValueError(f"chunk_rows must be an integer >= 1, got {chunk_rows!r}")
     return min(int(chunk_rows), rows)
 
 
@@ -71,7 +73,8 @@ def _block_rows(unit_rows: int, row_bytes: int, max_memory_mb: float) -> int:
     return unit_rows * max(1, int(max_memory_mb * 2**20 // per_unit))
 
 
-def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
+def _sample_dim(ds, variables: list[str] | None, dim: str | None):
+    """The dataset's data variables to write, each with the sample dimension first, and that dimension."""
     # sorted: a store opened with xarray lists its variables in file-system order, which varies by machine
     names = sorted(ds.data_vars) if variables is None else list(variables)
     if not names:
@@ -79,6 +82,13 @@ def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
     missing = [n for n in names if n not in ds.data_vars]
     if missing:
         raise KeyError(f"unknown data variable(s) {missing}: the dataset has {list(ds.data_vars)}")
+    if dim is not None:
+        lacking = [n for n in names if dim not in ds[n].dims]
+        if dim not in ds.dims or lacking:
+            raise LayoutError(f"dim={dim!r}: variables {lacking or names} lack that dimension (the dataset has "
+                              f"{list(ds.dims)})")  # fmt: skip
+        ds = ds[names].transpose(dim, ...)
+        return ds, dim
     # one rule with the loader (zarrtorch.dims), so that the error below names the odd variable (a static
     # field), not the data
     dim = sample_dimension({n: ds[n].dims for n in names}, {n: ds[n].nbytes for n in names})
@@ -86,10 +96,18 @@ def _sample_dim(ds, variables: list[str] | None) -> tuple[str, list[str]]:
     if dim is None or others:
         raise LayoutError(
             f"data variables {others or names[:1]} do not have {dim!r} as their first dimension: every array "
-            "written for training needs the sample dimension first. Select variables with variables=[...], "
-            "transpose them (ds.transpose(dim, ...)) or turn static fields into coordinates (ds.set_coords(...))."
+            "written for training needs the sample dimension first. Pass dim='...' (the variables are then "
+            "transposed), select variables with variables=[...], or turn static fields into coordinates "
+            "(ds.set_coords(...))."
         )
-    return dim, names
+    dated = [d for d in ds[names[0]].dims if d != dim and d in ds.coords and np.issubdtype(ds[d].dtype, np.datetime64)]
+    if dated:
+        raise LayoutError(
+            f"the variables' first dimension is {dim!r}, but {dated[0]!r} holds dates: samples are usually time "
+            f"steps. Pass dim={dated[0]!r} (the variables are transposed to put it first), or dim={dim!r} if "
+            f"each {dim!r} really is a sample."
+        )
+    return ds[names], dim
 
 
 def prepare_zarr(
@@ -101,6 +119,7 @@ def prepare_zarr(
     codec: str | Any | None = "zstd",
     level: int = 3,
     variables: list[str] | None = None,
+    dim: str | None = None,
     overwrite: bool = False,
     max_memory_mb: float = 256,
     progress: bool = True,
@@ -109,34 +128,47 @@ def prepare_zarr(
 ) -> zarr.Group:
     """Write ``source`` to ``store`` as Zarr v3 chunked only along the first axis and return the group (read-only).
 
-    ``source``: an ``xarray.Dataset`` (its data variables sharing the first dimension, or ``variables``)
-    or a mapping name -> array (NumPy, dask, or anything sliceable with ``shape``/``dtype``).
-    The chunk length is ``chunk_rows``, or derived from ``chunk_mb`` (one row of every array counted
-    together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a time (on the
-    cluster's workers when a ``dask.distributed`` client is active). ``shard_chunks``: write Zarr v3 shards
-    of that many chunks (fewer objects, for object storage; read with ``allow_shards=True``). ``store`` may
-    be a URL (``s3://bucket/x.zarr``) with fsspec ``storage_options``.
+    ``source``: an ``xarray.Dataset`` (its data variables sharing the sample dimension, or ``variables``)
+    or a mapping name -> array (NumPy, dask, torch, or anything sliceable with ``shape``/``dtype``).
+    ``dim``: the dataset's sample dimension (default: the first dimension the data variables share, see
+    :mod:`zarrtorch.dims`; a dataset whose dates lie along another dimension must name it); variables are
+    transposed to put it first. The chunk length is ``chunk_rows``, or derived from ``chunk_mb`` (one row of
+    every array counted together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a
+    time (on the cluster's workers when a ``dask.distributed`` client is active). ``shard_chunks``: write Zarr
+    v3 shards of that many chunks (fewer objects, for object storage; read with ``allow_shards=True``).
+    ``store`` may be a URL (``s3://bucket/x.zarr``) with fsspec ``storage_options``. With ``overwrite``, a local
+    store is replaced once the new one is complete, so a store can be rewritten from itself (rechunked in place).
     """
-    args = (chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress, shard_chunks, storage_options)
+    if not isinstance(max_memory_mb, (int, float)) or not math.isfinite(max_memory_mb) or max_memory_mb <= 0:
+        raise ValueError(f"max_memory_mb must be a finite number of MiB > 0, got {max_memory_mb!r}")
+    args = (chunk_rows, chunk_mb, codec, level, max_memory_mb, progress, shard_chunks)
     if _is_xarray_dataset(source):
-        target = _prepare_xarray(source, store, variables, *args)
+        ds, dim = _sample_dim(source, variables, dim)
+        sources = [ds[n].variable for n in ds.data_vars]
     elif isinstance(source, Mapping):
-        target = _prepare_mapping(source, store, *args)
+        if variables is not None or dim is not None:
+            raise ValueError("variables= and dim= apply to an xarray.Dataset; a mapping is written whole, rows first")
+        source = _checked_mapping(source)
+        sources = list(source.values())
     else:
         raise TypeError(f"prepare_zarr takes an xarray.Dataset or a mapping name -> array, got {type(source).__name__}")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
-        zarr.consolidate_metadata(target)  # lets xarray.open_zarr open the store without a warning
-    group = zarr.open_group(target, mode="r")
+    with target_store(store, storage_options, overwrite, sources) as out:
+        if _is_xarray_dataset(source):
+            _prepare_xarray(ds, dim, out, Path(str(store)).name, *args)
+        else:
+            _prepare_mapping(source, out, Path(str(store)).name, *args)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+            zarr.consolidate_metadata(out)  # lets xarray.open_zarr open the store without a warning
+    final = out if is_url(store) else str(Path(os.fspath(store).removeprefix("file://")))
+    group = zarr.open_group(final, mode="r")
     names = group.attrs["zarrtorch"]["variables"]
     check_first_axis_layout({n: group[n] for n in names}, allow_shards=shard_chunks is not None)
     return group
 
 
-def _prepare_xarray(ds, store, variables, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress,
-                    shard_chunks, storage_options):  # fmt: skip
-    dim, names = _sample_dim(ds, variables)
-    ds = ds[names]
+def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max_memory_mb, progress, shard_chunks):
+    names = list(ds.data_vars)
     rows = ds.sizes[dim]
     if rows == 0:
         raise LayoutError(f"dimension {dim!r} has zero rows: there is nothing to write")
@@ -161,7 +193,6 @@ def _prepare_xarray(ds, store, variables, chunk_rows, chunk_mb, codec, level, ov
         target[c].encoding = {k: v for k, v in target[c].encoding.items() if k in ("units", "calendar", "dtype")}
     target.attrs = {**ds.attrs, "zarrtorch": {"dim": dim, "variables": names, "chunk_rows": chunk_rows}}
 
-    out = target_store(store, storage_options, overwrite)
     # Metadata and coordinates first; the data variables are then filled block by block.
     with warnings.catch_warnings():
         # string coordinate labels (e.g. variable names) have no frozen Zarr v3 spec yet; they are only labels
@@ -177,7 +208,7 @@ def _prepare_xarray(ds, store, variables, chunk_rows, chunk_mb, codec, level, ov
         )
     along_dim = [n for n in target.variables if dim in target[n].dims]
     step = _block_rows(shard_rows or chunk_rows, nbytes_row, max_memory_mb)
-    with _progress_bar(rows, f"prepare {Path(str(store)).name}", progress) as bar:
+    with _progress_bar(rows, f"prepare {label} (rows along {dim!r})", progress) as bar:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             block = target[along_dim].isel({dim: slice(start, stop)}).compute()
@@ -186,30 +217,49 @@ def _prepare_xarray(ds, store, variables, chunk_rows, chunk_mb, codec, level, ov
                 out, region={dim: slice(start, stop)}, zarr_format=3, consolidated=False, write_empty_chunks=True
             )
             bar.update(stop - start)
-    return out
 
 
-def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrite, max_memory_mb, progress,
-                     shard_chunks, storage_options):  # fmt: skip
-    names = list(source)
-    if not names:
+def _checked_mapping(source: Mapping) -> dict:
+    """The mapping's arrays, each with a first axis, a NumPy dtype and the same number of rows."""
+    if not source:
         raise LayoutError("the mapping holds no arrays to write")
+    out = {}
     for n, a in source.items():
         if not hasattr(a, "shape") or not hasattr(a, "dtype") or len(a.shape) == 0:
             raise TypeError(f"{n!r} is not an array with a first axis (got {type(a).__name__})")
-    rows = int(source[names[0]].shape[0])
-    for n, a in source.items():
+        out[str(n)] = _TorchRows(a) if type(a).__module__.startswith("torch") else a
+    names = list(out)
+    rows = int(out[names[0]].shape[0])
+    for n, a in out.items():
         if int(a.shape[0]) != rows:
             raise LayoutError(
                 f"arrays have different first-axis lengths: {names[0]!r} has {rows}, {n!r} has {a.shape[0]}"
             )
     if rows == 0:
         raise LayoutError(f"array {names[0]!r} has zero rows: there is nothing to write")
+    return out
+
+
+class _TorchRows:
+    """A torch tensor seen as an array with a NumPy dtype, copied to NumPy a block of rows at a time."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor.detach()
+        self.shape = tuple(tensor.shape)
+        self.dtype = self.tensor[:0].cpu().numpy().dtype
+
+    def __getitem__(self, rows):
+        return self.tensor[rows].cpu().numpy()
+
+
+def _prepare_mapping(source, out_store, label, chunk_rows, chunk_mb, codec, level, max_memory_mb, progress,
+                     shard_chunks):  # fmt: skip
+    names = list(source)
+    rows = int(source[names[0]].shape[0])
     nbytes_row = row_bytes(source)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
     shard_rows = shard_shape(chunk_rows, shard_chunks, rows)
     compressors = make_codec(codec, level)
-    out_store = target_store(store, storage_options, overwrite)
     group = zarr.open_group(out_store, mode="w", zarr_format=3)
     group.attrs["zarrtorch"] = {"dim": "row", "variables": names, "chunk_rows": chunk_rows}
     out = {
@@ -225,11 +275,10 @@ def _prepare_mapping(source, store, chunk_rows, chunk_mb, codec, level, overwrit
         for n, a in source.items()
     }
     step = _block_rows(shard_rows or chunk_rows, nbytes_row, max_memory_mb)
-    with _progress_bar(rows, f"prepare {Path(str(store)).name}", progress) as bar:
+    with _progress_bar(rows, f"prepare {label}", progress) as bar:
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             for n, a in source.items():
                 block = a[start:stop]
                 out[n][start:stop] = np.asarray(block.compute() if hasattr(block, "compute") else block)
             bar.update(stop - start)
-    return out_store

@@ -20,7 +20,7 @@ from zarrtorch.early import EarlyReads
 from zarrtorch.fastpath import direct_decoder
 from zarrtorch.fetch import RetryPolicy, get_many
 from zarrtorch.pool import Pools
-from zarrtorch.source import is_local
+from zarrtorch.source import is_local, redact, store_label
 
 
 def reading_threads(threads: int, prefetch: int) -> int:
@@ -63,6 +63,7 @@ class PieceReader:
         early: EarlyReads | None = None,
         after_last: Callable[[Callable], EarlyReads] | None = None,
         first: np.ndarray | None = None,
+        secrets: tuple[str, ...] = (),
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -72,6 +73,7 @@ class PieceReader:
         self.cache = cache
         self.policy = policy or RetryPolicy()
         self.early, self.after_last = early, after_last
+        self.secrets = secrets  # storage options never shown in a message (zarrtorch.source.redact)
         self._pool: ThreadPoolExecutor | None = None  # the reading threads, once started
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
@@ -83,7 +85,7 @@ class PieceReader:
     def _where(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
         return (
             f"chunk {chunk} (rows {start}:{stop}) of array {name!r}, key {chunk_key(arr, chunk)!r} "
-            f"in store {arr.store_path.store}"
+            f"in store {store_label(arr, self.secrets)}"
         )
 
     def _missing_message(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
@@ -122,10 +124,9 @@ class PieceReader:
                     raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
                 fill = arr.fill_value if arr.fill_value is not None else 0  # what zarr reads a missing chunk as
                 out[name] = np.full((stop - start, *arr.shape[1:]), fill, dtype=arr.dtype)
-            except Exception as exc:
-                raise ChunkReadError(
-                    f"cannot read {self._where(name, arr, chunk, start, stop)}: {type(exc).__name__}: {exc}"
-                ) from exc
+            except Exception as exc:  # the cause is not chained: its text may hold a credential, redacted here
+                why = redact(f"{type(exc).__name__}: {exc}", self.secrets)
+                raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: {why}") from None
         return out
 
     def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched) -> np.ndarray:

@@ -143,6 +143,17 @@ class RingWriter:
         self._last = None if slot is None else (slot, rows)
         return None if slot is None else self.ring.slot_arrays(self.worker, slot, rows)
 
+    @property
+    def last_arrays(self) -> dict[str, np.ndarray]:
+        """The slot arrays of the last batch (when :attr:`in_slot`)."""
+        slot, rows = self._last
+        return self.ring.slot_arrays(self.worker, slot, rows)
+
+    @property
+    def in_slot(self) -> bool:
+        """Whether the last batch was gathered into a slot (else it went into fresh arrays, or is a view)."""
+        return self._last is not None
+
     def send(self, batch, to_torch):
         """Plain ints, pickled by value, for a batch in a slot (a tensor would travel through a
         shared-memory segment and a file descriptor of its own); the batch itself otherwise."""
@@ -190,8 +201,10 @@ def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport:
     if transport == "queue" or config.num_workers == 0 or dataset.transform is not None or dataset.stack:
         return None
     columns = (("index", (), "int64"),) + tuple(
-        (name, tuple(a.shape[1:]), str(np.dtype(a.dtype))) for name, a in dataset.arrays.items()
+        (name, shape, str(dtype)) for name, (shape, dtype) in dataset.out_columns.items()
     )
+    if dataset.return_padding:
+        columns += (("padding", (), "bool"),)
     slots = ring_slots(prefetch_factor, work_ahead, config.num_workers)
     shape = RingShape(config.num_workers, slots, config.batch_size, columns)
     return BatchRing(shape)

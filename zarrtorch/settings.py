@@ -48,5 +48,12 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
         raise ValueError("cache=True keeps rows in the worker processes: also pass persistent_workers=True")
     if transport not in (None, "ring", "queue"):
         raise ValueError(f"transport must be 'ring' or 'queue' (zarrtorch.ring) or None, got {transport!r}")
+    if transport == "ring" and (dataset.transform is not None or dataset.stack):
+        what = "transform" if dataset.transform is not None else "stack"
+        raise ValueError(
+            f"transport='ring' carries batches in slots shaped like the stored arrays, and a {what} changes them "
+            "after they are gathered: leave transport to the loader (None: the queue for such a dataset) or pass "
+            "transport='queue'"
+        )
     if isinstance(work_ahead, bool) or int(work_ahead) != work_ahead or work_ahead < 0:
         raise ValueError(f"work_ahead must be an integer >= 0 (batches assembled ahead), got {work_ahead!r}")

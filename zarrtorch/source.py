@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,42 +20,93 @@ import zarr.api.asynchronous
 from zarr.core.sync import sync
 
 from zarrtorch.dims import sample_dimension
+from zarrtorch.fetch import RetriesExhausted, RetryPolicy, with_retries
+from zarrtorch.output import is_url
 
 ACCEPTED = "a zarr.Group, a zarr.Array, a path or URL of a Zarr store, or a mapping name -> zarr.Array"
 
 
-def _is_url(text: str) -> bool:
-    return "://" in text and not text.startswith("file://")
+_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@\s:]*):(?P<password>[^/@\s]*)@")
+_SECRET_KEYS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature", "session")
 
 
-def _open_url(url: str, storage_options: dict | None, timeout_s: float):
-    """Open a remote store's root with a deadline, and say what to check when it fails."""
+def secrets_of(storage_options: dict | None) -> tuple[str, ...]:
+    """The string values of ``storage_options`` (nested dicts too) whose keys name a secret (key, secret,
+    token, password...): what no message may show."""
+    found: list[str] = []
+
+    def walk(options) -> None:
+        for name, value in (options or {}).items():
+            if isinstance(value, dict):
+                walk(value)
+            elif isinstance(value, str) and len(value) >= 4 and any(k in str(name).lower() for k in _SECRET_KEYS):
+                found.append(value)
+
+    walk(storage_options)
+    return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` without the password of any ``scheme://user:password@host`` URL, nor any of ``secrets``."""
+    text = _CREDENTIALS.sub(lambda m: f"{m['scheme']}{m['user']}:***@", str(text))
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def store_label(arr: zarr.Array, secrets: tuple[str, ...] = ()) -> str:
+    """The array's store, as messages show it (credentials removed)."""
+    return redact(str(arr.store_path.store), secrets)
+
+
+def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
+    """Open a remote store's root with a deadline and the retries of ``policy`` (a server error or a dropped
+    connection is tried again), and say what to check when it fails; no message shows a credential."""
+    secrets, shown = secrets_of(storage_options), redact(url, secrets_of(storage_options))
+
+    def attempt():
+        try:
+            return sync(zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options),
+                        timeout=policy.timeout_s)  # fmt: skip
+        except ImportError as exc:
+            raise ImportError(f"opening {shown} needs the fsspec backend for its protocol ({exc}); for s3:// "
+                              "`pip install s3fs`, for http(s):// `pip install aiohttp`") from exc  # fmt: skip
+
     try:
-        opened = sync(zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options),
-                      timeout=timeout_s)  # fmt: skip
-    except TimeoutError:
-        raise TimeoutError(f"no answer from {url} within {timeout_s:g} s: check that the server is up and "
-                           "reachable from here (proxy, firewall), or raise request_timeout_s") from None  # fmt: skip
-    except ImportError as exc:
-        raise ImportError(f"opening {url} needs the fsspec backend for its protocol ({exc}); for s3:// "
-                          "`pip install s3fs`, for http(s):// `pip install aiohttp`") from exc  # fmt: skip
+        opened = with_retries(attempt, policy)
+    except RetriesExhausted as exc:
+        last = exc.__cause__
+        if isinstance(last, TimeoutError):
+            raise TimeoutError(f"no answer from {shown} within {policy.timeout_s:g} s ({policy.retries + 1} "
+                               "attempts): check that the server is up and reachable from here (proxy, firewall), "
+                               "or pass retry=RetryPolicy(timeout_s=...) for a slower one") from None  # fmt: skip
+        status = getattr(last, "status", None)
+        if isinstance(status, int):
+            raise ConnectionError(f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) "
+                                  f"to all {policy.retries + 1} attempts to read its metadata: the server has a "
+                                  "problem; try again later, or ask its operator") from None  # fmt: skip
+        raise ConnectionError(f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} "
+                              f"({policy.retries + 1} attempts). Check the host and port, and that the server is "
+                              "running") from None  # fmt: skip
+    except ImportError:
+        raise
     except PermissionError as exc:
-        raise PermissionError(f"access to {url} was refused ({exc}): check the credentials in storage_options "
-                              "(key/secret, or anon=True for a public bucket)") from exc  # fmt: skip
+        raise PermissionError(f"access to {shown} was refused ({redact(exc, secrets)}): check the credentials in "
+                              "storage_options (key/secret, or anon=True for a public bucket)") from None  # fmt: skip
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"no Zarr store at {url} ({exc}): check the URL (bucket and path)") from exc
-    except (OSError, ConnectionError) as exc:
-        raise ConnectionError(f"cannot reach {url}: {type(exc).__name__}: {exc}. Check the host and port, "
-                              "and that the server is running") from exc  # fmt: skip
+        raise FileNotFoundError(f"no Zarr store at {shown} ({redact(exc, secrets)}): check the URL (bucket and "
+                                "path)") from None  # fmt: skip
     except Exception as exc:
-        raise ValueError(f"{url} is not a readable Zarr store ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(
+            f"{shown} is not a readable Zarr store ({type(exc).__name__}: {redact(exc, secrets)})"
+        ) from None
     return zarr.Group(opened) if isinstance(opened, zarr.api.asynchronous.AsyncGroup) else zarr.Array(opened)
 
 
-def _open_path(path: str | os.PathLike, storage_options: dict | None = None, timeout_s: float = 30.0):
+def _open_path(path: str | os.PathLike, storage_options: dict | None = None, policy: RetryPolicy | None = None):
     text = os.fspath(path)
-    if _is_url(text):
-        return _open_url(text, storage_options, timeout_s)
+    if is_url(text):
+        return _open_url(text, storage_options, policy or RetryPolicy())
     if storage_options:
         raise ValueError(f"storage_options apply to remote stores (a URL such as s3://...), not to {text}")
     local = Path(text.removeprefix("file://")).expanduser()
@@ -95,11 +147,13 @@ def _data_variables(group: zarr.Group) -> list[str]:
 
 
 def open_arrays(
-    source, names: Sequence[str] | None = None, *, storage_options: dict | None = None, timeout_s: float = 30.0
-) -> dict[str, zarr.Array]:
-    """Resolve ``source`` (and optionally a subset ``names``) to ``{name: zarr.Array}``."""
+    source, names: Sequence[str] | None = None, *, storage_options: dict | None = None,
+    retry: RetryPolicy | None = None,
+) -> dict[str, zarr.Array]:  # fmt: skip
+    """Resolve ``source`` (and optionally a subset ``names``) to ``{name: zarr.Array}``; a URL is opened with
+    the deadline and retries of ``retry``."""
     if isinstance(source, (str, os.PathLike)):
-        source = _open_path(source, storage_options, timeout_s)
+        source = _open_path(source, storage_options, retry)
     elif storage_options:
         raise ValueError("storage_options apply when the source is a URL; an opened group already has its store")
     if isinstance(source, zarr.Array):

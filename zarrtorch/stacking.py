@@ -1,9 +1,9 @@
-"""Stack several arrays into one channel axis of the batch.
+"""Stack several columns into one channel axis of the batch.
 
 Analysis-ready stores such as ERA5's keep one array per variable (often chunked by single time steps); a
 network wants one ``(batch, channel, ...)`` tensor. Stacking happens inside the worker, after the rows of
-all arrays were read and shuffled together, so the guarantees (each row once, equal batches) are those of
-the arrays themselves.
+all columns were read and shuffled together, so the guarantees (each row once, equal batches) are those of
+the columns themselves.
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 
-def check_stack(stack: Mapping[str, Sequence[str]] | None, arrays: Mapping) -> dict[str, list[str]]:
-    """``{output name: [array names]}``, checked against the loaded arrays: they must exist, appear in one
-    stack only, and share one row shape and dtype."""
+def check_stack(stack: Mapping[str, Sequence[str]] | None, columns: Mapping) -> dict[str, list[str]]:
+    """``{output name: [array names]}``, checked against the loaded arrays (``columns``: name -> (row shape,
+    dtype) as batches hold them): they must exist, appear in one stack only, and share one row shape and dtype."""
     stack = {str(k): list(v) for k, v in (stack or {}).items()}
     used: list[str] = [n for names in stack.values() for n in names]
     for out, names in stack.items():
         if not names:
             raise ValueError(f"stack {out!r} lists no arrays")
-        missing = [n for n in names if n not in arrays]
+        missing = [n for n in names if n not in columns]
         if missing:
-            raise KeyError(f"stack {out!r} names {missing}, which are not loaded: available are {sorted(arrays)}")
-        kinds = {(tuple(arrays[n].shape[1:]), np.dtype(arrays[n].dtype)) for n in names}
+            raise KeyError(f"stack {out!r} names {missing}, which are not loaded: available are {sorted(columns)}")
+        kinds = {(tuple(columns[n][0]), np.dtype(columns[n][1])) for n in names}
         if len(kinds) > 1:
             raise ValueError(f"stack {out!r} mixes row shapes/dtypes {sorted(map(str, kinds))}: stack arrays alike")
-        if out in arrays and out not in names:
+        if out in columns and out not in names:
             raise ValueError(f"stack name {out!r} is also an array's name: choose another")
     twice = sorted({n for n in used if used.count(n) > 1})
     if twice:

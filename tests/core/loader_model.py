@@ -202,6 +202,8 @@ class ModelLoader:
         return sum(h[2] for h in history) + len(self._batches(history))
 
     def set_epoch(self, epoch: int) -> None:
+        if self.run is not None and not self.run.done and epoch == self.run.epoch == self.epoch:
+            return  # the iteration in flight runs that epoch already
         if epoch != self.epoch:
             self.start = None
         self.epoch = epoch

@@ -281,3 +281,51 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
     assert any(r >= 9 * CHUNK for e in bare for rows in e["rows"] for r in rows)  # the partial chunk is read
     for rank in (0, 1):
         assert set(bare[0]["rows"][rank]) != set(bare[1]["rows"][rank])
+
+
+# -- validation under DDP: every row counted once ------------------------------------------------------------
+VAL_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import lightning as L
+    from zarrtorch.lightning import ZarrDataModule
+    from zarrtorch.course.models import ForecastModule, channel_stats
+
+    if __name__ == "__main__":
+        store, out = sys.argv[1], sys.argv[2]
+        torch.set_num_threads(1)
+        dm = ZarrDataModule(store, batch_size=4, val_fraction=0.1, seed=3)
+        model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        (metrics,) = trainer.validate(model, datamodule=dm, verbose=False)
+        if trainer.global_rank == 0:
+            with open(out + "/val.json", "w") as f:
+                json.dump({"val_rows": dm.split_plan.val_rows, **metrics}, f)
+    """
+)
+
+
+@pytest.mark.slow
+def test_validation_under_ddp_counts_each_row_once(tmp_path):
+    """15 validation rows on 2 ranks: the padding row (repeated so that both ranks get 2 batches) is left out of
+    the mean; it was once counted (16 rows, one twice)."""
+    store = make_store(tmp_path / "v.zarr", rows=9 * CHUNK + 15)
+    script = tmp_path / "validate.py"
+    script.write_text(VAL_SCRIPT)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(script), str(store), str(tmp_path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((tmp_path / "val.json").read_text())
+    assert got["val_rows"] == 15
+    group = zarr.open_group(str(store), mode="r")
+    fields, target = group["fields"][9 * CHUNK :], group["target"][9 * CHUNK :]
+    stats = channel_stats(store, n_chunks=2, stop_row=9 * CHUNK)
+    persistence = fields[:, stats["persistence_channel"]]
+    expected = float(np.mean((persistence.astype(np.float64) - target) ** 2))
+    assert got["persistence_mse"] == pytest.approx(expected, rel=1e-6)

@@ -26,6 +26,8 @@ from zarrtorch.lightning import ZarrDataModule
 from zarrtorch.course.models import ForecastModule, channel_stats
 
 store, out, devices, phase = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+flags = sys.argv[5].split(",") if len(sys.argv) > 5 else []
+bare = "bare" in flags  # a ZarrDataLoader handed to fit(), not the DataModule
 torch.set_num_threads(1)
 
 
@@ -39,18 +41,32 @@ class Rows(L.Callback):
             json.dump({"epoch": trainer.current_epoch, "rows": self.rows, "len": len(trainer.train_dataloader)}, f)
 
 
-dm = ZarrDataModule(store, batch_size=8, return_index=True, seed=11, buffer_chunks=2)
+dm = ZarrDataModule(store, batch_size=16 if "batch16" in flags else 8, return_index=True, seed=11, buffer_chunks=2)
 model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
 kw = dict(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=1,
           limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
           logger=False, default_root_dir=out)
+data = dict(datamodule=dm)
+if bare:
+    dm.setup("fit")
+    from zarrtorch import ZarrDataLoader
+    data = dict(train_dataloaders=ZarrDataLoader(dm.train_dataset, batch_size=8, drop_last=True))
 if phase == "first":  # a job that ends after 3 steps, with a checkpoint there (as at a time limit)
     ckpt = ModelCheckpoint(dirpath=f"{out}/ckpt", every_n_train_steps=3, save_last=True, save_top_k=0)
     trainer = L.Trainer(max_steps=3, callbacks=[Rows(), ckpt], **kw)
-    trainer.fit(model, datamodule=dm)
-else:
+    trainer.fit(model, **data)
+elif phase == "epoch":  # a whole epoch, checkpointed at its end (the course CLI's default)
+    ckpt = ModelCheckpoint(dirpath=f"{out}/ckpt", save_last=True, save_top_k=0)
+    trainer = L.Trainer(callbacks=[Rows(), ckpt], **kw)
+    trainer.fit(model, **data)
+else:  # "second" continues the first's epoch, "next" trains the epoch after the checkpointed one
+    kw["max_epochs"] = 2 if phase == "next" else 1
     trainer = L.Trainer(callbacks=[Rows()], enable_checkpointing=False, **kw)
-    trainer.fit(model, datamodule=dm, ckpt_path=f"{out}/ckpt/last.ckpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, **data, ckpt_path=f"{out}/ckpt/last.ckpt")
+    with open(f"{out}/warnings_{phase}_{trainer.global_rank}.json", "w") as f:
+        json.dump([str(w.message) for w in caught if "ZarrDataLoader" in str(w.message)], f)
 """
 
 
@@ -59,15 +75,18 @@ def store(tmp_path_factory) -> Path:
     return make_store(tmp_path_factory.mktemp("lightning_resume") / "data.zarr", rows=24 * CHUNK)
 
 
-def fit(store, out, devices, phase):
+def fit(store, out, devices, phase, bare=False, flags=(), check=True):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     script = out / "fit.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(store), str(out), str(devices), phase], cwd=out,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    flags = ",".join([*flags, "bare"] if bare else flags)
+    args = [sys.executable, str(script), str(store), str(out), str(devices), phase] + ([flags] if flags else [])
+    proc = subprocess.run(args, cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    if not check:
+        return proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((out / f"rows_{phase}_{r}.json").read_text()) for r in range(devices)]
 
@@ -99,3 +118,42 @@ def test_resume_on_more_devices(store, tmp_path):
     fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
     assert set(before) | set(after) <= set(range(fit_rows))
     assert fit_rows - len(before) - len(after) < 3 * 8  # left out: less than one batch per new rank
+
+
+@pytest.mark.slow
+def test_resume_from_an_epoch_end_checkpoint_trains_the_next_epoch(store, tmp_path):
+    """``last.ckpt`` saved at an epoch's end (ZarrDataModule): the resumed run once trained 0 rows; it trains
+    the next epoch, whole, in that epoch's order."""
+    first = fit(store, tmp_path, 1, "epoch")
+    second = fit(store, tmp_path, 1, "next")
+    fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
+    ds = ZarrIterableDataset(store, seed=11, buffer_chunks=2, row_range=(0, fit_rows))
+    for epoch, run in ((0, first[0]), (1, second[0])):
+        expected = ds.batch_row_ids(epoch=epoch, batch_size=8, drop_last=True)
+        assert run["epoch"] == epoch and len(run["rows"]) == len(expected)
+        assert all(np.array_equal(a, b) for a, b in zip(run["rows"], expected, strict=True))
+    assert json.loads((tmp_path / "warnings_next_0.json").read_text()) == []
+
+
+@pytest.mark.slow
+def test_a_bare_loader_resumed_at_an_epoch_end_says_what_it_trains(store, tmp_path):
+    """A bare ZarrDataLoader: Lightning does not restore a loader's position when it resumes at an epoch's end
+    (no validation since), and calls set_epoch(1) after it began iterating epoch 0. The epoch still trains every
+    row once (in epoch 0's order), and a warning names the cause and the fix (once, silently)."""
+    fit(store, tmp_path, 1, "epoch", bare=True)
+    second = fit(store, tmp_path, 1, "next", bare=True)[0]
+    rows = [r for batch in second["rows"] for r in batch]
+    assert second["epoch"] == 1 and len(rows) == len(set(rows)) == len(second["rows"]) * 8
+    (message,) = json.loads((tmp_path / "warnings_next_0.json").read_text())
+    assert "set_epoch(1) came after the iteration over epoch 0 began" in message and "ZarrDataModule" in message
+
+
+@pytest.mark.slow
+def test_a_refused_state_shows_its_own_message_under_lightning(store, tmp_path):
+    """A mid-epoch checkpoint resumed with another batch size: the loader's refusal, naming the setting, is
+    what the user sees (it was once hidden behind Lightning's "Please call iter(combined_loader) first")."""
+    fit(store, tmp_path, 1, "first")
+    proc = fit(store, tmp_path, 1, "second", flags=["batch16"], check=False)
+    assert proc.returncode != 0
+    assert "batch_size: saved 8, now 16" in proc.stderr, proc.stderr[-3000:]
+    assert "Please call iter(combined_loader) first" not in proc.stderr

@@ -316,3 +316,4 @@ class TestLoaderModel(LoaderMachine.TestCase):
     def setUp(self):
         warnings.filterwarnings("ignore", message=".*starts again with the same order")
         warnings.filterwarnings("ignore", message="This DataLoader will create")
+        warnings.filterwarnings("ignore", message=".*came after the iteration over epoch")

@@ -92,9 +92,9 @@ def test_chunk_mb(tmp_path):
     assert g["x"].chunks[0] == rows  # never longer than the array
     with pytest.raises(ValueError, match="chunk_rows or chunk_mb, not both"):
         prepare_zarr(arrays, tmp_path / "d.zarr", chunk_rows=10, chunk_mb=1, progress=False)
-    with pytest.raises(ValueError, match="chunk_mb must be > 0"):
+    with pytest.raises(ValueError, match="chunk_mb must be a finite number of MiB > 0"):
         prepare_zarr(arrays, tmp_path / "e.zarr", chunk_mb=0, progress=False)
-    with pytest.raises(ValueError, match="chunk_rows must be >= 1"):
+    with pytest.raises(ValueError, match="chunk_rows must be an integer >= 1"):
         prepare_zarr(arrays, tmp_path / "f.zarr", chunk_rows=0, progress=False)
 
 

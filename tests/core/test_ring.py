@@ -162,7 +162,9 @@ def test_no_ring_where_a_batch_changes_after_gathering(store):
     assert ZarrDataLoader(plain, batch_size=4, num_workers=0).ring is None  # no workers
     assert ZarrDataLoader(plain, batch_size=4, num_workers=1, transport="queue").ring is None
     with_transform = ZarrIterableDataset(store, transform=dict)
-    assert ZarrDataLoader(with_transform, batch_size=4, num_workers=1, transport="ring").ring is None
+    assert ZarrDataLoader(with_transform, batch_size=4, num_workers=1).ring is None  # the loader's choice
+    with pytest.raises(ValueError, match="transport='ring' carries batches .* a transform"):  # once silently queued
+        ZarrDataLoader(with_transform, batch_size=4, num_workers=1, transport="ring")
     with pytest.raises(ValueError, match="transport must be"):
         ZarrDataLoader(plain, batch_size=4, transport="pipe")
 

@@ -237,6 +237,9 @@ class ForecastModule(L.LightningModule):
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         err, err_p = self._errors(batch)
+        if "padding" in batch:  # rows repeated only to give every rank as many batches: counted once, elsewhere
+            keep = ~batch["padding"].to(err.device)
+            err, err_p = err[keep], err_p[keep]
         dtype = _sum_dtype(err.device)
         self._val_sum = self._accumulate(
             self._val_sum, err.to(dtype).pow(2).sum(), err_p.to(dtype).pow(2).sum(), err.numel()

@@ -1,0 +1,115 @@
+"""prepare_zarr under the calls users make that once destroyed data or failed without saying why: rewriting a
+store from itself, a write that fails half-way, a file where a store should be, odd numbers, torch tensors,
+and a dataset whose dates are not its first dimension."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+import zarr
+
+from zarrtorch import LayoutError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+
+ROWS = 120
+
+
+@pytest.fixture()
+def written(tmp_path):
+    path = tmp_path / "s.zarr"
+    x = np.arange(ROWS * 3, dtype=np.float32).reshape(ROWS, 3)
+    prepare_zarr({"x": x}, path, chunk_rows=10, progress=False)
+    return path, x
+
+
+def test_rechunking_a_store_from_itself_keeps_its_data(written):
+    """``prepare_zarr({"x": group["x"]}, same_path, overwrite=True)`` once deleted the store before reading it
+    and wrote fill values, returning normally."""
+    path, x = written
+    group = zarr.open_group(str(path), mode="r")
+    out = prepare_zarr({"x": group["x"]}, path, chunk_rows=40, overwrite=True, progress=False)
+    assert out["x"].chunks == (40, 3)
+    np.testing.assert_array_equal(out["x"][:], x)
+
+
+def test_rechunking_an_xarray_dataset_opened_from_the_target(tmp_path):
+    path = tmp_path / "s.zarr"
+    x = np.arange(ROWS * 3, dtype=np.float32).reshape(ROWS, 3)
+    prepare_zarr(xr.Dataset({"x": (("time", "c"), x)}), path, chunk_rows=10, progress=False)
+    ds = xr.open_zarr(str(path), consolidated=True)  # lazy: dask reads the target while it is written
+    out = prepare_zarr(ds, path, chunk_rows=30, overwrite=True, progress=False)
+    assert out["x"].chunks == (30, 3)
+    np.testing.assert_array_equal(out["x"][:], x)
+    assert not list(path.parent.glob(".s.zarr.*")), "temporary stores were left behind"
+
+
+class FailsHalfway:
+    shape, dtype = (ROWS, 3), np.dtype("f4")
+
+    def __getitem__(self, rows):
+        if rows.start >= ROWS // 2:
+            raise OSError("the source's disk went away")
+        return np.zeros((rows.stop - rows.start, 3), "f4")
+
+
+def test_a_write_that_fails_leaves_the_old_store_as_it_was(written):
+    path, x = written
+    with pytest.raises(OSError, match="went away"):
+        prepare_zarr({"x": FailsHalfway()}, path, chunk_rows=10, overwrite=True, max_memory_mb=0.001, progress=False)
+    np.testing.assert_array_equal(zarr.open_group(str(path), mode="r")["x"][:], x)
+    assert not list(path.parent.glob(".s.zarr.*"))
+
+
+def test_a_file_is_never_replaced(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    with pytest.raises(FileExistsError, match="is a file, not a Zarr store"):
+        prepare_zarr({"x": np.zeros((4, 2))}, target, overwrite=True, progress=False)
+    assert target.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(chunk_mb=float("inf")), "chunk_mb must be a finite number"),
+        (dict(chunk_mb=float("nan")), "chunk_mb must be a finite number"),
+        (dict(max_memory_mb=-5), "max_memory_mb must be a finite number"),
+        (dict(max_memory_mb=0), "max_memory_mb must be a finite number"),
+        (dict(chunk_rows=2.5), "chunk_rows must be an integer"),
+    ],
+)
+def test_odd_numbers_are_refused_with_their_name(tmp_path, kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        prepare_zarr({"x": np.zeros((10, 2))}, tmp_path / "a.zarr", progress=False, **kwargs)
+    assert not (tmp_path / "a.zarr").exists()
+
+
+def test_a_torch_tensor_is_written(tmp_path):
+    t = torch.arange(ROWS * 2, dtype=torch.float32).reshape(ROWS, 2)
+    out = prepare_zarr({"x": t, "y": torch.arange(ROWS)}, tmp_path / "t.zarr", chunk_rows=16, progress=False)
+    np.testing.assert_array_equal(out["x"][:], t.numpy())
+    assert out["y"].dtype == np.int64
+    rows = [b["x"] for b in ZarrDataLoader(ZarrIterableDataset(tmp_path / "t.zarr", shuffle=False), batch_size=40)]
+    np.testing.assert_array_equal(torch.cat(rows).numpy(), t.numpy())
+
+
+def dated_last():
+    times = np.arange("2001-01-01", "2001-01-13", dtype="datetime64[D]")
+    data = np.arange(4 * 5 * len(times), dtype=np.float32).reshape(4, 5, len(times))
+    return xr.Dataset({"t2m": (("lat", "lon", "time"), data)}, coords={"time": times, "lat": np.arange(4),
+                                                                        "lon": np.arange(5)})  # fmt: skip
+
+
+def test_dates_on_another_dimension_are_not_guessed_away(tmp_path):
+    """Variables ``(lat, lon, time)``: ``lat`` was once taken as the sample dimension without a word."""
+    ds = dated_last()
+    with pytest.raises(LayoutError, match=r"first dimension is 'lat', but 'time' holds dates.*dim='time'"):
+        prepare_zarr(ds, tmp_path / "a.zarr", progress=False)
+    out = prepare_zarr(ds, tmp_path / "a.zarr", dim="time", chunk_rows=3, progress=False)
+    assert out.attrs["zarrtorch"]["dim"] == "time" and out["t2m"].shape == (12, 4, 5)
+    np.testing.assert_array_equal(out["t2m"][:], ds["t2m"].transpose("time", ...).values)
+    with pytest.raises(LayoutError, match="dim='level'"):
+        prepare_zarr(ds, tmp_path / "b.zarr", dim="level", progress=False)
+    with pytest.raises(ValueError, match="apply to an xarray.Dataset"):
+        prepare_zarr({"x": np.zeros((3, 2))}, tmp_path / "c.zarr", dim="row", progress=False)

@@ -1,0 +1,122 @@
+"""What a remote store's failures say: never a credential (a password in the URL, a secret in
+``storage_options``), a server error on the metadata retried then named, a timeout that names the setting
+that exists. Real servers on 127.0.0.1, started and stopped here."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.course.servers import HttpStoreServer, S3Server
+from zarrtorch.fetch import RetryPolicy
+from zarrtorch.source import redact, secrets_of
+
+QUICK = RetryPolicy(timeout_s=1.0, retries=2, backoff_s=0.05)
+PASSWORD = "s3cr3t-Pa55"
+
+
+@pytest.fixture()
+def served(tmp_path):
+    prepare_zarr({"x": np.arange(80, dtype=np.float32)}, tmp_path / "s.zarr", chunk_rows=10, progress=False)
+    return tmp_path
+
+
+def with_password(url: str) -> str:
+    return url.replace("http://", f"http://reader:{PASSWORD}@")
+
+
+def shown(exc: BaseException) -> str:
+    """Everything a user sees of an error: its message, its causes and the traceback text."""
+    return "".join(traceback.format_exception(exc))
+
+
+def test_redact():
+    assert redact(f"http://u:{PASSWORD}@h:1/x and s3://k:p@b/y") == "http://u:***@h:1/x and s3://k:***@b/y"
+    assert redact("token=abcd1234 in text", ("abcd1234",)) == "token=*** in text"
+    options = {"key": "AKIA1234", "secret": "abcdefgh", "endpoint_url": "http://e:1",
+               "client_kwargs": {"headers": {"Authorization": "Bearer xyz123"}}}  # fmt: skip
+    assert set(secrets_of(options)) == {"AKIA1234", "abcdefgh", "Bearer xyz123"}
+
+
+def test_a_password_in_an_http_url_is_never_shown(served):
+    (served / "s.zarr" / "x" / "c" / "3").unlink()  # a missing chunk
+    with HttpStoreServer(served) as server:
+        url = with_password(f"{server.url}/s.zarr")
+        ds = ZarrIterableDataset(url, shuffle=False, retry=QUICK)
+        assert PASSWORD not in repr(ds) and "reader:***@" in repr(ds)
+        with pytest.raises(ChunkReadError, match=r"missing chunk 3 .*reader:\*\*\*@") as err:
+            list(ZarrDataLoader(ds, batch_size=10))
+        assert PASSWORD not in shown(err.value)
+        with pytest.raises(FileNotFoundError, match=r"no Zarr store at http://reader:\*\*\*@") as err:
+            ZarrIterableDataset(with_password(f"{server.url}/elsewhere.zarr"), retry=QUICK)
+        assert PASSWORD not in shown(err.value)
+        server.faults[r"x/c/5$"] = 503  # a chunk the server fails on: the retries' message
+        with pytest.raises(ChunkReadError, match="3 attempts failed") as err:
+            list(
+                ZarrDataLoader(ZarrIterableDataset(url, shuffle=False, retry=QUICK, check_chunks=False), batch_size=10)
+            )
+        assert PASSWORD not in shown(err.value)
+
+
+def test_a_secret_in_the_storage_options_is_never_shown(served):
+    """Wherever a secret of ``storage_options`` would appear (here the store's path holds it), it is masked."""
+    token = "tok-9f8e7d6c"
+    shutil.move(served / "s.zarr", served / token)
+    (served / token / "x" / "c" / "2").unlink()
+    with HttpStoreServer(served) as server:
+        options = {"client_kwargs": {"headers": {"X-Api-Token": token}}}
+        ds = ZarrIterableDataset(f"{server.url}/{token}", shuffle=False, retry=QUICK, storage_options=options)
+        with pytest.raises(ChunkReadError, match="missing chunk 2") as err:
+            list(ZarrDataLoader(ds, batch_size=10))
+        assert token not in shown(err.value) and token not in repr(ds)
+
+
+def test_a_server_error_on_the_metadata_is_retried_then_named(served):
+    """HTTP 500 on zarr.json was once read as 'not a readable Zarr store', without another try."""
+    with HttpStoreServer(served, faults={r"s\.zarr/zarr\.json$": 500}) as server:
+        with pytest.raises(ConnectionError, match=r"answered HTTP 500 .*all 3 attempts") as err:
+            ZarrIterableDataset(f"{server.url}/s.zarr", retry=QUICK)
+        assert "not a readable Zarr store" not in str(err.value)
+        assert server.requests["s.zarr/zarr.json"] == 3
+        server.faults.clear()  # the server recovers: the next open works
+        assert ZarrIterableDataset(f"{server.url}/s.zarr", retry=QUICK).rows == 80
+
+
+def test_a_timeout_names_the_setting_that_exists(served):
+    """The message once said 'raise request_timeout_s', which no API has."""
+    with HttpStoreServer(served) as server:
+        server.hang()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"within 1 s .*RetryPolicy\(timeout_s=") as err:
+            ZarrIterableDataset(f"{server.url}/s.zarr", retry=QUICK)
+        assert "request_timeout_s" not in str(err.value)
+        assert time.monotonic() - start < 20
+        server.release.set()
+
+
+def test_the_datamodule_keeps_a_url(served):
+    """``ZarrDataModule("http://...")`` once turned the URL into a path ("http:/127.0.0.1...")."""
+    from zarrtorch.lightning import ZarrDataModule
+
+    with HttpStoreServer(served) as server:
+        dm = ZarrDataModule(f"{server.url}/s.zarr", batch_size=8, val_fraction=0.25)
+        dm.setup("fit")
+        rows = [r for b in dm.train_dataloader() for r in b["x"].tolist()]
+        assert len(rows) == 56 and set(rows) <= set(range(60))  # 6 chunks of 10 fit, batches of 8
+
+
+@pytest.mark.slow
+def test_the_datamodule_takes_storage_options(served):
+    with S3Server() as s3:
+        s3.create_bucket("course")
+        s3.upload(served / "s.zarr", "s3://course/s.zarr")
+        from zarrtorch.lightning import ZarrDataModule
+
+        dm = ZarrDataModule("s3://course/s.zarr", batch_size=8, storage_options=s3.storage_options)
+        dm.setup("fit")
+        assert sum(len(b["x"]) for b in dm.val_dataloader()) == 20
