@@ -113,10 +113,10 @@ def test_the_datamodule_keeps_a_url(served):
 @pytest.mark.slow
 def test_the_datamodule_takes_storage_options(served):
     with S3Server() as s3:
-        s3.create_bucket("course")
-        s3.upload(served / "s.zarr", "s3://course/s.zarr")
+        s3.create_bucket("datamodule")  # moto keeps buckets across servers in one process: a name of its own
+        s3.upload(served / "s.zarr", "s3://datamodule/s.zarr")
         from zarrtorch.lightning import ZarrDataModule
 
-        dm = ZarrDataModule("s3://course/s.zarr", batch_size=8, storage_options=s3.storage_options)
+        dm = ZarrDataModule("s3://datamodule/s.zarr", batch_size=8, storage_options=s3.storage_options)
         dm.setup("fit")
         assert sum(len(b["x"]) for b in dm.val_dataloader()) == 20
