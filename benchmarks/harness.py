@@ -27,10 +27,10 @@ import zarr
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
+from zarrtorch._util.sizes import ceil_div, row_bytes
 from zarrtorch.course.measure import batch_len
 from zarrtorch.course.memory import MemorySampler, descendants
-from zarrtorch.pacing import paced_epoch
-from zarrtorch.sizes import ceil_div, row_bytes
+from zarrtorch.roofline import paced_epoch
 
 SAMPLE_SHAPE = (16, 32, 32)  # float32: 64 KiB per sample
 DTYPE = np.dtype(np.float32)
@@ -318,10 +318,11 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
 def zarrtorch_loader(spec: dict, cache: bool = False, **loader_options) -> ZarrDataLoader:
     """The benchmark's zarrtorch loader: shuffled, seed 0, ``drop_last``, persistent workers if any."""
     w = spec["workers"]
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, cache=cache)
+    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, keep_in_memory=cache)
     persistent = {"persistent_workers": True} if w > 0 else {}
-    return ZarrDataLoader(ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **persistent,
-                          **loader_options)  # fmt: skip
+    return ZarrDataLoader(
+        ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **persistent, **loader_options
+    )
 
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:

@@ -20,12 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset  # noqa: E402
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset  # noqa: E402
 from zarrtorch.course.servers import HttpStoreServer  # noqa: E402
 
 
 def rows_per_second(source: str, in_flight: int, *, repeats: int, batch_size: int, threads: int) -> float:
-    ds = ZarrIterableDataset(source, seed=0, requests_in_flight=in_flight, decode_threads=threads)
+    ds = ZarrIterableDataset(source, seed=0, read=ReadOptions(requests_in_flight=in_flight, decode_threads=threads))
     loader = ZarrDataLoader(ds, batch_size=batch_size)
     rates = []
     for epoch in range(repeats):
@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> dict:
             url = f"{server.url}/{store.name}"
             results["http"][delay] = {n: rows_per_second(url, n, **kw) for n in args.in_flight}
             results.setdefault("requests", {})[delay] = sum(server.requests.values())
-    print(f"rows/s through ZarrDataLoader (0 workers, {args.threads} decode threads, batch {args.batch_size}), "
-          f"median of {args.repeats} epochs; {store.name}")  # fmt: skip
+    print(
+        f"rows/s through ZarrDataLoader (0 workers, {args.threads} decode threads, batch {args.batch_size}), "
+        f"median of {args.repeats} epochs; {store.name}"
+    )
     head = f"{'requests in flight':>20}" + "".join(f"{n:>10}" for n in args.in_flight)
     print(head + "\n" + "-" * len(head))
     print(f"{'local disk':>20}" + "".join(f"{results['local'][n]:>10,.0f}" for n in args.in_flight))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
 
-from zarrtorch.process import available_cpus  # noqa: E402
+from zarrtorch import available_cpus  # noqa: E402
 
 PRELOAD = ["harness", "prototypes", "numpy", "torch", "zarr", "zarrtorch", "zarrtorch.course.baselines", "zarrdataset"]
 MiB = 2**20

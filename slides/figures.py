@@ -37,8 +37,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from zarrtorch.process import available_cpus  # noqa: E402
-from zarrtorch.sizes import ceil_div  # noqa: E402
+from zarrtorch import (
+    ReadOptions,
+    available_cpus,  # noqa: E402
+)
+from zarrtorch._util.sizes import ceil_div  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_JSON = REPO / "benchmarks" / "results" / "latest.json"
@@ -370,7 +373,7 @@ BUFFER_ROWS = 512  # the fixed shuffle-buffer memory of the comparison, in rows 
 def _read_all_chunks(arrays: dict, chunk_rows: int, rows: int, *, threads: int = 1, clock=time.perf_counter) -> float:
     """Seconds (of ``clock``) to decode every chunk once, in order, with zarrtorch's reader: one thread and no
     prefetch, or ``threads`` threads decoding ahead as a loader worker does."""
-    from zarrtorch.reader import PieceReader
+    from zarrtorch._read.reader import PieceReader
 
     pieces = np.array([[s, min(s + chunk_rows, rows)] for s in range(0, rows, chunk_rows)], dtype=np.int64)
     reader = PieceReader(
@@ -520,7 +523,7 @@ def measure_loaders(epochs: int = 5, rbr_batches: int = 4) -> dict:
 
     store = str(paths.train_store_path("tiny"))
     threads = 2
-    ds = ZarrIterableDataset(store, seed=0, decode_threads=threads)
+    ds = ZarrIterableDataset(store, seed=0, read=ReadOptions(decode_threads=threads))
     loader = ZarrDataLoader(ds, batch_size=32, drop_last=True, num_workers=0)
     g = zarr.open_group(store, mode="r")
     arrays = {k: g[k] for k in ("fields", "target")}

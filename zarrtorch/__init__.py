@@ -1,36 +1,50 @@
 """zarrtorch: feed PyTorch (and DDP) training from Zarr arrays chunked along the sample axis.
 
-The core (this package's top-level modules) needs numpy, zarr and torch; ``zarrtorch.lightning`` needs
-Lightning; ``zarrtorch.course`` holds what exists only for the course (data generator, demos, studies,
-the training entry point) and is never imported by the core.
+Two layers. The modules at the top are the ones the lessons build and users import: ``prepare`` and
+``layout`` (lesson 01), ``plan`` (02), ``buffer`` and ``quality`` (03), ``dataset``, ``stream``, ``loader``,
+``options``, ``budget`` and ``roofline`` (04), ``lightning`` (05), ``resume`` and ``audit`` (06). The
+machinery behind them lives in private subpackages by role: ``_read`` (opening stores, reading and decoding
+chunks), ``_workers`` (moving batches and state between the loader's processes and threads) and ``_util``
+(small helpers). The core needs numpy, zarr and torch (``zarrtorch.lightning`` also Lightning);
+``zarrtorch.course`` holds what exists only for the course, and the core never imports it.
 """
 
+from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._read.reader import ChunkReadError
+from zarrtorch._read.source import open_arrays
+from zarrtorch._util.process import available_cpus
 from zarrtorch.audit import AuditReport, audit
 from zarrtorch.budget import MemoryBudget, loader_memory
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
-from zarrtorch.plan import RankPlan, epoch_plan
+from zarrtorch.options import ReadOptions
+from zarrtorch.plan import EpochSpec, RankPlan, Topology, epoch_plan
 from zarrtorch.prepare import prepare_zarr
-from zarrtorch.reader import ChunkReadError
-from zarrtorch.state import LoaderCheckpoint
+from zarrtorch.resume import LoaderCheckpoint
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuditReport",
     "ChunkReadError",
+    "EpochSpec",
     "FirstAxisLayout",
     "LayoutError",
     "LoaderCheckpoint",
     "MemoryBudget",
     "RankPlan",
+    "ReadOptions",
+    "RetryPolicy",
+    "Topology",
     "ZarrDataLoader",
     "ZarrIterableDataset",
     "__version__",
     "audit",
+    "available_cpus",
     "check_first_axis_layout",
     "epoch_plan",
     "loader_memory",
+    "open_arrays",
     "prepare_zarr",
 ]

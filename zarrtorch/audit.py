@@ -10,6 +10,7 @@ make DDP hang in its next collective.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -17,9 +18,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from zarrtorch.options import ReadOptions
+from zarrtorch.plan import Segment, Topology
 from zarrtorch.quality import chunk_diversity, order_correlation
-from zarrtorch.resume import EpochSpec, Segment, resumed_plan
-from zarrtorch.state import LoaderCheckpoint
+from zarrtorch.resume import LoaderCheckpoint, batches_of, resumed_plan
 
 
 @dataclass(frozen=True)
@@ -53,64 +55,92 @@ class AuditReport:
             f"epoch {self.epoch}: {self.world_size} rank(s) x {self.num_workers} worker(s), batch {self.batch_size}, "
             f"drop_last={self.drop_last}, {self.rows} rows",
             f"  batches per rank     {per_rank}",
-            f"  rows read            {self.rows_read}" + (f" (after {self.rows_consumed_before} consumed before "
-                                                          "the resume)" if self.rows_consumed_before else ""),
+            f"  rows read            {self.rows_read}"
+            + (f" (after {self.rows_consumed_before} consumed before the resume)" if self.rows_consumed_before else ""),
             f"  rows left out        {self.rows_left_out}",
             f"  padding rows         {self.padding_rows}",
             f"  duplicates           {self.duplicates}",
             f"  shuffle (rank 0)     chunk diversity {self.chunk_diversity:.2f}, order correlation "
             f"{self.order_correlation:.2f}",
             "  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above",
-        ]  # fmt: skip
+        ]
         return "\n".join(lines)
 
 
 def audit(
-    source, *, world_size: int, batch_size: int, num_workers: int = 0, drop_last: bool = True, seed: int = 0,
-    epoch: int = 0, shuffle: bool = True, buffer_chunks: int = 8, row_range: tuple[int, int] | None = None,
-    state: dict | None = None, arrays=None,
-) -> AuditReport:  # fmt: skip
+    source,
+    *,
+    world_size: int,
+    batch_size: int,
+    num_workers: int = 0,
+    drop_last: bool = True,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    buffer_chunks: int = 8,
+    row_range: tuple[int, int] | None = None,
+    state: dict | None = None,
+    variables=None,
+    read: ReadOptions | None = None,
+) -> AuditReport:
     """Audit one epoch of ``source`` (anything :class:`zarrtorch.ZarrIterableDataset` opens; only metadata is
     read). With ``state`` (a ``ZarrDataLoader.state_dict()``), audit the rest of the saved epoch on this
     topology: its epoch, batch size, seed and settings are taken from the state."""
     from zarrtorch.dataset import ZarrIterableDataset
 
-    ds = ZarrIterableDataset(source, arrays=arrays, seed=seed, shuffle=shuffle, buffer_chunks=buffer_chunks,
-                             row_range=row_range)  # fmt: skip
+    ds = ZarrIterableDataset(
+        source,
+        variables=variables,
+        seed=seed,
+        shuffle=shuffle,
+        buffer_chunks=buffer_chunks,
+        row_range=row_range,
+        read=read,
+    )
     history: tuple[Segment, ...] = ()
     if state is not None:
         saved = LoaderCheckpoint.from_dict(state)
         if (saved.rows, saved.chunk_rows, saved.row_offset) != (ds.rows, ds.chunk_rows, ds.row_offset):
-            raise ValueError(f"the state was saved on {saved.rows} rows in chunks of {saved.chunk_rows} from row "
-                             f"{saved.row_offset}; this store has {ds.rows} in chunks of {ds.chunk_rows} from row "
-                             f"{ds.row_offset}: audit the store (and row_range) the state belongs to")  # fmt: skip
+            raise ValueError(
+                f"the state was saved on {saved.rows} rows in chunks of {saved.chunk_rows} from row "
+                f"{saved.row_offset}; this store has {ds.rows} in chunks of {ds.chunk_rows} from row "
+                f"{ds.row_offset}: audit the store (and row_range) the state belongs to"
+            )
         epoch, batch_size, drop_last, seed = saved.epoch, saved.batch_size, saved.drop_last, saved.seed
         shuffle, buffer_chunks = saved.shuffle, saved.buffer_chunks
         history = saved.segments + (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
-    spec = EpochSpec(ds.rows, ds.chunk_rows, seed, epoch, batch_size, drop_last, shuffle, buffer_chunks)
+    spec = dataclasses.replace(ds.spec(batch_size, drop_last), seed=seed, shuffle=shuffle, buffer_chunks=buffer_chunks)
     consumed = []
     for i, past in enumerate(history):
         for rank in range(past.world_size):
-            plan = resumed_plan(spec, history[:i], world_size=past.world_size, rank=rank, num_workers=past.num_workers)
-            consumed += spec.batches(plan)[: past.batches]
+            plan = resumed_plan(spec, epoch, history[:i], Topology(rank, past.world_size, past.num_workers))
+            consumed += batches_of(spec, plan)[: past.batches]
     ranks = []
     padding = 0
     for rank in range(world_size):
-        plan = resumed_plan(spec, history, world_size=world_size, rank=rank, num_workers=num_workers)
-        ranks.append(spec.batches(plan))
+        plan = resumed_plan(spec, epoch, history, Topology(rank, world_size, num_workers))
+        ranks.append(batches_of(spec, plan))
         padding = plan.budget.padding_rows
     old = np.concatenate(consumed) if consumed else np.zeros(0, np.int64)
     new = np.concatenate([b for r in ranks for b in r]) if any(ranks) else np.zeros(0, np.int64)
     seen = np.union1d(old, new)
     first = ranks[0]
     return AuditReport(
-        epoch=epoch, world_size=world_size, num_workers=num_workers, batch_size=batch_size, drop_last=drop_last,
-        rows=ds.rows, batches_per_rank=[len(r) for r in ranks], rows_consumed_before=len(np.unique(old)),
-        rows_read=len(new), rows_left_out=ds.rows - len(seen), padding_rows=padding,
+        epoch=epoch,
+        world_size=world_size,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        rows=ds.rows,
+        batches_per_rank=[len(r) for r in ranks],
+        rows_consumed_before=len(np.unique(old)),
+        rows_read=len(new),
+        rows_left_out=ds.rows - len(seen),
+        padding_rows=padding,
         duplicates=len(new) - len(np.unique(new)) - padding + int(np.isin(new, old).sum()),
         chunk_diversity=chunk_diversity(first, ds.rows, ds.chunk_rows) if len(first) else float("nan"),
         order_correlation=order_correlation(first) if len(first) else float("nan"),
-    )  # fmt: skip
+    )
 
 
 def load_state(path) -> dict:
@@ -158,11 +188,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--batch-size is required (or --state, which holds it)")
     try:
         report = audit(
-            a.store, world_size=a.world_size, num_workers=a.num_workers, batch_size=a.batch_size or 1,
-            drop_last=a.drop_last, seed=a.seed, epoch=a.epoch, shuffle=not a.no_shuffle,
-            buffer_chunks=a.buffer_chunks, row_range=tuple(a.row_range) if a.row_range else None,
+            a.store,
+            world_size=a.world_size,
+            num_workers=a.num_workers,
+            batch_size=a.batch_size or 1,
+            drop_last=a.drop_last,
+            seed=a.seed,
+            epoch=a.epoch,
+            shuffle=not a.no_shuffle,
+            buffer_chunks=a.buffer_chunks,
+            row_range=tuple(a.row_range) if a.row_range else None,
             state=load_state(a.state) if a.state else None,
-        )  # fmt: skip
+        )
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"audit: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zarrtorch.cursor import RowCursor
 from zarrtorch.plan import RankPlan, rng_for, round_robin_order
 
 
@@ -78,9 +77,9 @@ class SlotBuffer:
     """Applies schedule steps to named columns (the row ids always, the data arrays when reading), and
     keeps its own fill level (``filled``: slots ``[0, filled)`` hold rows).
 
-    ``slots``: the arrays to use (one per column, ``capacity`` rows; :meth:`zarrtorch.pool.Pools.slots`),
+    ``slots``: the arrays to use (one per column, ``capacity`` rows; :meth:`zarrtorch._util.pool.Pools.slots`),
     instead of new ones. ``read(n)`` must return the next ``n`` stream rows as an iterable of dicts column ->
-    array, consumed in order (:meth:`zarrtorch.cursor.RowCursor.read`).
+    array, consumed in order (:meth:`zarrtorch.buffer.RowCursor.read`).
     """
 
     def __init__(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]], slots: dict | None = None):
@@ -132,7 +131,7 @@ class SlotBuffer:
 
     def apply(self, step: Step, read, out=None) -> dict[str, np.ndarray]:
         """Run one step and return its batch (fresh arrays, or the arrays ``out(rows)`` returns, gathered
-        into directly, unless it returns ``None``: :mod:`zarrtorch.ring`).
+        into directly, unless it returns ``None``: :mod:`zarrtorch._workers.ring`).
 
         Refilling the slots a batch freed is deferred to the start of the next step: the batch is already
         a copy and the stream is read in the same order, so every batch is identical, but a batch never
@@ -163,8 +162,8 @@ class SlotBuffer:
 
 def _take_into(column: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``column[rows]`` written into ``out``. ``np.take`` copies a column read the other way round
-    (:mod:`zarrtorch.early`) whole before taking from it: such a column is taken from as it is stored."""
-    if out.dtype != column.dtype:  # a CF-packed column, decoded once gathered (zarrtorch.cf): cast as copied
+    (:mod:`zarrtorch._read.early`) whole before taking from it: such a column is taken from as it is stored."""
+    if out.dtype != column.dtype:  # a CF-packed column, decoded once gathered (zarrtorch._read.columns): cast as copied
         out[...] = column[rows]
         return out
     if column.strides[0] < 0:
@@ -174,7 +173,7 @@ def _take_into(column: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndar
 
 def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether ``a`` and ``b`` are views of the very same memory, row for row (on every write into the
-    buffer: the cheap bounds check first, 0.2 us against 2)."""
+    buffer: the cheap bounds check first)."""
     if not np.may_share_memory(a, b):
         return False
     return (
@@ -232,3 +231,51 @@ def rank_batches(
         out.append(per_worker[w][taken[w]])
         taken[w] += 1
     return out
+
+
+# -- a worker's position in its rows (the stream the buffer reads) -------------------------------------------
+class RowCursor:
+    """Reads the next rows of ``pieces`` (``(k, 2)`` half-open global row ranges) as segments."""
+
+    def __init__(self, pieces: np.ndarray):
+        self.pieces = pieces
+        self.piece = 0  # index of the piece the next row comes from
+        self.offset = 0  # rows of that piece already read
+        self._chunks: Iterator[dict[str, np.ndarray]] | None = None
+        self._data: dict[str, np.ndarray] | None = None
+
+    def feed(self, chunks: Iterator[dict[str, np.ndarray]]) -> None:
+        """From now on also return data: ``chunks`` yields the data of ``pieces[self.piece:]``, in order."""
+        self._chunks = chunks
+
+    def close(self) -> None:
+        if self._chunks is not None and hasattr(self._chunks, "close"):
+            self._chunks.close()
+
+    def rows_left(self) -> int:
+        """Rows of the pieces not read yet."""
+        rest = self.pieces[self.piece :]
+        return int((rest[:, 1] - rest[:, 0]).sum()) - self.offset
+
+    def read(self, n: int) -> list[dict[str, np.ndarray]]:
+        """The next ``n`` rows, as one segment per piece touched: ``{"index": row ids, name: rows...}``."""
+        return list(self.stream(n))
+
+    def stream(self, n: int) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`read`, one segment at a time: a consumer that copies each segment before asking for the
+        next one holds one piece's decoded chunk, not all those ``n`` rows touch (the warm-up of a
+        shuffle buffer asks for several chunks at once). Consume it fully before the next read."""
+        while n > 0:
+            lo, hi = (int(v) for v in self.pieces[self.piece])
+            if self._chunks is not None and self._data is None:
+                self._data = next(self._chunks)
+            a, b = self.offset, min(hi - lo, self.offset + n)
+            segment = {"index": np.arange(lo + a, lo + b, dtype=np.int64)}
+            if self._data is not None:
+                segment.update((name, column[a:b]) for name, column in self._data.items())
+            n -= b - a
+            self.offset = b
+            if b == hi - lo:
+                self.piece, self.offset, self._data = self.piece + 1, 0, None
+            yield segment
+            segment = None

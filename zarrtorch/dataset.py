@@ -2,10 +2,10 @@
 
 Every process (rank, worker) evaluates the same pure plan (:mod:`zarrtorch.plan`) and reads only its own
 pieces; batches are assembled inside the worker through the bounded shuffle buffer
-(:mod:`zarrtorch.buffer`), so whole batches, not samples, cross the process boundary. The epoch, the
-resume point and the rank/world size are set by :class:`zarrtorch.ZarrDataLoader` in a small shared-memory
-tensor (:class:`zarrtorch.state.EpochState`), which reaches workers whatever their start method,
-persistent or not.
+(:mod:`zarrtorch.buffer`), so whole batches, not samples, cross the process boundary. What fixes the plan
+comes from the loader as one :class:`zarrtorch.plan.EpochSpec`; the epoch, the resume point and the rank /
+world size come in a small shared-memory tensor (:class:`zarrtorch._workers.shared.EpochState`), which
+reaches workers whatever their start method, persistent or not.
 """
 
 from __future__ import annotations
@@ -17,22 +17,20 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarrtorch.buffer import INDEX_ONLY, buffer_rng, rank_batches
-from zarrtorch.cf import packings
-from zarrtorch.early import EarlyReads, reads_early
-from zarrtorch.fetch import RetryPolicy
+from zarrtorch._read.columns import check_stack, packings, stack_columns
+from zarrtorch._read.early import EarlyReads, reads_early
+from zarrtorch._read.reader import PieceReader
+from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
+from zarrtorch._util.pool import Pools
+from zarrtorch._util.process import cpu_share
+from zarrtorch._util.sizes import held_chunks, row_bytes
+from zarrtorch._workers.ring import BatchRing
+from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
+from zarrtorch.buffer import INDEX_ONLY, buffer_rng
 from zarrtorch.layout import check_first_axis_layout, restrict_rows
-from zarrtorch.plan import RankPlan, epoch_plan, plan_fingerprint, resume_roles
-from zarrtorch.pool import Pools
-from zarrtorch.process import cpu_share
-from zarrtorch.reader import PieceReader
-from zarrtorch.resume import EpochSpec, resumed_plan
-from zarrtorch.ring import BatchRing
-from zarrtorch.settings import check_settings
-from zarrtorch.sizes import held_chunks, row_bytes
-from zarrtorch.source import all_local, for_this_process, open_arrays, secrets_of, store_label
-from zarrtorch.stacking import check_stack, stack_columns
-from zarrtorch.state import EpochState, EpochView, LoaderConfig, epoch_view
+from zarrtorch.options import ReadOptions, check_settings, deprecated_dataset_arguments
+from zarrtorch.plan import EpochSpec, RankPlan, Topology, resume_roles, shuffles_rows
+from zarrtorch.resume import batches_of, resumed_plan
 from zarrtorch.stream import stream_batches
 
 THROUGH_THE_LOADER = (
@@ -49,99 +47,90 @@ class ZarrIterableDataset(IterableDataset):
     Args:
         source: a zarr Group, a path or URL (``s3://``, ``https://``...: reopened in each process, so fork,
             spawn and forkserver workers all work), a mapping name -> zarr.Array, or a store written by xarray.
-        arrays: subset of array names to load (default: all data arrays).
+        variables: names of the arrays to load (default: all data arrays).
         shuffle: shuffle the chunk order every epoch (shared seed) and rows in the buffer.
         seed: the seed every process shares; together with the epoch it fixes the whole epoch's order.
         buffer_chunks: shuffle-buffer size per worker, in chunks; memory per worker is about
             ``(buffer_chunks + requests_in_flight + 1) x chunk bytes`` (see ``worker_memory_bytes``).
             ``0``: chunk order only (with ``shuffle`` the chunk order still changes every epoch, but each
             worker streams its rows in order and holds no buffer). Without ``shuffle`` no buffer is used.
-        decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
-        requests_in_flight: chunks read ahead at once per process; default ``decode_threads + 1`` for a
-            local store, 8 for a remote one, where each request waits for the network.
-        storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...).
-        retry: timeout and retries for each remote request (:class:`zarrtorch.fetch.RetryPolicy`).
-        stack: ``{name: [array names]}``: yield those arrays as one ``name`` with a channel axis 1 (one
-            array per variable, as in ERA5-like stores, becomes one input tensor).
-        cache: keep the rows a process reads in RAM for later epochs (data that fits the cluster's memory);
-            the chunk-to-rank assignment is then frozen at epoch 0's (the order in each process still changes).
-        allow_shards: accept sharded arrays, the shard being the unit of reading and distribution.
-        return_index: add ``"index"``, the global row numbers of the batch (useful to check and to
-            de-duplicate evaluation padding).
-        transform: a picklable callable applied to each batch dict inside the worker.
-        check_chunks: raise if a chunk is missing from the store, not read the fill value.
         row_range: ``(start, stop)``: use only these rows, e.g. a training period and a validation
             period of one store, without copying. ``start`` must fall on a chunk boundary, and so must
             ``stop`` unless it is the end. Row numbers (``return_index``) stay those of the store.
-        decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``) to floats with
-            NaN where the fill was, as xarray does (:mod:`zarrtorch.cf`); ``False`` streams the stored values.
+        stack: ``{name: [array names]}``: yield those arrays as one ``name`` with a channel axis 1 (one
+            array per variable, as in ERA5-like stores, becomes one input tensor).
+        transform: a picklable callable applied to each batch dict (in the workers; with ``num_workers=0``
+            in the consumer's thread, so that its random draws interleave with the training step's).
+        return_index: add ``"index"``, the global row numbers of the batch.
         return_padding: add ``"padding"``, a bool per row, True for the rows repeated only to give every rank
             the same number of batches (``drop_last=False``): leave them out of a metric's mean.
+        keep_in_memory: keep the rows a process reads in RAM for later epochs (data that fits the cluster's
+            memory); the chunk-to-rank assignment is then frozen at epoch 0's (the order in each process still
+            changes). Memory, not disk: nothing is written.
+        read: how the store is read (:class:`zarrtorch.ReadOptions`: decode threads, requests in flight,
+            storage options, retries, chunk checks, shards, CF decoding).
     """
 
     def __init__(
         self,
         source,
         *,
-        arrays: Sequence[str] | None = None,
+        variables: Sequence[str] | None = None,
         shuffle: bool = True,
         seed: int = 0,
         buffer_chunks: int = 8,
-        decode_threads: int | None = None,
-        cache: bool = False,
-        allow_shards: bool = False,
-        return_index: bool = False,
-        transform: Callable[[dict], dict] | None = None,
-        check_chunks: bool = True,
         row_range: tuple[int, int] | None = None,
-        requests_in_flight: int | None = None,
-        storage_options: dict | None = None,
-        retry: RetryPolicy | None = None,
         stack: dict[str, Sequence[str]] | None = None,
-        decode_cf: bool = True,
+        transform: Callable[[dict], dict] | None = None,
+        return_index: bool = False,
         return_padding: bool = False,
+        keep_in_memory: bool = False,
+        read: ReadOptions | None = None,
+        **deprecated,
     ):
-        check_settings(seed=seed, buffer_chunks=buffer_chunks, decode_threads=decode_threads,
-                       requests_in_flight=requests_in_flight)  # fmt: skip
-        self.retry = retry or RetryPolicy()
-        self.arrays = open_arrays(source, arrays, storage_options=storage_options, retry=self.retry)
-        self._secrets = secrets_of(storage_options)  # never shown in a message (zarrtorch.source.redact)
+        read, renamed = deprecated_dataset_arguments(read, deprecated)
+        variables = renamed.get("variables", variables)
+        keep_in_memory = renamed.get("keep_in_memory", keep_in_memory)
+        check_settings(seed=seed, buffer_chunks=buffer_chunks)
+        self.read = read
+        self.arrays = open_arrays(source, variables, storage_options=read.storage_options, retry=read.retry)
+        self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
         self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
-        self.layout = check_first_axis_layout(self.arrays, allow_shards=allow_shards)
-        self.packings = packings(self.arrays, decode_cf)
+        self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
+        self.packings = packings(self.arrays, read.decode_cf)
         self.stack = check_stack(stack, self.out_columns)
         self.row_offset = 0
         if row_range is not None:
             self.row_offset, self.layout = restrict_rows(self.layout, row_range)
         self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
-        self.decode_threads, self.requests_in_flight = decode_threads, requests_in_flight
-        self.cache, self.return_index, self.check_chunks = bool(cache), bool(return_index), bool(check_chunks)
+        self.keep_in_memory, self.return_index = bool(keep_in_memory), bool(return_index)
         self.return_padding = bool(return_padding)
         self.transform = transform
         self.config: LoaderConfig | None = None  # set by the ZarrDataLoader that iterates this dataset
         self.epoch_state: EpochState | None = None
         self.ring: BatchRing | None = None  # the loader's shared batch slots, when its workers use them
-        self._cache_store: dict | None = None
-        self._cache_owner: int | None = None
+        self._kept: dict | None = None  # keep_in_memory: the pieces this process read, by row range
+        self._kept_for: int | None = None  # the (logical) worker whose share they are
         self._early: EarlyReads | None = None  # the next epoch's first reads, started as this one ends
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
 
-    def attach(self, config: LoaderConfig, epoch_state: EpochState, ring: BatchRing | None = None) -> None:
+    def bind(self, config: LoaderConfig, epoch_state: EpochState, ring: BatchRing | None = None) -> None:
         """Called by :class:`zarrtorch.ZarrDataLoader` each time it starts an epoch, before its workers copy
         the dataset: two loaders may share one dataset (say with other batch sizes), each epoch then
         runs with the configuration of the loader that iterates it."""
         if config != self.config:
-            self._cache_store = None
+            self._kept = None
         self.config, self.epoch_state, self.ring = config, epoch_state, ring
 
     def __repr__(self) -> str:
         stores = sorted({store_label(a, self._secrets) for a in self.arrays.values()})
         return (
-            f"ZarrIterableDataset({', '.join(stores)}, arrays={list(self.arrays)}, rows={self.rows}, "
+            f"ZarrIterableDataset({', '.join(stores)}, variables={list(self.arrays)}, rows={self.rows}, "
             f"chunk_rows={self.chunk_rows}, shuffle={self.shuffle}, seed={self.seed}, "
             f"buffer_chunks={self.buffer_chunks})"
         )
 
+    # -- what the store holds ------------------------------------------------------------------------
     @property
     def rows(self) -> int:
         return self.layout.rows
@@ -166,34 +155,105 @@ class ZarrIterableDataset(IterableDataset):
 
     @property
     def out_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Row shape and dtype of each array in a batch (CF-packed arrays decoded, :mod:`zarrtorch.cf`)."""
-        return {n: (shape, self.packings[n].dtype if n in self.packings else dt) for n, (shape, dt) in
-                self.columns.items()}  # fmt: skip
+        """Row shape and dtype of each array in a batch (CF-packed arrays decoded, :mod:`zarrtorch._read.columns`)."""
+        return {
+            name: (shape, self.packings[name].dtype if name in self.packings else dtype)
+            for name, (shape, dtype) in self.columns.items()
+        }
 
     @property
     def batch_row_bytes(self) -> int:
         """Bytes of one row of every array in a batch (decoded CF-packed arrays are wider than stored)."""
         return sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in self.out_columns.values())
 
+    # -- memory --------------------------------------------------------------------------------------
     def in_flight(self, decode_threads: int) -> int:
         """Chunks one process decoding in ``decode_threads`` threads reads ahead at once (remote: 8)."""
-        return self.requests_in_flight or (decode_threads + 1 if all_local(self.arrays) else 8)
+        return self.read.requests_in_flight or (decode_threads + 1 if all_local(self.arrays) else 8)
+
+    def decode_threads(self, num_workers: int) -> int:
+        """Threads decoding in each reading process of a loader with ``num_workers`` workers."""
+        return self.read.decode_threads or cpu_share(num_workers)
 
     def worker_memory_bytes(self, decode_threads: int = 1) -> int:
-        """Decoded data one worker holds at most (:func:`zarrtorch.sizes.held_chunks` chunks; no buffer
+        """Decoded data one worker holds at most (:func:`zarrtorch._util.sizes.held_chunks` chunks; no buffer
         without ``shuffle`` or with ``buffer_chunks=0``)."""
-        held = held_chunks(buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads),
-                           row_shuffle=self._row_shuffle)  # fmt: skip
+        row_shuffle = shuffles_rows(self.shuffle, self.buffer_chunks)
+        held = held_chunks(
+            buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads), row_shuffle=row_shuffle
+        )
         return held * self.chunk_rows * self.row_bytes
 
-    def fingerprint(self, batch_size: int, drop_last: bool) -> str:
-        """What fixes this dataset's batches for a loader of ``batch_size`` and ``drop_last``
-        (:func:`zarrtorch.plan.plan_fingerprint`), for checkpoints and the ranks' agreement."""
-        return plan_fingerprint(
-            rows=self.rows, chunk_rows=self.chunk_rows, row_offset=self.row_offset, seed=self.seed,
-            shuffle=self.shuffle, buffer_chunks=self.buffer_chunks, cache=self.cache, batch_size=int(batch_size),
+    # -- the plan ------------------------------------------------------------------------------------
+    def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:
+        """What fixes every epoch's batches of this dataset in a loader of ``batch_size`` and ``drop_last``."""
+        return EpochSpec(
+            rows=self.rows,
+            chunk_rows=self.chunk_rows,
+            batch_size=int(batch_size),
             drop_last=bool(drop_last),
-        )  # fmt: skip
+            seed=self.seed,
+            shuffle=self.shuffle,
+            buffer_chunks=self.buffer_chunks,
+            freeze_partition=self.keep_in_memory,
+            row_offset=self.row_offset,
+        )
+
+    def fingerprint(self, batch_size: int, drop_last: bool) -> str:
+        """:meth:`zarrtorch.plan.EpochSpec.fingerprint` of :meth:`spec`: for checkpoints and the ranks' agreement."""
+        return self.spec(batch_size, drop_last).fingerprint()
+
+    def _loader_spec(self, batch_size: int | None, drop_last: bool | None) -> EpochSpec:
+        """:meth:`spec` with the batch size and ``drop_last`` given, else those of the loader iterating this."""
+        cfg = self.config
+        if cfg is None and (batch_size is None or drop_last is None):
+            raise TypeError(THROUGH_THE_LOADER + " (or pass batch_size= and drop_last=)")
+        return self.spec(
+            cfg.batch_size if batch_size is None else batch_size, cfg.drop_last if drop_last is None else drop_last
+        )
+
+    def plan(
+        self,
+        *,
+        epoch: int,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int | None = None,
+        batch_size: int | None = None,
+        drop_last: bool | None = None,
+        history: tuple = (),
+    ) -> RankPlan:
+        """The epoch's plan for one rank. ``num_workers``, ``batch_size`` and ``drop_last`` default to those of
+        the loader iterating this dataset; ``history`` (the epoch's earlier segments on other topologies, see
+        :mod:`zarrtorch.resume`) gives the plan of what is left of an interrupted epoch."""
+        spec = self._loader_spec(batch_size, drop_last)
+        workers = (self.config.num_workers if self.config else 0) if num_workers is None else num_workers
+        return resumed_plan(spec, epoch, tuple(history), Topology(rank, world_size, workers))
+
+    def batch_row_ids(
+        self,
+        *,
+        epoch: int,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int | None = None,
+        batch_size: int | None = None,
+        drop_last: bool | None = None,
+        history: tuple = (),
+    ) -> list[np.ndarray]:
+        """The global row numbers of every batch the loader yields on ``rank``, in order, computed without
+        reading data (the same schedule the workers run). Settings as for :meth:`plan`."""
+        spec = self._loader_spec(batch_size, drop_last)
+        plan = self.plan(
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            num_workers=num_workers,
+            batch_size=spec.batch_size,
+            drop_last=spec.drop_last,
+            history=history,
+        )
+        return [b + self.row_offset for b in batches_of(spec, plan)]
 
     def _require_config(self) -> LoaderConfig:
         if self.config is None:
@@ -204,53 +264,11 @@ class ZarrIterableDataset(IterableDataset):
         """Epoch, batches to skip, rank and world size as published by the loader, else from torch.distributed."""
         return epoch_view(self.epoch_state)
 
-    def plan(
-        self, *, epoch: int, rank: int = 0, world_size: int = 1, history: tuple = (), **loader_settings
-    ) -> RankPlan:
-        """The epoch's plan for one rank. ``num_workers``, ``batch_size`` and ``drop_last`` default to the
-        loader's configuration; ``history`` (the epoch's earlier segments on other topologies, see
-        :mod:`zarrtorch.resume`) gives the plan of what is left of an interrupted epoch."""
-        cfg = self.config
-        settings = {"num_workers": cfg.num_workers if cfg else 0}
-        if cfg is not None:
-            settings.update(batch_size=cfg.batch_size, drop_last=cfg.drop_last)
-        settings.update((k, v) for k, v in loader_settings.items() if v is not None)
-        if "batch_size" not in settings or "drop_last" not in settings:
-            self._require_config()
-        if history:
-            if self.cache:
-                raise ValueError("cache=True freezes the partition on one topology: it cannot continue an epoch "
-                                 "on another; resume on the saved topology or start the epoch afresh")  # fmt: skip
-            spec = EpochSpec(self.rows, self.chunk_rows, self.seed, epoch, settings["batch_size"],
-                             settings["drop_last"], self.shuffle, self.buffer_chunks)  # fmt: skip
-            return resumed_plan(spec, tuple(history), world_size=world_size, rank=rank,
-                                num_workers=settings["num_workers"])  # fmt: skip
-        return epoch_plan(
-            self.rows, self.chunk_rows, seed=self.seed, epoch=epoch, world_size=world_size, rank=rank,
-            shuffle=self.shuffle, freeze_partition=self.cache, **settings,
-        )  # fmt: skip
-
-    @property
-    def _row_shuffle(self) -> bool:
-        """Whether rows go through the shuffle buffer (``shuffle`` and ``buffer_chunks >= 1``)."""
-        return self.shuffle and self.buffer_chunks > 0
-
-    def batch_row_ids(self, *, epoch: int, rank: int = 0, world_size: int = 1, **loader_settings) -> list[np.ndarray]:
-        """The global row numbers of every batch the loader yields on ``rank``, in order, computed without
-        reading data (the same schedule the workers run). Settings as for :meth:`plan`."""
-        plan = self.plan(epoch=epoch, rank=rank, world_size=world_size, **loader_settings)
-        batches = rank_batches(
-            plan, seed=self.seed, chunk_rows=self.chunk_rows, buffer_chunks=self.buffer_chunks,
-            row_shuffle=self._row_shuffle,
-        )  # fmt: skip
-        return [b + self.row_offset for b in batches]
-
     def __len__(self) -> int:
         cfg = self._require_config()
         view = self.current_epoch()
-        plan = self.plan(epoch=view.epoch, rank=view.rank, world_size=view.world_size, history=view.history,
-                         num_workers=cfg.num_workers)  # fmt: skip
-        return sum(seg.batches for seg in view.history) + plan.batches
+        plan = resumed_plan(cfg.spec, view.epoch, view.history, Topology(view.rank, view.world_size, cfg.num_workers))
+        return sum(seg[2] for seg in view.history) + plan.batches
 
     # -- iteration (runs in each worker, or in the main process) ------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -258,45 +276,56 @@ class ZarrIterableDataset(IterableDataset):
         if info is None and not self._loader_starting:
             raise TypeError(THROUGH_THE_LOADER)  # outside a DataLoader nothing says how to batch or split
         cfg = self._require_config()
+        spec = cfg.spec
         view = self.current_epoch()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 0)
         if n_workers != cfg.num_workers:
             raise RuntimeError(f"the loader was configured for {cfg.num_workers} workers but runs {n_workers}")
-        plan = self.plan(
-            epoch=view.epoch, rank=view.rank, world_size=view.world_size, history=view.history, num_workers=n_workers
-        )
+        plan = resumed_plan(spec, view.epoch, view.history, Topology(view.rank, view.world_size, n_workers))
         logical, worker_skip = resume_roles([len(w.batch_sizes) for w in plan.workers], view.skip)[worker]
-        threads = self.decode_threads or cpu_share(n_workers)
-        if self.cache and (self._cache_store is None or self._cache_owner != logical):
-            self._cache_store, self._cache_owner = {}, logical  # rows of another share would never be reused
+        threads = self.decode_threads(n_workers)
+        if self.keep_in_memory and (self._kept is None or self._kept_for != logical):
+            self._kept, self._kept_for = {}, logical  # rows of another share would never be reused
         if self._arrays_pid != os.getpid():  # a worker (or a fork of one): its own connections and buffers
             self.arrays, self._arrays_pid, self._pools = for_this_process(self.arrays), os.getpid(), Pools()
         reader = PieceReader(
-            self.arrays, self.chunk_rows, threads=threads, prefetch=self.in_flight(threads), policy=self.retry,
-            check_missing=self.check_chunks, cache=self._cache_store if self.cache else None, pools=self._pools,
-            early=self._early, first=None if worker_skip else plan.workers[logical].pieces + self.row_offset,
+            self.arrays,
+            self.chunk_rows,
+            threads=threads,
+            prefetch=self.in_flight(threads),
+            policy=self.read.retry,
+            check_missing=self.read.check_chunks,
+            cache=self._kept if self.keep_in_memory else None,
+            pools=self._pools,
+            early=self._early,
+            first=None if worker_skip else plan.workers[logical].pieces + self.row_offset,
             secrets=self._secrets,
-        )  # fmt: skip
-        if reads_early(self.arrays, cache=self.cache, lives_on=info is None or cfg.persistent_workers):
-            reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)
-        rng = buffer_rng(self.seed, view.epoch, view.rank, logical, self._row_shuffle, plan.segment)  # None: in order
-        columns = self.columns
-        writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
-        out = (
-            writer.out
-            if writer is not None
-            else self._pools.batches(cfg.batch_size, {**INDEX_ONLY, **self.out_columns})
         )
+        if reads_early(self.arrays, cache=self.keep_in_memory, lives_on=info is None or cfg.persistent_workers):
+            reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)
+        rng = buffer_rng(spec.seed, view.epoch, view.rank, logical, spec.row_shuffle, plan.segment)  # None: in order
+        writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
+        batch_columns = {**INDEX_ONLY, **self.out_columns}
+        out = writer.out if writer is not None else self._pools.batches(spec.batch_size, batch_columns)
         batches = stream_batches(
-            reader, plan.workers[logical], columns, row_offset=self.row_offset, buffer_rows=self.buffer_rows,
-            warmup_rows=self.chunk_rows, rng=rng, skip=worker_skip, copy_direct=self.cache, out=out, pools=self._pools,
-        )  # fmt: skip
+            reader,
+            plan.workers[logical],
+            self.columns,
+            row_offset=self.row_offset,
+            buffer_rows=spec.buffer_rows,
+            warmup_rows=self.chunk_rows,
+            rng=rng,
+            skip=worker_skip,
+            copy_direct=self.keep_in_memory,
+            out=out,
+            pools=self._pools,
+        )
         if self.packings:
             batches = (self._decoded(batch, owned=writer is None or writer.in_slot) for batch in batches)
         if self.return_padding:
             padding = plan.padding + self.row_offset
             batches = (self._with_padding(batch, padding, writer) for batch in batches)
-        if writer is not None:  # the batch is in a shared slot: send where (zarrtorch.ring)
+        if writer is not None:  # the batch is in a shared slot: send where (zarrtorch._workers.ring)
             return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
 
@@ -321,10 +350,12 @@ class ZarrIterableDataset(IterableDataset):
         return batch
 
     def _read_next_epoch_early(self, submit, reader: PieceReader, view: EpochView, worker: int, n_workers: int):
-        """Start the next epoch's first reads in ``reader``'s threads as this one ends (:mod:`zarrtorch.early`)."""
-        nxt = self.plan(epoch=view.epoch + 1, rank=view.rank, world_size=view.world_size, num_workers=n_workers)
-        self._early = EarlyReads(submit, reader.read_piece, nxt.workers[worker].pieces + self.row_offset,
-                                 reader.prefetch)  # fmt: skip
+        """Start the next epoch's first reads in ``reader``'s threads as this one ends
+        (:mod:`zarrtorch._read.early`)."""
+        topology = Topology(view.rank, view.world_size, n_workers)
+        following = self._require_config().spec.plan(view.epoch + 1, topology)
+        pieces = following.workers[worker].pieces + self.row_offset
+        self._early = EarlyReads(submit, reader.read_piece, pieces, reader.prefetch)
         return self._early
 
     def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

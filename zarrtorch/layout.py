@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import zarr
 
-from zarrtorch.sizes import ceil_div
+from zarrtorch._util.sizes import ceil_div
 
 FIX_HINT = "rewrite it with zarrtorch.prepare_zarr(...), which chunks along the first axis only"
 

@@ -28,12 +28,12 @@ import lightning as L
 import numpy as np
 import torch
 
+from zarrtorch._read.source import is_url, open_arrays
+from zarrtorch._util.sizes import ceil_div
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
-from zarrtorch.output import is_url
-from zarrtorch.sizes import ceil_div
-from zarrtorch.source import open_arrays
+from zarrtorch.options import ReadOptions, deprecated_dataset_arguments
 
 SHUFFLE_MODES = ("none", "chunks", "full")
 
@@ -122,9 +122,11 @@ class ZarrDataModule(L.LightningDataModule):
         seed: the seed every rank shares (chunk order and buffer draws of each epoch derive from it).
         val_fraction: share of the chunks, taken at the end of the time axis, used for validation.
         shuffle: ``"none"``, ``"chunks"`` or ``"full"`` (see the module docstring).
-        arrays: the arrays to load (default: all data arrays of the store).
+        variables: names of the arrays to load (default: all data arrays of the store).
         return_index: add ``"index"`` (row numbers of the store) to every batch.
         pin_memory: pin batches for fast copies to the GPU (default: when CUDA is available).
+        read: how the store is read (:class:`zarrtorch.ReadOptions`: ``storage_options`` for a URL, decode
+            threads, requests in flight...).
     """
 
     def __init__(
@@ -138,18 +140,20 @@ class ZarrDataModule(L.LightningDataModule):
         seed: int = 0,
         val_fraction: float = 0.2,
         shuffle: str = "full",
-        arrays: Sequence[str] | None = None,
+        variables: Sequence[str] | None = None,
         return_index: bool = False,
         pin_memory: bool | None = None,
         persistent_workers: bool | None = None,
-        decode_threads: int | None = None,
-        storage_options: dict | None = None,
+        read: ReadOptions | None = None,
+        **deprecated,
     ):
         super().__init__()
+        read, renamed = deprecated_dataset_arguments(read, deprecated)
+        variables = renamed.get("variables", variables)
         if shuffle not in SHUFFLE_MODES:
             raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, got {shuffle!r}")
         self.store = store if is_url(store) else Path(store)  # a URL through Path would lose a slash: s3:/b
-        self.storage_options = storage_options
+        self.read = read
         self.batch_size = int(batch_size)
         self.val_batch_size = int(val_batch_size or batch_size)
         self.num_workers = int(num_workers)
@@ -157,12 +161,12 @@ class ZarrDataModule(L.LightningDataModule):
         self.seed = int(seed)
         self.val_fraction = float(val_fraction)
         self.shuffle = shuffle
-        self.arrays = list(arrays) if arrays is not None else None
+        self.variables = list(variables) if variables is not None else None
         self.return_index = bool(return_index)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else bool(persistent_workers)
-        self.decode_threads = decode_threads
-        layout = check_first_axis_layout(open_arrays(self.store, self.arrays, storage_options=storage_options))
+        arrays = open_arrays(self.store, self.variables, storage_options=read.storage_options, retry=read.retry)
+        layout = check_first_axis_layout(arrays, allow_shards=read.allow_shards)
         self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction)
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
@@ -179,10 +183,7 @@ class ZarrDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         shuffle, buffer_chunks = self._dataset_options()
-        common = dict(
-            arrays=self.arrays, seed=self.seed, return_index=self.return_index, decode_threads=self.decode_threads,
-            storage_options=self.storage_options,
-        )  # fmt: skip
+        common = dict(variables=self.variables, seed=self.seed, return_index=self.return_index, read=self.read)
         self.train_dataset = ZarrIterableDataset(
             self.store, shuffle=shuffle, buffer_chunks=buffer_chunks, row_range=self.split_plan.fit_range, **common
         )
@@ -240,7 +241,7 @@ class ZarrDataModule(L.LightningDataModule):
         try:
             import xarray as xr
 
-            ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.storage_options)
+            ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.read.storage_options)
             t = ds["time"].values
             day = np.datetime_as_string(t[[0, p.split_row - 1, p.split_row, -1]], unit="D")
             text += f"; fit {day[0]} .. {day[1]}, validate {day[2]} .. {day[3]}"

@@ -2,7 +2,7 @@
 
 It reads the rank and world size from ``torch.distributed`` in the process that creates the iterator
 (workers started by spawn or forkserver have no process group) and publishes them, with the epoch and the
-resume point, in the dataset's :class:`zarrtorch.state.EpochState`, which every worker reads when it
+resume point, in the dataset's :class:`zarrtorch._workers.shared.EpochState`, which every worker reads when it
 starts an epoch. Lightning calls ``set_epoch`` on a loader's sampler, so the sampler forwards it here: no
 ``use_distributed_sampler=False`` and no ``reload_dataloaders_every_n_epochs`` are needed.
 """
@@ -17,16 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
+from zarrtorch._util.process import TopologyUnknown, check_ranks_agree, distributed_topology, frozen_objects
+from zarrtorch._workers.ring import make_ring, pin_copy
+from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig
+from zarrtorch._workers.torch_private import EpochSampler, set_sampler, stop_workers, worker_processes
+from zarrtorch._workers.workahead import WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
-from zarrtorch.epoch_sampler import EpochSampler
-from zarrtorch.plan import PLAN_VERSION
-from zarrtorch.process import TopologyUnknown, check_ranks_agree, distributed_topology, frozen_objects
-from zarrtorch.resume import Segment
-from zarrtorch.ring import make_ring, pin_copy
-from zarrtorch.settings import check_loader_settings
-from zarrtorch.state import EpochState, EpochView, LoaderCheckpoint, LoaderConfig
-from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
-from zarrtorch.workahead import WorkAhead
+from zarrtorch.options import check_loader_settings
+from zarrtorch.plan import PLAN_VERSION, EpochSpec, Segment, Topology
+from zarrtorch.resume import LoaderCheckpoint, resumed_plan
 
 
 @dataclass
@@ -113,18 +112,21 @@ class ZarrDataLoader(DataLoader):
     consumer (with ``num_workers=0`` it assembles them; with workers it receives them); each holds one batch
     of memory in the main process; 0 turns it off. ``transport``: how batches leave the workers:
     ``"ring"`` (the default) preallocated shared-memory slots wrapped without a copy, each slot reused once
-    nothing references its batch any more (:mod:`zarrtorch.ring`); ``"queue"`` DataLoader's own way (a new
+    nothing references its batch any more (:mod:`zarrtorch._workers.ring`); ``"queue"`` DataLoader's own way (a new
     shared-memory segment per batch). Other DataLoader arguments (``pin_memory``, ``prefetch_factor``,
-    ``persistent_workers``, ``multiprocessing_context``...) pass through.
+    ``persistent_workers``, ``multiprocessing_context``...) pass through. ``check_ranks``: under a process
+    group, every epoch's first ``iter()`` checks that all ranks computed the same plan (one small all-gather).
+    Every argument after ``batch_size`` is passed by name (``DataLoader``'s third positional one is
+    ``shuffle``, this loader's used to be ``drop_last``).
     """
 
     def __init__(
         self,
         dataset: ZarrIterableDataset,
         batch_size: int = 1,
+        *positional,
         drop_last: bool = False,
         num_workers: int = 0,
-        *,
         rank: int | None = None,
         world_size: int | None = None,
         work_ahead: int = 2,
@@ -134,6 +136,8 @@ class ZarrDataLoader(DataLoader):
     ):
         if not isinstance(dataset, ZarrIterableDataset):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
+        if positional:
+            drop_last, num_workers = positional_arguments(positional, drop_last, num_workers)
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
         self.work_ahead = int(work_ahead)
         self.check_ranks = bool(check_ranks)
@@ -141,7 +145,8 @@ class ZarrDataLoader(DataLoader):
         # with no workers a random transform would run in the work-ahead thread, drawing from torch's global
         # generator while the training step does: it runs in the consumer's thread instead, as DataLoader's
         in_consumer = dataset.transform is not None and int(num_workers) == 0 and self.work_ahead > 0
-        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent, in_consumer)
+        self.spec = dataset.spec(batch_size, drop_last)  # what fixes every epoch's batches, made once
+        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent, in_consumer, self.spec)
         self.epoch_state = EpochState()
         pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         prefetch = kwargs.get("prefetch_factor") or 2
@@ -149,7 +154,7 @@ class ZarrDataLoader(DataLoader):
         # what receive() keeps of a slot
         self._ring_keep = None if dataset.return_index else set(dataset.arrays) | {"padding"}
         self._ring_copy = pin_copy if pinned else None
-        dataset.attach(self.config, self.epoch_state, self.ring)
+        dataset.bind(self.config, self.epoch_state, self.ring)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
@@ -194,7 +199,7 @@ class ZarrDataLoader(DataLoader):
 
     def topology(self) -> tuple[int, int]:
         """(rank, world size) this loader uses now: ``rank=``/``world_size=`` if given, else
-        :func:`zarrtorch.process.distributed_topology` (the process group, or torchrun's environment)."""
+        :func:`zarrtorch._util.process.distributed_topology` (the process group, or torchrun's environment)."""
         return self._fixed_topology or distributed_topology()
 
     def _start_point(self, world: int) -> tuple[tuple[Segment, ...], int]:
@@ -208,11 +213,8 @@ class ZarrDataLoader(DataLoader):
         return start
 
     def _plan(self, rank: int, world: int, history: tuple[Segment, ...], epoch: int | None = None):
-        cfg = self.config
-        return self.dataset.plan(
-            epoch=self._epoch if epoch is None else epoch, rank=rank, world_size=world, history=history,
-            num_workers=cfg.num_workers, batch_size=cfg.batch_size, drop_last=cfg.drop_last,
-        )  # fmt: skip
+        topology = Topology(rank, world, self.config.num_workers)
+        return resumed_plan(self.spec, self._epoch if epoch is None else epoch, history, topology)
 
     def _length(self, rank: int, world: int, history: tuple[Segment, ...]) -> int:
         return sum(seg.batches for seg in history) + self._plan(rank, world, history).batches
@@ -249,13 +251,13 @@ class ZarrDataLoader(DataLoader):
         self._set_since_run = False
         if self.check_ranks and self._fixed_topology is None and torch.distributed.is_initialized():
             cfg = self.config
-            fingerprint = self.dataset.fingerprint(cfg.batch_size, cfg.drop_last)
+            fingerprint = self.spec.fingerprint()
             check_ranks_agree(
                 f"plan {fingerprint}, epoch {run.epoch}, {world} ranks x {cfg.num_workers} workers, "
-                f"{length} batches from batch {skip}, earlier segments {[tuple(vars(s).values()) for s in history]}",
+                f"{length} batches from batch {skip}, earlier segments {[tuple(s) for s in history]}",
                 f"epoch {run.epoch} of a ZarrDataLoader",
             )
-        self.dataset.attach(self.config, self.epoch_state, self.ring)
+        self.dataset.bind(self.config, self.epoch_state, self.ring)
         if self.ring is not None:
             self._stop_earlier_workers()
             self.ring.start_epoch()
@@ -309,14 +311,7 @@ class ZarrDataLoader(DataLoader):
             epoch, seen, history = run.epoch + 1, 0, ()  # its last batch yielded: the next epoch's start
         else:
             (history, seen), epoch = self._start_point(world), self._epoch
-        ds, cfg = self.dataset, self.config
-        return LoaderCheckpoint(
-            epoch=epoch, batches_seen=seen, rank=rank, world_size=world, num_workers=cfg.num_workers,
-            batch_size=cfg.batch_size, drop_last=cfg.drop_last, seed=ds.seed, shuffle=ds.shuffle,
-            buffer_chunks=ds.buffer_chunks, row_offset=ds.row_offset, rows=ds.rows, chunk_rows=ds.chunk_rows,
-            cache=ds.cache, plan_version=PLAN_VERSION, fingerprint=ds.fingerprint(cfg.batch_size, cfg.drop_last),
-            history=tuple((seg.world_size, seg.num_workers, seg.batches) for seg in history),
-        )  # fmt: skip
+        return checkpoint_of(self.spec, self.config.num_workers, epoch, seen, rank, world, history)
 
     def _position(self, run: EpochRun) -> int:
         """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so."""
@@ -344,10 +339,11 @@ class ZarrDataLoader(DataLoader):
         diff = saved.setup_differences(self._setup_checkpoint())
         if diff:
             raise ValueError(
-                "cannot resume this loader: the state was saved with other data or settings (" + "; ".join(diff)
+                "cannot resume this loader: the state was saved with other data or settings ("
+                + "; ".join(diff)
                 + "). Resume with the saved batch_size, seed, shuffle, buffer_chunks, drop_last and store, or "
                 "start the epoch afresh with loader.set_epoch(epoch) instead of load_state_dict."
-            )  # fmt: skip
+            )
         try:
             rank, world = self.topology()
         except TopologyUnknown:
@@ -359,13 +355,48 @@ class ZarrDataLoader(DataLoader):
 
     def _setup_checkpoint(self) -> LoaderCheckpoint:
         """A checkpoint of this loader's set-up (its position fields are placeholders)."""
-        ds, cfg = self.dataset, self.config
-        return LoaderCheckpoint(
-            epoch=0, batches_seen=0, rank=0, world_size=1, num_workers=cfg.num_workers, batch_size=cfg.batch_size,
-            drop_last=cfg.drop_last, seed=ds.seed, shuffle=ds.shuffle, buffer_chunks=ds.buffer_chunks,
-            row_offset=ds.row_offset, rows=ds.rows, chunk_rows=ds.chunk_rows, cache=ds.cache,
-            plan_version=PLAN_VERSION, fingerprint=ds.fingerprint(cfg.batch_size, cfg.drop_last),
-        )  # fmt: skip
+        return checkpoint_of(self.spec, self.config.num_workers, 0, 0, 0, 1, ())
+
+
+def checkpoint_of(
+    spec: EpochSpec, num_workers: int, epoch: int, seen: int, rank: int, world: int, history: tuple[Segment, ...]
+) -> LoaderCheckpoint:
+    """The checkpoint of a position (``seen`` batches of ``epoch``) of a loader with ``spec``."""
+    return LoaderCheckpoint(
+        epoch=epoch,
+        batches_seen=seen,
+        rank=rank,
+        world_size=world,
+        num_workers=num_workers,
+        batch_size=spec.batch_size,
+        drop_last=spec.drop_last,
+        seed=spec.seed,
+        shuffle=spec.shuffle,
+        buffer_chunks=spec.buffer_chunks,
+        row_offset=spec.row_offset,
+        rows=spec.rows,
+        chunk_rows=spec.chunk_rows,
+        keep_in_memory=spec.freeze_partition,
+        plan_version=PLAN_VERSION,
+        fingerprint=spec.fingerprint(),
+        history=tuple(tuple(seg) for seg in history),
+    )
+
+
+def positional_arguments(positional: tuple, drop_last: bool, num_workers: int) -> tuple[bool, int]:
+    """``drop_last`` and ``num_workers`` given by position, as zarrtorch 0.1 took them: they still work, for one
+    release, with a DeprecationWarning."""
+    if len(positional) > 2:
+        raise TypeError(f"ZarrDataLoader takes batch_size by position, then keywords; got {len(positional) + 2}")
+    warnings.warn(
+        "ZarrDataLoader(dataset, batch_size, drop_last, num_workers) by position is deprecated (DataLoader's third "
+        "positional argument is shuffle): pass drop_last= and num_workers= by name",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    drop_last = bool(positional[0])
+    num_workers = int(positional[1]) if len(positional) == 2 else num_workers
+    return drop_last, num_workers
 
 
 def resumed_history(saved: LoaderCheckpoint, world: int, num_workers: int) -> tuple[Segment, ...]:

@@ -19,14 +19,75 @@ bit-identical answer, so no process ever has to tell another what it reads.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
-from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily: ~10 ms at first use
+from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily
 
-from zarrtorch.sizes import ceil_div
+from zarrtorch._util.sizes import ceil_div
 
 PLAN_VERSION = 2  # raise whenever the same inputs would give other batches (a checkpoint then is refused)
+
+
+def shuffles_rows(shuffle: bool, buffer_chunks: int) -> bool:
+    """Whether rows go through the shuffle buffer: ``shuffle``, and a buffer of at least one chunk."""
+    return bool(shuffle) and int(buffer_chunks) > 0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where one loader runs: rank ``rank`` of ``world_size`` ranks, with ``num_workers`` DataLoader workers."""
+
+    rank: int = 0
+    world_size: int = 1
+    num_workers: int = 0
+
+
+@dataclass(frozen=True)
+class EpochSpec:
+    """What fixes every epoch's batches, whatever the epoch and the rank: made once per loader (its dataset's
+    rows and shuffle, its batch size and ``drop_last``) and handed down to its workers as it is. Its
+    :meth:`fingerprint` goes into checkpoints and is compared between ranks."""
+
+    rows: int  # of the row window read (``row_range``), counted from ``row_offset``
+    chunk_rows: int
+    batch_size: int
+    drop_last: bool
+    seed: int = 0
+    shuffle: bool = True
+    buffer_chunks: int = 8
+    freeze_partition: bool = False  # keep_in_memory: epoch 0's chunk-to-rank assignment in every epoch
+    row_offset: int = 0  # the window's first row in the store
+
+    @property
+    def row_shuffle(self) -> bool:
+        return shuffles_rows(self.shuffle, self.buffer_chunks)
+
+    @property
+    def buffer_rows(self) -> int:
+        return self.buffer_chunks * self.chunk_rows
+
+    def fingerprint(self) -> str:
+        return plan_fingerprint(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    def plan(self, epoch: int, topology: Topology, *, runs: np.ndarray | None = None, segment: int = 0) -> RankPlan:
+        """:func:`epoch_plan` of this spec for ``epoch`` on ``topology`` (``runs``/``segment``: see there)."""
+        return epoch_plan(
+            self.rows,
+            self.chunk_rows,
+            seed=self.seed,
+            epoch=epoch,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            world_size=topology.world_size,
+            rank=topology.rank,
+            num_workers=topology.num_workers,
+            shuffle=self.shuffle,
+            freeze_partition=self.freeze_partition,
+            runs=runs,
+            segment=segment,
+        )
 
 
 def plan_fingerprint(**inputs) -> str:
@@ -50,6 +111,14 @@ def chunk_order(n_chunks: int, *, seed: int, epoch: int, shuffle: bool = True) -
     if not shuffle:
         return np.arange(n_chunks, dtype=np.int64)
     return rng_for(seed, epoch, 0).permutation(n_chunks).astype(np.int64)
+
+
+class Segment(NamedTuple):
+    """Part of an epoch run on one topology (:mod:`zarrtorch.resume`): every rank yielded ``batches`` there."""
+
+    world_size: int
+    num_workers: int
+    batches: int
 
 
 @dataclass(frozen=True)
@@ -243,6 +312,12 @@ def epoch_plan(
     padded = slice_runs(runs, max(rank_start, stream_rows), rank_stop) if rank_stop > stream_rows else runs[:0]
     padding = np.concatenate([np.arange(a, b) for a, b in padded.tolist()] or [np.zeros(0, np.int64)])
     return RankPlan(
-        epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size, budget=budget, workers=workers,
-        segment=segment, padding=padding.astype(np.int64),
-    )  # fmt: skip
+        epoch=epoch,
+        rank=rank,
+        world_size=world_size,
+        batch_size=batch_size,
+        budget=budget,
+        workers=workers,
+        segment=segment,
+        padding=padding.astype(np.int64),
+    )

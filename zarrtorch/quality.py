@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zarrtorch.sizes import ceil_div
+from zarrtorch._util.sizes import ceil_div
 
 
 def expected_distinct_chunks(rows: int, chunk_rows: int, batch_size: int) -> float:

@@ -11,7 +11,9 @@ spent waiting for data. With a GPU, it also measures host-to-device copies from 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from zarrtorch.chunks import chunk_key
+from zarrtorch._read.chunks import chunk_key
+from zarrtorch._util.process import available_cpus
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.loader import ZarrDataLoader
-from zarrtorch.pacing import paced_epoch
-from zarrtorch.process import available_cpus
+from zarrtorch.options import ReadOptions
 
 
 @dataclass
@@ -68,25 +70,34 @@ class Roofline:
             f"  decode, per core             {self.decode_rows_per_s_per_core:10,.0f} rows/s  "
             f"({self.decode_rows_per_s_per_core * mb:,.0f} MiB/s)",
             f"  ceiling ({name}, all CPUs)    {rate:10,.0f} rows/s",
-        ]  # fmt: skip
+        ]
         for r in self.loader:
-            lines.append(f"  loader, {r['num_workers']} worker(s) x {r['decode_threads']} decode thread(s), buffer "
-                         f"{r['buffer_chunks']}: {r['rows_per_s']:,.0f} rows/s "
-                         f"({r['rows_per_s'] / rate:.2f}x ceiling)")  # fmt: skip
-        lines.append(f"binding limit: {self.binding}" + {
-            "read": " (storage: more requests in flight, a faster file system, or a copy on local disk)",
-            "decode": " (CPU: more cores per process, or a cheaper codec such as lz4 or none)",
-            "loader": " (the loader itself: try the other settings below)",
-        }[self.binding])  # fmt: skip
+            lines.append(
+                f"  loader, {r['num_workers']} worker(s) x {r['decode_threads']} decode thread(s), buffer "
+                f"{r['buffer_chunks']}: {r['rows_per_s']:,.0f} rows/s "
+                f"({r['rows_per_s'] / rate:.2f}x ceiling)"
+            )
+        lines.append(
+            f"binding limit: {self.binding}"
+            + {
+                "read": " (storage: more requests in flight, a faster file system, or a copy on local disk)",
+                "decode": " (CPU: more cores per process, or a cheaper codec such as lz4 or none)",
+                "loader": " (the loader itself: try the other settings below)",
+            }[self.binding]
+        )
         best = self.best
-        lines.append(f"suggested for {self.cpus} CPU(s) per process: num_workers={best['num_workers']}, "
-                     f"decode_threads={best['decode_threads']}, buffer_chunks={best['buffer_chunks']}")  # fmt: skip
+        lines.append(
+            f"suggested for {self.cpus} CPU(s) per process: num_workers={best['num_workers']}, "
+            f"decode_threads={best['decode_threads']}, buffer_chunks={best['buffer_chunks']}"
+        )
         if self.step is not None:
             s = self.step
             steady = s["data_wait_share"] if s["steady_data_wait_share"] is None else s["steady_data_wait_share"]
-            lines.append(f"against a {s['step_ms']:g} ms step: waiting for data {100 * s['data_wait_share']:.1f}% of "
-                         f"the time after the first batch, {100 * steady:.1f}% once the shuffle buffers are full: "
-                         f"the loader {'keeps up' if steady <= 0.05 else 'does NOT keep up'}")  # fmt: skip
+            lines.append(
+                f"against a {s['step_ms']:g} ms step: waiting for data {100 * s['data_wait_share']:.1f}% of "
+                f"the time after the first batch, {100 * steady:.1f}% once the shuffle buffers are full: "
+                f"the loader {'keeps up' if steady <= 0.05 else 'does NOT keep up'}"
+            )
         if self.h2d_gb_per_s is not None:
             lines.append(f"host-to-device from pinned memory: {self.h2d_gb_per_s:.1f} GB/s")
         return "\n".join(lines)
@@ -146,16 +157,31 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
     return stored / rows, rows / max(read_s, 1e-9), rows / max(decode_s, 1e-9)
 
 
-def measure_loader(store, *, batch_size: int, num_workers: int, decode_threads: int, buffer_chunks: int,
-                   batches: int, step_s: float = 0.0, **dataset_options) -> dict:  # fmt: skip
+def measure_loader(
+    store,
+    *,
+    batch_size: int,
+    num_workers: int,
+    decode_threads: int,
+    buffer_chunks: int,
+    batches: int,
+    step_s: float = 0.0,
+    **dataset_options,
+) -> dict:
     """Rows/s after the first batch (and, with ``step_s``, the share of wall time spent in ``next(loader)``
     while the consumer sleeps ``step_s`` per batch, as an accelerator step would)."""
-    ds = ZarrIterableDataset(store, decode_threads=decode_threads, buffer_chunks=buffer_chunks, **dataset_options)
+    read = dataclasses.replace(dataset_options.pop("read", None) or ReadOptions(), decode_threads=decode_threads)
+    ds = ZarrIterableDataset(store, buffer_chunks=buffer_chunks, read=read, **dataset_options)
     loader = ZarrDataLoader(ds, batch_size=batch_size, drop_last=True, num_workers=num_workers)
     result = paced_epoch(loader, step_s, batches)
-    return {"num_workers": num_workers, "decode_threads": decode_threads, "buffer_chunks": buffer_chunks,
-            "rows_per_s": result["rows_per_s"], "data_wait_share": result["data_wait_share"],
-            "steady_data_wait_share": result["steady_data_wait_share"]}  # fmt: skip
+    return {
+        "num_workers": num_workers,
+        "decode_threads": decode_threads,
+        "buffer_chunks": buffer_chunks,
+        "rows_per_s": result["rows_per_s"],
+        "data_wait_share": result["data_wait_share"],
+        "steady_data_wait_share": result["steady_data_wait_share"],
+    }
 
 
 def measure_h2d(row_bytes: int, batch_size: int) -> float | None:
@@ -172,8 +198,17 @@ def measure_h2d(row_bytes: int, batch_size: int) -> float | None:
     return n * host.numel() / (time.perf_counter() - start) / 1e9
 
 
-def roofline(store, *, batch_size: int = 64, cpus: int | None = None, chunks: int = 8, batches: int = 40,
-             buffer_chunks: int = 8, step_ms: float | None = None, **dataset_options) -> Roofline:  # fmt: skip
+def roofline(
+    store,
+    *,
+    batch_size: int = 64,
+    cpus: int | None = None,
+    chunks: int = 8,
+    batches: int = 40,
+    buffer_chunks: int = 8,
+    step_ms: float | None = None,
+    **dataset_options,
+) -> Roofline:
     """Measure the store and the loader on this machine (reads about ``chunks`` chunks and a few hundred
     batches; seconds on a laptop)."""
     ds = ZarrIterableDataset(store, **dataset_options)
@@ -182,17 +217,36 @@ def roofline(store, *, batch_size: int = 64, cpus: int | None = None, chunks: in
     sample = sorted({int(c) for c in np.linspace(0, n_chunks - 1, min(chunks, n_chunks))})
     stored_row, read_rate, decode_rate = measure_storage(ds, sample, readers=max(2, cpus))
     settings = [(0, cpus)] + ([(min(cpus, 2), max(1, cpus // 2))] if cpus > 1 else [])
-    results = [measure_loader(store, batch_size=batch_size, num_workers=w, decode_threads=t,
-                              buffer_chunks=buffer_chunks, batches=batches, **dataset_options)
-               for w, t in settings]  # fmt: skip
+    results = [
+        measure_loader(
+            store,
+            batch_size=batch_size,
+            num_workers=w,
+            decode_threads=t,
+            buffer_chunks=buffer_chunks,
+            batches=batches,
+            **dataset_options,
+        )
+        for w, t in settings
+    ]
     report = Roofline(cpus, ds.rows, ds.chunk_rows, ds.row_bytes, stored_row, read_rate, decode_rate, results)
     if step_ms is not None:
         best = report.best
-        step = measure_loader(store, batch_size=batch_size, num_workers=best["num_workers"],
-                              decode_threads=best["decode_threads"], buffer_chunks=buffer_chunks, batches=batches,
-                              step_s=step_ms / 1000, **dataset_options)  # fmt: skip
-        report.step = {"step_ms": step_ms, "data_wait_share": step["data_wait_share"],
-                       "steady_data_wait_share": step["steady_data_wait_share"]}  # fmt: skip
+        step = measure_loader(
+            store,
+            batch_size=batch_size,
+            num_workers=best["num_workers"],
+            decode_threads=best["decode_threads"],
+            buffer_chunks=buffer_chunks,
+            batches=batches,
+            step_s=step_ms / 1000,
+            **dataset_options,
+        )
+        report.step = {
+            "step_ms": step_ms,
+            "data_wait_share": step["data_wait_share"],
+            "steady_data_wait_share": step["steady_data_wait_share"],
+        }
     report.h2d_gb_per_s = measure_h2d(ds.row_bytes, batch_size)
     return report
 
@@ -208,8 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=None, help="a training step's duration: does the loader keep up?")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    report = roofline(a.store, batch_size=a.batch_size, cpus=a.cpus, chunks=a.chunks, batches=a.batches,
-                      buffer_chunks=a.buffer_chunks, step_ms=a.step_ms)  # fmt: skip
+    report = roofline(
+        a.store,
+        batch_size=a.batch_size,
+        cpus=a.cpus,
+        chunks=a.chunks,
+        batches=a.batches,
+        buffer_chunks=a.buffer_chunks,
+        step_ms=a.step_ms,
+    )
     if a.json:
         print(json.dumps({**asdict(report), "ceiling": report.ceiling, "binding": report.binding}, indent=1))
     else:
@@ -219,3 +280,51 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# -- the share of a training step spent waiting for data (a sleeping step) -----------------------------------
+def paced(batches, step_s: float, limit: int, warmup: int = 0) -> dict:
+    """Take up to ``limit`` batches from a started iterator, sleeping ``step_s`` after each (the CPU idle, as
+    while an accelerator computes): rows/s and the share of the wall time spent waiting in ``next()``, over
+    all batches and over those after the first ``warmup`` (while the shuffle buffers fill, a batch needs
+    more reads than later: :func:`warmup_batches`)."""
+    waits, rows = [], 0
+    start = time.perf_counter()
+    steady_start = start
+    for i in range(limit):
+        if i == warmup:
+            steady_start = time.perf_counter()
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            break
+        waits.append(time.perf_counter() - t0)
+        rows += len(next(iter(batch.values())))
+        del batch
+        if step_s:
+            time.sleep(step_s)
+    end = time.perf_counter()
+    wall, steady_wall = max(end - start, 1e-9), max(end - steady_start, 1e-9)
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "rows_per_s": rows / wall,
+        "data_wait_share": sum(waits) / wall,
+        "steady_data_wait_share": sum(waits[warmup:]) / steady_wall if len(waits) > warmup else None,
+    }
+
+
+def warmup_batches(buffer_chunks: int, num_workers: int) -> int:
+    """Batches of an epoch during which the shuffle buffers fill (each doubles per batch, from one chunk)."""
+    return max(1, num_workers) * (math.ceil(math.log2(max(1, buffer_chunks))) + 1)
+
+
+def paced_epoch(loader, step_s: float, limit: int | None = None) -> dict:
+    """:func:`paced` over one epoch of ``loader`` after its first batch (start-up: opening, workers, the first
+    reads), at most ``limit`` batches; the buffers' warm-up counted from the loader's own settings."""
+    it = iter(loader)
+    next(it)
+    warmup = warmup_batches(loader.dataset.buffer_chunks, loader.num_workers) - 1  # the first one is taken
+    result = paced(it, step_s, len(loader) - 1 if limit is None else min(limit, len(loader) - 1), warmup)
+    del it
+    return result

@@ -12,12 +12,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from zarrtorch.buffer import INDEX_ONLY, SlotBuffer, buffer_capacity, schedule
-from zarrtorch.cursor import RowCursor
-from zarrtorch.early import staged_pieces
+from zarrtorch._read.early import staged_pieces
+from zarrtorch._read.reader import PieceReader
+from zarrtorch._util.pool import Pools
+from zarrtorch.buffer import INDEX_ONLY, RowCursor, SlotBuffer, buffer_capacity, schedule
 from zarrtorch.plan import WorkerPlan
-from zarrtorch.pool import Pools
-from zarrtorch.reader import PieceReader
 
 
 def stream_batches(
@@ -38,8 +37,8 @@ def stream_batches(
 
     ``row_offset`` moves the plan's rows to the store's (a row window); ``rng=None`` keeps stream order.
     ``copy_direct`` copies batches that would otherwise be views of the reader's arrays (a cache reuses them).
-    ``out(rows)``, when given, returns the arrays each batch is written into (:mod:`zarrtorch.ring`).
-    ``pools``: the process's (:mod:`zarrtorch.pool`), where the shuffle buffer's arrays are kept between epochs.
+    ``out(rows)``, when given, returns the arrays each batch is written into (:mod:`zarrtorch._workers.ring`).
+    ``pools``: the process's (:mod:`zarrtorch._util.pool`), where the shuffle buffer's arrays are kept between epochs.
     """
     pieces, sizes = share.pieces + row_offset, share.batch_sizes
     capacity = buffer_capacity(buffer_rows, sizes, rng is not None)
@@ -61,7 +60,7 @@ def stream_batches(
         if ids.filled:
             held = ids.slots["index"][: ids.filled]
             buf.load({"index": held, **reader.read_rows(held)})
-    cursor.attach(reader.iter_pieces(pieces[cursor.piece :], ready=early))
+    cursor.feed(reader.iter_pieces(pieces[cursor.piece :], ready=early))
     early = None
     try:
         for step in steps:
@@ -78,13 +77,15 @@ def stream_batches(
 
 def _staged(reader: PieceReader, pieces: np.ndarray, capacity: int, columns: dict) -> tuple[dict | None, list]:
     """The buffer arrays holding this epoch's first pieces, copied there as the last epoch ended, and
-    those pieces' data as views of them (:mod:`zarrtorch.early`); ``(None, [])`` if there are none."""
+    those pieces' data as views of them (:mod:`zarrtorch._read.early`); ``(None, [])`` if there are none."""
     if reader.early is None:
         return None, []
     slots, k = reader.early.take_staged(pieces)
-    fits = slots is not None and slots.keys() == columns.keys() and all(
-        slots[n].shape == (capacity, *shape) and slots[n].dtype == dt for n, (shape, dt) in columns.items()
-    )  # fmt: skip
+    fits = (
+        slots is not None
+        and slots.keys() == columns.keys()
+        and all(slots[n].shape == (capacity, *shape) and slots[n].dtype == dt for n, (shape, dt) in columns.items())
+    )
     if not fits:
         return None, []
     return slots, staged_pieces(slots, pieces[:k], [n for n in columns if n != "index"])
@@ -105,7 +106,7 @@ def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip:
             yield piece
 
     ids, cursor = SlotBuffer(capacity, INDEX_ONLY), RowCursor(pieces)
-    cursor.attach(recorded())
+    cursor.feed(recorded())
     try:
         for k, step in enumerate(steps):
             index = ids.apply(step, cursor.stream)["index"]
@@ -120,7 +121,7 @@ def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip:
             dest["index"][:] = index
             for name, column in dest.items():
                 if name != "index":
-                    for row, (p, r) in enumerate(rows):  # one copy per row (rows are large; ~1 us of Python each)
+                    for row, (p, r) in enumerate(rows):  # one copy per row (rows are large)
                         column[row] = data[p][name][r]
             yield dest
     finally:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    ds = ZarrIterableDataset(args.store, seed=7, buffer_chunks=2, return_index=True, decode_threads=1)
+    ds = ZarrIterableDataset(args.store, seed=7, buffer_chunks=2, return_index=True, read=ReadOptions(decode_threads=1))
     extra = dict(multiprocessing_context="spawn", persistent_workers=True) if args.num_workers else {}
     loader = ZarrDataLoader(
         ds, batch_size=args.batch_size, drop_last=bool(args.drop_last), num_workers=args.num_workers, **extra

@@ -93,8 +93,9 @@ def buffered(rows: list[int], sizes: list[int], setup: Setup, rng) -> list[list[
     return out
 
 
-def segment_batches(setup: Setup, epoch: int, stream: list[int], segment: int, world: int, workers: int,
-                    rank: int) -> list[list[int]]:  # fmt: skip
+def segment_batches(
+    setup: Setup, epoch: int, stream: list[int], segment: int, world: int, workers: int, rank: int
+) -> list[list[int]]:
     """The batches ``rank`` yields, in order, when what is left of the epoch is ``stream``."""
     n, b = len(stream), setup.batch
     if segment and n < (world * b if setup.drop_last else 1):

@@ -24,8 +24,14 @@ def store(tmp_path_factory):
 def yielded(store, world, workers, drop_last, *, state=None, stop_after=None):
     out = []
     for rank in range(world):
-        loader = ZarrDataLoader(ZarrIterableDataset(store, seed=4, buffer_chunks=2, return_index=True), batch_size=16,
-                                drop_last=drop_last, num_workers=workers, rank=rank, world_size=world)  # fmt: skip
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(store, seed=4, buffer_chunks=2, return_index=True),
+            batch_size=16,
+            drop_last=drop_last,
+            num_workers=workers,
+            rank=rank,
+            world_size=world,
+        )
         loader.set_epoch(1)
         if state is not None:
             loader.load_state_dict(state)
@@ -40,8 +46,9 @@ def yielded(store, world, workers, drop_last, *, state=None, stop_after=None):
 
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_report_matches_the_loader(store, drop_last):
-    report = audit(store, world_size=3, num_workers=2, batch_size=16, drop_last=drop_last, seed=4, epoch=1,
-                   buffer_chunks=2)  # fmt: skip
+    report = audit(
+        store, world_size=3, num_workers=2, batch_size=16, drop_last=drop_last, seed=4, epoch=1, buffer_chunks=2
+    )
     runs = yielded(store, 3, 2, drop_last)
     assert report.batches_per_rank == [len(rows) for rows, _ in runs]
     read = np.concatenate([b for rows, _ in runs for b in rows])
@@ -63,9 +70,21 @@ def test_report_of_a_resume_matches_the_resumed_loader(store):
 
 
 def test_ok_is_false_when_ranks_disagree():
-    fields = dict(epoch=0, world_size=2, num_workers=0, batch_size=8, drop_last=True, rows=100,
-                  rows_consumed_before=0, rows_read=96, rows_left_out=4, padding_rows=0, duplicates=0,
-                  chunk_diversity=1.0, order_correlation=0.0)  # fmt: skip
+    fields = dict(
+        epoch=0,
+        world_size=2,
+        num_workers=0,
+        batch_size=8,
+        drop_last=True,
+        rows=100,
+        rows_consumed_before=0,
+        rows_read=96,
+        rows_left_out=4,
+        padding_rows=0,
+        duplicates=0,
+        chunk_diversity=1.0,
+        order_correlation=0.0,
+    )
     assert AuditReport(batches_per_rank=[6, 6], **fields).ok
     assert not AuditReport(batches_per_rank=[7, 5], **fields).ok
     assert "UNEQUAL [7, 5]" in AuditReport(batches_per_rank=[7, 5], **fields).summary()

@@ -8,7 +8,7 @@ import pytest
 import xarray as xr
 import zarr
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, loader_memory
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, loader_memory
 
 ROWS = 48
 
@@ -20,14 +20,29 @@ def packed_store(path, zarr_format: int, unsigned: bool = False):
     sp = (1000 + 50 * rng.random((ROWS, 3, 4))).astype(np.float32)
     sp[17] = np.nan
     ds = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m), "sp": (("time", "lat", "lon"), sp)})
-    ds["t2m"].encoding = {"dtype": "int16", "scale_factor": 0.01, "add_offset": 265.0, "_FillValue": -32768,
-                          "chunks": (8, 3, 4)}  # fmt: skip
+    ds["t2m"].encoding = {
+        "dtype": "int16",
+        "scale_factor": 0.01,
+        "add_offset": 265.0,
+        "_FillValue": -32768,
+        "chunks": (8, 3, 4),
+    }
     if unsigned:
-        ds["sp"].encoding = {"dtype": "uint8", "scale_factor": 0.25, "add_offset": 1000.0, "_FillValue": 255,
-                             "chunks": (8, 3, 4)}  # fmt: skip
+        ds["sp"].encoding = {
+            "dtype": "uint8",
+            "scale_factor": 0.25,
+            "add_offset": 1000.0,
+            "_FillValue": 255,
+            "chunks": (8, 3, 4),
+        }
     else:
-        ds["sp"].encoding = {"dtype": "int16", "scale_factor": 0.002, "add_offset": 1025.0, "_FillValue": -32768,
-                             "chunks": (8, 3, 4)}  # fmt: skip
+        ds["sp"].encoding = {
+            "dtype": "int16",
+            "scale_factor": 0.002,
+            "add_offset": 1025.0,
+            "_FillValue": -32768,
+            "chunks": (8, 3, 4),
+        }
     ds.to_zarr(str(path), zarr_format=zarr_format, mode="w", consolidated=True)
     return xr.open_zarr(str(path), consolidated=True)
 
@@ -55,7 +70,7 @@ def test_packed_arrays_stream_what_xarray_shows(tmp_path, zarr_format, num_worke
 
 def test_decode_cf_false_streams_the_stored_integers(tmp_path):
     packed_store(tmp_path / "p.zarr", 3)
-    got = stream(tmp_path / "p.zarr", decode_cf=False)
+    got = stream(tmp_path / "p.zarr", read=ReadOptions(decode_cf=False))
     raw = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")["t2m"][:]
     assert got["t2m"].dtype == np.int16
     np.testing.assert_array_equal(got["t2m"], raw)
@@ -90,5 +105,5 @@ def test_cf_encoded_times_are_refused(tmp_path):
     ds = xr.Dataset({"t": (("time",), times), "x": (("time",), np.arange(8.0))})
     ds.to_zarr(str(tmp_path / "t.zarr"), mode="w", consolidated=True)
     with pytest.raises(ValueError, match=r"array 't' holds CF-encoded times \(units 'days since"):
-        ZarrIterableDataset(str(tmp_path / "t.zarr"), arrays=["t", "x"])
-    assert len(stream(tmp_path / "t.zarr", arrays=["x"])["x"]) == 8
+        ZarrIterableDataset(str(tmp_path / "t.zarr"), variables=["t", "x"])
+    assert len(stream(tmp_path / "t.zarr", variables=["x"])["x"]) == 8

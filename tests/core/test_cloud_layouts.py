@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch.course.servers import HttpStoreServer, S3Server
 
 ROWS = 100
@@ -38,11 +38,11 @@ def test_shards_written_and_read_locally_and_over_http(tmp_path):
     assert objects(tmp_path / "c.zarr") == 2 * 20 and objects(tmp_path / "s.zarr") == 2 * 5  # 4x fewer objects
     with pytest.raises(Exception, match="allow_shards"):
         ZarrIterableDataset(tmp_path / "s.zarr")
-    local = ZarrIterableDataset(tmp_path / "s.zarr", allow_shards=True, shuffle=False)
+    local = ZarrIterableDataset(tmp_path / "s.zarr", shuffle=False, read=ReadOptions(allow_shards=True))
     assert local.chunk_rows == 20  # the shard is the unit read and distributed
     np.testing.assert_array_equal(stream(local), np.arange(ROWS) * 3)
     with HttpStoreServer(tmp_path) as server:
-        remote = ZarrIterableDataset(f"{server.url}/s.zarr", allow_shards=True, shuffle=False)
+        remote = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, read=ReadOptions(allow_shards=True))
         np.testing.assert_array_equal(
             stream(remote, num_workers=2, multiprocessing_context="fork"), np.arange(ROWS) * 3
         )
@@ -69,7 +69,7 @@ def test_prepare_writes_to_s3_and_refuses_to_overwrite(tmp_path):
         with pytest.raises(FileExistsError, match="overwrite=True"):
             prepare_zarr(columns(), url, chunk_rows=8, storage_options=s3.storage_options, progress=False)
         prepare_zarr(columns(), url, chunk_rows=16, storage_options=s3.storage_options, overwrite=True, progress=False)
-        ds = ZarrIterableDataset(url, storage_options=s3.storage_options, shuffle=False)
+        ds = ZarrIterableDataset(url, shuffle=False, read=ReadOptions(storage_options=s3.storage_options))
         assert ds.chunk_rows == 16
         np.testing.assert_array_equal(stream(ds), np.arange(ROWS) * 3)
 
@@ -92,14 +92,16 @@ def test_prepare_on_a_dask_distributed_cluster(tmp_path):
         S3Server() as s3,
     ):
         s3.create_bucket("prep")
-        source = {n: da.from_array(v, chunks=(10, *v.shape[1:])).map_blocks(on_a_worker, dtype=v.dtype)
-                  for n, v in columns().items()}  # fmt: skip
+        source = {
+            n: da.from_array(v, chunks=(10, *v.shape[1:])).map_blocks(on_a_worker, dtype=v.dtype)
+            for n, v in columns().items()
+        }
         with pytest.raises(ValueError, match="No worker found"):
             on_a_worker(np.zeros(1))  # ... and this process is not one
         prepare_zarr(source, tmp_path / "d.zarr", chunk_rows=8, progress=False)
         prepare_zarr(source, "s3://prep/d.zarr", chunk_rows=8, storage_options=s3.storage_options, progress=False)
         for src, opts in ((tmp_path / "d.zarr", None), ("s3://prep/d.zarr", s3.storage_options)):
-            ds = ZarrIterableDataset(src, storage_options=opts, shuffle=False)
+            ds = ZarrIterableDataset(src, shuffle=False, read=ReadOptions(storage_options=opts))
             np.testing.assert_array_equal(stream(ds), np.arange(ROWS) * 3)
 
 
@@ -108,8 +110,10 @@ VARIABLES = ("t2m", "u10", "v10", "msl", "tp")
 
 def era5_like(path, rows=40):
     """One array per variable, chunks of a single time step, values encoding (variable, row)."""
-    data = {v: np.full((rows, 4, 8), 1000 * k, np.float32) + np.arange(rows, dtype=np.float32)[:, None, None]
-            for k, v in enumerate(VARIABLES)}  # fmt: skip
+    data = {
+        v: np.full((rows, 4, 8), 1000 * k, np.float32) + np.arange(rows, dtype=np.float32)[:, None, None]
+        for k, v in enumerate(VARIABLES)
+    }
     return prepare_zarr(data, path, chunk_rows=1, progress=False)
 
 
@@ -117,12 +121,19 @@ def era5_like(path, rows=40):
 def test_chosen_variables_stacked_into_one_channel_tensor_over_http(tmp_path):
     era5_like(tmp_path / "era5.zarr")
     with HttpStoreServer(tmp_path) as server:
-        ds = ZarrIterableDataset(f"{server.url}/era5.zarr", arrays=["u10", "t2m", "tp"], seed=4, buffer_chunks=3,
-                                 stack={"inputs": ["u10", "t2m"]}, return_index=True)  # fmt: skip
+        ds = ZarrIterableDataset(
+            f"{server.url}/era5.zarr",
+            variables=["u10", "t2m", "tp"],
+            seed=4,
+            buffer_chunks=3,
+            stack={"inputs": ["u10", "t2m"]},
+            return_index=True,
+        )
         seen, counts = [], []
         for rank in range(2):
-            loader = ZarrDataLoader(ds, batch_size=4, num_workers=2, rank=rank, world_size=2,
-                                    multiprocessing_context="fork")  # fmt: skip
+            loader = ZarrDataLoader(
+                ds, batch_size=4, num_workers=2, rank=rank, world_size=2, multiprocessing_context="fork"
+            )
             batches = list(loader)
             counts.append(len(batches))
             for b in batches:
@@ -151,7 +162,8 @@ def test_bad_stacks_are_refused(tmp_path, stack, message):
 
 
 def test_stacking_arrays_of_different_shapes_is_refused(tmp_path):
-    prepare_zarr({"a": np.zeros((4, 2), "f4"), "b": np.zeros((4, 3), "f4")}, tmp_path / "m.zarr", chunk_rows=2,
-                 progress=False)  # fmt: skip
+    prepare_zarr(
+        {"a": np.zeros((4, 2), "f4"), "b": np.zeros((4, 3), "f4")}, tmp_path / "m.zarr", chunk_rows=2, progress=False
+    )
     with pytest.raises(ValueError, match="mixes row shapes"):
         ZarrIterableDataset(tmp_path / "m.zarr", stack={"ab": ["a", "b"]})

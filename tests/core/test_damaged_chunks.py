@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import zarr
 
-from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.fastpath import frame_content_size
+from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.fastpath import frame_content_size
 
 ROWS, CHUNK, DAMAGED = 60, 10, 2
 X = np.arange(ROWS * 6, dtype=np.float32).reshape(ROWS, 6)
@@ -24,7 +24,7 @@ PATHS = ["direct", "blosc", "gzip", "sharded", "v2"]
 
 
 def write(path, kind: str, data: np.ndarray = X) -> None:
-    if kind == "direct":  # bytes + zstd: decoded by zarrtorch.fastpath
+    if kind == "direct":  # bytes + zstd: decoded by zarrtorch._read.fastpath
         prepare_zarr({"x": data}, path, chunk_rows=CHUNK, progress=False)
         return
     fmt = 2 if kind == "v2" else 3
@@ -95,8 +95,8 @@ def pristine(tmp_path_factory):
     return root
 
 
-def read_all(path, kind: str, num_workers: int, **dataset_kw) -> np.ndarray:
-    ds = ZarrIterableDataset(path, allow_shards=kind == "sharded", shuffle=False, **dataset_kw)
+def read_all(path, kind: str, num_workers: int, **read_kw) -> np.ndarray:
+    ds = ZarrIterableDataset(path, shuffle=False, read=ReadOptions(allow_shards=kind == "sharded", **read_kw))
     extra = {"multiprocessing_context": "fork", "timeout": 60} if num_workers else {}
     loader = ZarrDataLoader(ds, batch_size=CHUNK, num_workers=num_workers, **extra)
     return np.concatenate([b["x"].numpy() for b in loader])
@@ -104,7 +104,7 @@ def read_all(path, kind: str, num_workers: int, **dataset_kw) -> np.ndarray:
 
 def test_the_paths_are_the_ones_named(pristine):
     """The direct path decodes the zstd store only; the others go through zarr's codecs."""
-    from zarrtorch.fastpath import direct_decoder
+    from zarrtorch._read.fastpath import direct_decoder
 
     for kind in PATHS:
         array = zarr.open_group(str(pristine / f"{kind}.zarr"), mode="r")["x"]

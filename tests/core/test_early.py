@@ -1,4 +1,4 @@
-"""Reading the next epoch's first pieces as an epoch ends (zarrtorch.early), and the shuffle buffer's
+"""Reading the next epoch's first pieces as an epoch ends (zarrtorch._read.early), and the shuffle buffer's
 arrays kept between epochs: the next epoch's batches must be exactly a fresh start's, whatever epoch comes."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.early import EarlyReads
+from zarrtorch._read.reader import PieceReader
+from zarrtorch._util.pool import Pool
 from zarrtorch.buffer import SlotBuffer
-from zarrtorch.early import EarlyReads
-from zarrtorch.pool import Pool
-from zarrtorch.reader import PieceReader
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
 USED: list[int] = []  # reads taken from those the last epoch started (in the buffer, in flight), in this process
@@ -67,7 +67,9 @@ def recorded(monkeypatch):
 
 
 def dataset(store, **kw):
-    return ZarrIterableDataset(store, **{"buffer_chunks": 3, **kw}, decode_threads=THREADS, return_index=True)
+    return ZarrIterableDataset(
+        store, **{"buffer_chunks": 3, **kw}, return_index=True, read=ReadOptions(decode_threads=THREADS)
+    )
 
 
 def epoch_batches(loader, epoch, step_s=0.0):
@@ -148,8 +150,9 @@ def test_workers_read_early_only_when_they_live_on(store, recorded, persistent):
     """Persistent workers read the next epoch's first pieces as the epoch ends, and yield a fresh start's
     batches; workers that exit with the epoch read nothing early."""
     ds = dataset(store, transform=early_reads_used_here)
-    loader = ZarrDataLoader(ds, batch_size=8, num_workers=2, persistent_workers=persistent,
-                            multiprocessing_context="fork")  # fmt: skip
+    loader = ZarrDataLoader(
+        ds, batch_size=8, num_workers=2, persistent_workers=persistent, multiprocessing_context="fork"
+    )
     for epoch in range(3):
         got = epoch_batches(loader, epoch, step_s=0.01)
         early = [int(b.pop("early")) for b in got]

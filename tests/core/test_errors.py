@@ -15,6 +15,7 @@ import zarr
 from zarrtorch import (
     ChunkReadError,
     LayoutError,
+    ReadOptions,
     ZarrDataLoader,
     ZarrIterableDataset,
     check_first_axis_layout,
@@ -131,19 +132,19 @@ def test_bad_dataset_arguments(store):
         ZarrIterableDataset(store, buffer_chunks=-1)
     with pytest.raises(ValueError, match="buffer_chunks must be an integer >= 0"):
         ZarrIterableDataset(store, buffer_chunks=1.5)
-    with pytest.raises(ValueError, match="decode_threads must be >= 1"):
-        ZarrIterableDataset(store, decode_threads=0)
+    with pytest.raises(ValueError, match="decode_threads must be an integer >= 1"):
+        ZarrIterableDataset(store, read=ReadOptions(decode_threads=0))
     with pytest.raises(TypeError, match="needs a zarrtorch.ZarrIterableDataset"):
         ZarrDataLoader([1, 2, 3], batch_size=2)
 
 
 def test_unknown_array_name(store):
     with pytest.raises(KeyError) as err:
-        ZarrIterableDataset(store, arrays=["x", "z"])
+        ZarrIterableDataset(store, variables=["x", "z"])
     assert "'z'" in str(err.value) and "'x'" in str(err.value) and "'y'" in str(err.value)  # lists what exists
     g = zarr.open_group(str(store), mode="r")
     with pytest.raises(KeyError, match="'z'"):
-        ZarrIterableDataset({"x": g["x"]}, arrays=["z"])
+        ZarrIterableDataset({"x": g["x"]}, variables=["z"])
 
 
 # -- sources --------------------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def test_missing_chunk(store, num_workers):
     # opting out reads the fill value, as Zarr does
     rows = _read_all(
         ZarrDataLoader(
-            ZarrIterableDataset(store, seed=1, check_chunks=False, return_index=True),
+            ZarrIterableDataset(store, seed=1, return_index=True, read=ReadOptions(check_chunks=False)),
             batch_size=16,
             num_workers=num_workers,
             timeout=120 if num_workers else 0,

@@ -5,8 +5,8 @@ import pytest
 import zarr
 
 from zarrtorch import prepare_zarr
-from zarrtorch.fastpath import _local_reader, direct_decoder, read_buffer_bytes
-from zarrtorch.reader import PieceReader
+from zarrtorch._read.fastpath import _local_reader, direct_decoder, read_buffer_bytes
+from zarrtorch._read.reader import PieceReader
 
 
 @pytest.fixture

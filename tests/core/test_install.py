@@ -47,16 +47,18 @@ def test_core_installs_and_streams_without_extras(tmp_path):
     torch_version = torch.__version__.split("+")[0]
 
     def pip(*args):
-        done = subprocess.run([python, "-m", "pip", "install", "-q", *args], capture_output=True, text=True,
-                              timeout=900)  # fmt: skip
+        done = subprocess.run(
+            [python, "-m", "pip", "install", "-q", *args], capture_output=True, text=True, timeout=900
+        )
         if done.returncode and ("Could not find a version" in done.stderr or "NewConnectionError" in done.stderr):
             pytest.skip(f"no package index reachable for a fresh environment: {done.stderr.strip()[-300:]}")
         assert done.returncode == 0, done.stderr[-3000:]
 
     pip(f"torch=={torch_version}")  # first: a later resolver must never pull another (CUDA) torch
     pip(str(ROOT), "--constraint", str(_constraint(tmp_path, torch_version)))
-    run = subprocess.run([python, "-c", SCRIPT, str(tmp_path / "data.zarr")], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)  # fmt: skip
+    run = subprocess.run(
+        [python, "-c", SCRIPT, str(tmp_path / "data.zarr")], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "streamed 300 rows" in run.stdout
 

@@ -1,5 +1,8 @@
 """The core is a library of its own: it never imports the course, imports no optional dependency at import
-time, and ``import zarrtorch`` changes nothing in the user's process but ``sys.modules``."""
+time, and ``import zarrtorch`` changes nothing in the user's process but ``sys.modules``. Its layers import in
+one direction: the modules the lessons build (top level) may use the machinery (``_read``, ``_workers``)
+and the helpers (``_util``); the machinery uses only the helpers and its own subpackage; the helpers use
+nothing of zarrtorch; nothing forms a cycle."""
 
 import ast
 import json
@@ -10,7 +13,24 @@ from pathlib import Path
 import zarrtorch
 
 PACKAGE = Path(zarrtorch.__file__).parent
-CORE = sorted(p for p in PACKAGE.glob("*.py") if p.name != "__main__.py")  # __main__ is the course's CLI
+CORE = sorted(p for p in PACKAGE.rglob("*.py") if "course" not in p.relative_to(PACKAGE).parts)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> str:
+    """``lesson`` (top level), ``_read``/``_workers`` (machinery) or ``_util`` (helpers)."""
+    parts = module.split(".")
+    return (
+        parts[1]
+        if len(parts) > 2 or (len(parts) == 2 and parts[1].startswith("_") and parts[1] != "__main__")
+        else "lesson"
+    )
+
+
 OPTIONAL = {"xarray", "dask", "lightning", "matplotlib", "tqdm", "h5py", "psutil", "pandas"}
 NEEDS_LIGHTNING = {"lightning.py"}  # the DataModule module needs the `lightning` extra, by name
 
@@ -44,9 +64,69 @@ def test_core_imports_optional_packages_only_lazily():
     assert not offenders, offenders
 
 
-def test_core_modules_stay_small():
-    sizes = {p.name: len(p.read_text().splitlines()) for p in CORE}
-    assert max(sizes.values()) <= 260, sizes
+ALLOWED = {  # layer -> the layers it may import
+    "lesson": {"lesson", "_read", "_workers", "_util"},
+    "_read": {"_read", "_util"},
+    "_workers": {"_workers", "_util"},
+    "_util": {"_util"},
+}
+
+
+def zarrtorch_imports(path: Path) -> set[str]:
+    """The zarrtorch modules a file imports (``from zarrtorch.x import y`` counts as ``zarrtorch.x``, and as
+    ``zarrtorch.x.y`` when that is a module)."""
+    found = set()
+    for name, _ in imports(path):
+        if name == "zarrtorch" or not name.startswith("zarrtorch."):
+            continue
+        parts = name.split(".")
+        while parts and not (
+            PACKAGE.parent.joinpath(*parts).with_suffix(".py").exists()
+            or (PACKAGE.parent.joinpath(*parts) / "__init__.py").exists()
+        ):
+            parts.pop()
+        if parts:
+            found.add(".".join(parts))
+    return found
+
+
+def test_the_layers_import_in_one_direction():
+    graph = {module_name(p): zarrtorch_imports(p) for p in CORE}
+    offenders = [
+        f"{mod} ({layer(mod)}) imports {dep} ({layer(dep)})"
+        for mod, deps in graph.items()
+        for dep in deps
+        if layer(dep) not in ALLOWED[layer(mod)]
+    ]
+    assert not offenders, offenders
+    assert set(ALLOWED) == {layer(m) for m in graph}, "a module outside the known layers"
+
+
+def test_no_import_cycle():
+    graph = {module_name(p): {d for d in zarrtorch_imports(p) if d != module_name(p)} for p in CORE}
+    done, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(node) :] + [node]))
+        if node in done:
+            return
+        stack.append(node)
+        for dep in graph.get(node, ()):
+            if not dep.endswith("__init__") and dep != "zarrtorch":
+                visit(dep)
+        stack.pop()
+        done.add(node)
+
+    for node in graph:
+        if node != "zarrtorch":
+            visit(node)
+
+
+def test_every_subpackage_says_what_it_is_for_and_who_imports_it():
+    for init in PACKAGE.glob("_*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "Import" in doc and len(doc) > 150, f"{init.relative_to(PACKAGE)}: say what it is for and who imports it"
 
 
 def test_import_has_no_side_effects():

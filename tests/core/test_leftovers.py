@@ -21,8 +21,9 @@ ROWS, CHUNK, BATCH = 600, 20, 8
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("leftovers") / "s.zarr"
-    prepare_zarr({"x": np.arange(ROWS * 64, dtype=np.float32).reshape(ROWS, 64)}, path, chunk_rows=CHUNK,
-                 progress=False)  # fmt: skip
+    prepare_zarr(
+        {"x": np.arange(ROWS * 64, dtype=np.float32).reshape(ROWS, 64)}, path, chunk_rows=CHUNK, progress=False
+    )
     return path
 
 
@@ -91,8 +92,9 @@ def settles_to(before: dict, seconds: float = 20.0) -> dict:
 
 def loader_for(store, num_workers, work_ahead, **kw):
     extra = {"multiprocessing_context": "fork"} if num_workers else {}
-    return ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH, num_workers=num_workers, work_ahead=work_ahead,
-                          **extra, **kw)  # fmt: skip
+    return ZarrDataLoader(
+        ZarrIterableDataset(store), batch_size=BATCH, num_workers=num_workers, work_ahead=work_ahead, **extra, **kw
+    )
 
 
 CASES = [(0, 0, None), (0, 2, None), (2, 0, "ring"), (2, 2, "ring"), (2, 2, "queue")]

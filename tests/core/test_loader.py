@@ -15,7 +15,7 @@ import pytest
 import torch
 import zarr
 
-from zarrtorch import LayoutError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import LayoutError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 
 ROWS, CHUNK = 437, 20  # 22 chunks, the last one partial (17 rows)
 
@@ -314,7 +314,7 @@ def test_cache_freezes_rows_and_reads_once(store, tmp_path, num_workers):
     path = tmp_path / "copy.zarr"
     shutil.copytree(store, path)
     world, rank = 2, 0
-    cached = ZarrIterableDataset(path, seed=17, buffer_chunks=2, cache=True)
+    cached = ZarrIterableDataset(path, seed=17, buffer_chunks=2, keep_in_memory=True)
     plain = ZarrIterableDataset(path, seed=17, buffer_chunks=2)
     kw = dict(batch_size=16, drop_last=True, num_workers=num_workers, rank=rank, world_size=world)
     loader = ZarrDataLoader(cached, persistent_workers=num_workers > 0, **kw)
@@ -341,7 +341,7 @@ def test_cache_freezes_rows_and_reads_once(store, tmp_path, num_workers):
 
 def test_cache_with_workers_needs_persistent_workers(store):
     with pytest.raises(ValueError, match="persistent_workers=True"):
-        ZarrDataLoader(ZarrIterableDataset(store, cache=True), batch_size=8, num_workers=2)
+        ZarrDataLoader(ZarrIterableDataset(store, keep_in_memory=True), batch_size=8, num_workers=2)
 
 
 # -- order, shards, sources -----------------------------------------------------------------------------
@@ -470,7 +470,7 @@ def test_sharded_arrays(tmp_path):
     with pytest.raises(LayoutError, match="allow_shards=True") as err:
         ZarrIterableDataset(g)
     assert "'x'" in str(err.value) or "'y'" in str(err.value)
-    ds = ZarrIterableDataset(g, allow_shards=True, seed=1, buffer_chunks=2)
+    ds = ZarrIterableDataset(g, seed=1, buffer_chunks=2, read=ReadOptions(allow_shards=True))
     assert ds.chunk_rows == 40 and ds.layout.sharded
     plan = ds.plan(epoch=1, batch_size=16, drop_last=False, world_size=2, rank=0)
     pieces = np.concatenate([w.pieces for w in plan.workers])
@@ -530,7 +530,7 @@ def test_path_mapping_and_group_sources(store):
         ds = ZarrIterableDataset(source, seed=4)
         assert sorted(ds.arrays) == ["x", "y"]
         assert same(epoch_rows(ZarrDataLoader(ds, batch_size=32, drop_last=True), epoch=1), expected)
-    only_y = ZarrIterableDataset(store, arrays=["y"], seed=4, return_index=True)
+    only_y = ZarrIterableDataset(store, variables=["y"], seed=4, return_index=True)
     for batch in ZarrDataLoader(only_y, batch_size=32):
         assert set(batch) == {"y", "index"}
         np.testing.assert_array_equal(batch["y"].numpy(), 10 * batch["index"].numpy() + 7)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.fastpath import read_buffer_bytes
+from zarrtorch._read.reader import PieceReader
 from zarrtorch.buffer import SlotBuffer
-from zarrtorch.fastpath import read_buffer_bytes
-from zarrtorch.reader import PieceReader
 
 CHUNK, FEATURES = 32, 256  # 32 rows x 1 KiB per chunk of x
 THREADS, BUFFER_CHUNKS = 2, 3
@@ -132,8 +132,8 @@ def test_memory_bound_in_process(tracked, tmp_path, chunks):
     ds = ZarrIterableDataset(
         make_store(tmp_path / "d.zarr", chunks),
         buffer_chunks=BUFFER_CHUNKS,
-        decode_threads=THREADS,
         transform=report_in_batch,
+        read=ReadOptions(decode_threads=THREADS),
     )
     loader = ZarrDataLoader(ds, batch_size=16)
     reports = [{k: int(v) for k, v in b.items() if k not in ("x", "y")} for b in loader]
@@ -159,8 +159,8 @@ def test_memory_bound_per_worker(tracked, tmp_path):
     ds = ZarrIterableDataset(
         make_store(tmp_path / "d.zarr", 96),
         buffer_chunks=BUFFER_CHUNKS,
-        decode_threads=THREADS,
         transform=report_in_batch,
+        read=ReadOptions(decode_threads=THREADS),
     )
     loader = ZarrDataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork")
     per_worker = {}
@@ -196,7 +196,9 @@ def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monke
         return out
 
     monkeypatch.setattr(ZarrIterableDataset, "_to_torch", counted)
-    ds = ZarrIterableDataset(make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, decode_threads=1)
+    ds = ZarrIterableDataset(
+        make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)
+    )
     loader = ZarrDataLoader(ds, batch_size=16, work_ahead=2)
     budget = loader_memory(loader)
     previous = None
@@ -215,7 +217,9 @@ def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
     queue instead adds ``prefetch_factor`` batches per worker to the main process's share."""
     from zarrtorch.budget import loader_memory
 
-    ds = ZarrIterableDataset(make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, decode_threads=1)
+    ds = ZarrIterableDataset(
+        make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)
+    )
     ring = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2))
     slots = ZarrDataLoader(ds, batch_size=16, num_workers=2).ring
     assert ring.ring == slots.nbytes == 2 * slots.shape.slots * 16 * (ds.row_bytes + 8)
@@ -235,23 +239,27 @@ def _root(a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("world", [1, 3])
 def test_loader_budget_counts_the_cache(tmp_path, world):
     """``cache=True``: the decoded buffers the process keeps after an epoch (each distinct one counted once)
-    fit ``loader_memory(...).cache``, and the rest of the budget is the uncached loader's."""
+    fit ``loader_memory(...).kept``, and the rest of the budget is the uncached loader's."""
     from zarrtorch.budget import loader_memory
 
     store = make_store(tmp_path / "d.zarr", 12)
     kw = dict(batch_size=16, rank=world - 1, world_size=world)
-    ds = ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, decode_threads=1, cache=True)
+    ds = ZarrIterableDataset(
+        store, buffer_chunks=BUFFER_CHUNKS, keep_in_memory=True, read=ReadOptions(decode_threads=1)
+    )
     loader = ZarrDataLoader(ds, **kw)
     budget = loader_memory(loader)
     list(loader)
-    roots = {id(r): r for r in (_root(a) for piece in ds._cache_store.values() for a in piece.values())}
+    roots = {id(r): r for r in (_root(a) for piece in ds._kept.values() for a in piece.values())}
     held = sum(r.nbytes for r in roots.values())
-    assert 0 < held <= budget.cache
-    assert budget.cache - held < ds.chunk_rows * ds.row_bytes  # at most one chunk's slack (a partial piece)
+    assert 0 < held <= budget.kept
+    assert budget.kept - held < ds.chunk_rows * ds.row_bytes  # at most one chunk's slack (a partial piece)
     plain = loader_memory(
-        ZarrDataLoader(ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, decode_threads=1), **kw)
+        ZarrDataLoader(
+            ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)), **kw
+        )
     )
-    assert budget.per_reader == 0 and budget.total == plain.total - plain.per_reader + budget.cache
+    assert budget.per_reader == 0 and budget.total == plain.total - plain.per_reader + budget.kept
 
 
 def test_cache_buffers_row_ids_only(tmp_path, monkeypatch):
@@ -268,7 +276,9 @@ def test_cache_buffers_row_ids_only(tmp_path, monkeypatch):
     store = make_store(tmp_path / "d.zarr", 12)
     for cache in (True, False):
         made.clear()
-        loader = ZarrDataLoader(ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, cache=cache), batch_size=16)
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(store, buffer_chunks=BUFFER_CHUNKS, keep_in_memory=cache), batch_size=16
+        )
         for epoch in (0, 1):
             loader.set_epoch(epoch)
             assert len(list(loader)) > 0

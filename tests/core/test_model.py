@@ -121,8 +121,14 @@ class LoaderMachine(RuleBasedStateMachine):
         self.setup = Setup(rows, chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers
         self.transport = transport
-        self.dataset = ZarrIterableDataset(store_path(rows, chunk), shuffle=shuffle, seed=seed,
-                                           buffer_chunks=buffer_chunks, cache=cache, return_index=True)  # fmt: skip
+        self.dataset = ZarrIterableDataset(
+            store_path(rows, chunk),
+            shuffle=shuffle,
+            seed=seed,
+            buffer_chunks=buffer_chunks,
+            keep_in_memory=cache,
+            return_index=True,
+        )
         self.make_job(world, workers)
         self.run_before: list[int] = []  # rows of the current iteration's epoch consumed before it started
         self.before: list[int] = []  # the same for the next iteration (its start point)
@@ -228,7 +234,7 @@ class LoaderMachine(RuleBasedStateMachine):
                 model.load(State(expected.epoch, expected.position, *saved_on, expected.history))
             except Refused:
                 refused = True
-                with pytest.raises(ValueError, match="cache=True"):
+                with pytest.raises(ValueError, match="keep_in_memory=True"):
                     loader.load_state_dict(states[0])
                 continue
             loader.load_state_dict(states[0])

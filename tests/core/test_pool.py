@@ -1,4 +1,4 @@
-"""Pooled buffers (zarrtorch.pool): a buffer is reused only once nothing references it any more, whatever
+"""Pooled buffers (zarrtorch._util.pool): a buffer is reused only once nothing references it any more, whatever
 holds it (a slice, a tensor made by torch.from_numpy, that tensor's .numpy()); a pool never waits; the
 decoded chunks of the direct read path and the batches of a loader without workers come from pools."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.cursor import RowCursor
-from zarrtorch.fastpath import direct_decoder
-from zarrtorch.pool import Pool, Pools, array_pool, batch_pool
+from zarrtorch._read.fastpath import direct_decoder
+from zarrtorch._util.pool import Pool, Pools, array_pool, batch_pool
+from zarrtorch.buffer import RowCursor
 
 
 def address(a: np.ndarray) -> int:
@@ -81,8 +81,9 @@ def test_pools_do_not_travel_to_another_process():
 def test_direct_decoder_reuses_a_chunk_buffer_once_freed(tmp_path):
     import zarr
 
-    prepare_zarr({"x": np.arange(64 * 5, dtype=np.float32).reshape(64, 5)}, tmp_path / "s.zarr", chunk_rows=16,
-                 progress=False)  # fmt: skip
+    prepare_zarr(
+        {"x": np.arange(64 * 5, dtype=np.float32).reshape(64, 5)}, tmp_path / "s.zarr", chunk_rows=16, progress=False
+    )
     arr = zarr.open_group(tmp_path / "s.zarr", mode="r")["x"]
     decode = direct_decoder(arr, pools=Pools())
     a = decode("x/c/0/0")
@@ -108,8 +109,12 @@ def test_kept_batches_without_workers_are_never_overwritten(tmp_path):
     """A loader without workers gathers into pooled batches: keeping every batch (list) forces new buffers,
     and the kept batches equal those of a loader whose consumer drops each one at once."""
     rows = 16 * 9
-    prepare_zarr({"x": np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)}, tmp_path / "s.zarr",
-                 chunk_rows=16, progress=False)  # fmt: skip
+    prepare_zarr(
+        {"x": np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)},
+        tmp_path / "s.zarr",
+        chunk_rows=16,
+        progress=False,
+    )
     ds = ZarrIterableDataset(tmp_path / "s.zarr", seed=3, return_index=True, buffer_chunks=2)
     kept = list(ZarrDataLoader(ds, batch_size=8))
     dropped = [{k: v.clone() for k, v in b.items()} for b in ZarrDataLoader(ds, batch_size=8)]

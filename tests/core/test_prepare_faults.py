@@ -97,8 +97,9 @@ def test_a_torch_tensor_is_written(tmp_path):
 def dated_last():
     times = np.arange("2001-01-01", "2001-01-13", dtype="datetime64[D]")
     data = np.arange(4 * 5 * len(times), dtype=np.float32).reshape(4, 5, len(times))
-    return xr.Dataset({"t2m": (("lat", "lon", "time"), data)}, coords={"time": times, "lat": np.arange(4),
-                                                                        "lon": np.arange(5)})  # fmt: skip
+    return xr.Dataset(
+        {"t2m": (("lat", "lon", "time"), data)}, coords={"time": times, "lat": np.arange(4), "lon": np.arange(5)}
+    )
 
 
 def test_dates_on_another_dimension_are_not_guessed_away(tmp_path):

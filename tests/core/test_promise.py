@@ -19,10 +19,11 @@ import pytest
 import torch
 import zarr
 
-from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr, ring
+from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._util.process import TopologyUnknown
+from zarrtorch._workers import ring
 from zarrtorch.course.servers import HttpStoreServer
-from zarrtorch.fetch import RetryPolicy
-from zarrtorch.process import TopologyUnknown
 
 ROWS, CHUNK, BATCH = 400, 10, 8
 
@@ -215,7 +216,9 @@ def test_reads_through_zarr_have_a_deadline_and_one_request_per_chunk(blosc_stor
     that stops answering ends in a ChunkReadError after the retries (it once waited forever)."""
     policy = RetryPolicy(timeout_s=1.0, retries=1, backoff_s=0.05)
     with HttpStoreServer(blosc_store) as server:
-        ds = ZarrIterableDataset(f"{server.url}/b.zarr", shuffle=False, retry=policy, return_index=True)
+        ds = ZarrIterableDataset(
+            f"{server.url}/b.zarr", shuffle=False, return_index=True, read=ReadOptions(retry=policy)
+        )
         np.testing.assert_array_equal(rows_of(ZarrDataLoader(ds, batch_size=BATCH)), np.arange(ROWS))
         chunk_requests = {k: n for k, n in server.requests.items() if "/c/" in k}
         assert len(chunk_requests) == ROWS // CHUNK and set(chunk_requests.values()) == {1}
@@ -234,8 +237,9 @@ def test_shared_memory_is_taken_at_the_first_epoch_and_a_small_dev_shm_is_named(
     monkeypatch.setattr(ring, "shm_free_bytes", lambda path=ring.SHM: loader.ring.nbytes // 2)
     with pytest.raises(RuntimeError, match=r"(?s)needs \d+ MiB of shared memory in /dev/shm.*transport='queue'"):
         iter(loader)
-    queue = ZarrDataLoader(ZarrIterableDataset(store, return_index=True), batch_size=BATCH, num_workers=2,
-                           transport="queue")  # fmt: skip
+    queue = ZarrDataLoader(
+        ZarrIterableDataset(store, return_index=True), batch_size=BATCH, num_workers=2, transport="queue"
+    )
     assert len(rows_of(queue)) == ROWS
     monkeypatch.undo()
     assert len(rows_of(loader)) == ROWS  # the same loader works once there is room
@@ -311,10 +315,23 @@ def test_ranks_that_computed_different_plans_are_named(store, seeds):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(store), seeds], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(store), seeds],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for out in outs:
         if seeds == "1,1":

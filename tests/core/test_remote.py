@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import zarr
 
-from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch.course.servers import HttpStoreServer, S3Server, free_port
-from zarrtorch.fetch import RetryPolicy
 
 ROWS, CHUNK, WORLD, BATCH = 150, 8, 2, 8  # 19 chunks, the last one partial
 FAST_FAIL = RetryPolicy(timeout_s=1.0, retries=2, backoff_s=0.05)
@@ -66,7 +66,7 @@ def test_http_store_persistent_workers_and_no_workers(served):
 
 def test_a_remote_epoch_requests_no_chunk_of_the_next(served):
     """On object storage every read is a request: a process that goes on to the next epoch does not start
-    that epoch's reads early (zarrtorch.early), so one epoch requests each chunk exactly once."""
+    that epoch's reads early (zarrtorch._read.early), so one epoch requests each chunk exactly once."""
     with HttpStoreServer(served) as server:
         ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, buffer_chunks=2, return_index=True)
         loader = ZarrDataLoader(ds, batch_size=BATCH)
@@ -89,8 +89,13 @@ def test_s3_store_with_workers(served, context):
     with S3Server() as s3:
         s3.create_bucket("course")
         s3.upload(served / "s.zarr", "s3://course/data/s.zarr")
-        ds = ZarrIterableDataset("s3://course/data/s.zarr", storage_options=s3.storage_options, seed=2,
-                                 buffer_chunks=2, return_index=True)  # fmt: skip
+        ds = ZarrIterableDataset(
+            "s3://course/data/s.zarr",
+            seed=2,
+            buffer_chunks=2,
+            return_index=True,
+            read=ReadOptions(storage_options=s3.storage_options),
+        )
         check_epoch(ds, num_workers=2, multiprocessing_context=context)
 
 
@@ -104,13 +109,13 @@ def test_unreachable_host_is_named_quickly():
 
 def test_storage_options_need_a_url(served):
     with pytest.raises(ValueError, match="storage_options apply to remote stores"):
-        ZarrIterableDataset(served / "s.zarr", storage_options={"anon": True})
+        ZarrIterableDataset(served / "s.zarr", read=ReadOptions(storage_options={"anon": True}))
 
 
 @pytest.mark.parametrize("status", [403, 404])
 def test_a_refused_chunk_names_its_key_without_retrying(served, status):
     with HttpStoreServer(served, faults={r"s\.zarr/x/c/5/": status}) as server:
-        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, read=ReadOptions(retry=FAST_FAIL))
         where = rf"chunk 5 \(rows 40:48\) of array 'x', key 'x/c/5/0/0' in store .*{server.url}/s\.zarr"
         with pytest.raises(ChunkReadError, match=where):
             list(ZarrDataLoader(ds, batch_size=BATCH))
@@ -120,8 +125,11 @@ def test_a_refused_chunk_names_its_key_without_retrying(served, status):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_server_that_stops_answering_mid_epoch(served, num_workers):
     with HttpStoreServer(served) as server:
-        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL, decode_threads=1,
-                                 requests_in_flight=1)  # fmt: skip
+        ds = ZarrIterableDataset(
+            f"{server.url}/s.zarr",
+            shuffle=False,
+            read=ReadOptions(retry=FAST_FAIL, decode_threads=1, requests_in_flight=1),
+        )
         loader = ZarrDataLoader(
             ds,
             batch_size=BATCH,
@@ -140,7 +148,7 @@ def test_a_server_that_stops_answering_mid_epoch(served, num_workers):
 
 def test_a_transient_failure_is_retried(served):
     with HttpStoreServer(served, faults={r"s\.zarr/y/c/2$": 503}) as server:
-        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, read=ReadOptions(retry=FAST_FAIL))
         with pytest.raises(ChunkReadError, match=r"key 'y/c/2' in store .*3 attempts failed"):
             list(ZarrDataLoader(ds, batch_size=BATCH))
         assert server.requests["s.zarr/y/c/2"] == 3
@@ -154,7 +162,7 @@ def test_a_missing_chunk_on_a_remote_store_is_not_filled(served, tmp_path):
     shutil.copytree(served / "s.zarr", copy)
     (copy / "x" / "c" / "3" / "0" / "0").unlink()
     with HttpStoreServer(tmp_path) as server:
-        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, retry=FAST_FAIL)
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, read=ReadOptions(retry=FAST_FAIL))
         with pytest.raises(ChunkReadError, match=r"missing chunk 3 .*fill value"):
             list(ZarrDataLoader(ds, batch_size=BATCH))
 
@@ -169,5 +177,5 @@ def test_bad_s3_credentials_are_named(served, monkeypatch):
         wrong = {**s3.storage_options, "key": "AKIANOTAKEY", "secret": "wrong"}
         start = time.monotonic()
         with pytest.raises(PermissionError, match=r"access to s3://course/s\.zarr was refused.*check the credentials"):
-            ZarrIterableDataset("s3://course/s.zarr", storage_options=wrong)
+            ZarrIterableDataset("s3://course/s.zarr", read=ReadOptions(storage_options=wrong))
         assert time.monotonic() - start < 30  # refused at once, not retried

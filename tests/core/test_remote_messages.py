@@ -11,10 +11,10 @@ import traceback
 import numpy as np
 import pytest
 
-from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._read.source import redact, secrets_of
 from zarrtorch.course.servers import HttpStoreServer, S3Server
-from zarrtorch.fetch import RetryPolicy
-from zarrtorch.source import redact, secrets_of
 
 QUICK = RetryPolicy(timeout_s=1.0, retries=2, backoff_s=0.05)
 PASSWORD = "s3cr3t-Pa55"
@@ -38,8 +38,12 @@ def shown(exc: BaseException) -> str:
 def test_redact():
     assert redact(f"http://u:{PASSWORD}@h:1/x and s3://k:p@b/y") == "http://u:***@h:1/x and s3://k:***@b/y"
     assert redact("token=abcd1234 in text", ("abcd1234",)) == "token=*** in text"
-    options = {"key": "AKIA1234", "secret": "abcdefgh", "endpoint_url": "http://e:1",
-               "client_kwargs": {"headers": {"Authorization": "Bearer xyz123"}}}  # fmt: skip
+    options = {
+        "key": "AKIA1234",
+        "secret": "abcdefgh",
+        "endpoint_url": "http://e:1",
+        "client_kwargs": {"headers": {"Authorization": "Bearer xyz123"}},
+    }
     assert set(secrets_of(options)) == {"AKIA1234", "abcdefgh", "Bearer xyz123"}
 
 
@@ -47,18 +51,21 @@ def test_a_password_in_an_http_url_is_never_shown(served):
     (served / "s.zarr" / "x" / "c" / "3").unlink()  # a missing chunk
     with HttpStoreServer(served) as server:
         url = with_password(f"{server.url}/s.zarr")
-        ds = ZarrIterableDataset(url, shuffle=False, retry=QUICK)
+        ds = ZarrIterableDataset(url, shuffle=False, read=ReadOptions(retry=QUICK))
         assert PASSWORD not in repr(ds) and "reader:***@" in repr(ds)
         with pytest.raises(ChunkReadError, match=r"missing chunk 3 .*reader:\*\*\*@") as err:
             list(ZarrDataLoader(ds, batch_size=10))
         assert PASSWORD not in shown(err.value)
         with pytest.raises(FileNotFoundError, match=r"no Zarr store at http://reader:\*\*\*@") as err:
-            ZarrIterableDataset(with_password(f"{server.url}/elsewhere.zarr"), retry=QUICK)
+            ZarrIterableDataset(with_password(f"{server.url}/elsewhere.zarr"), read=ReadOptions(retry=QUICK))
         assert PASSWORD not in shown(err.value)
         server.faults[r"x/c/5$"] = 503  # a chunk the server fails on: the retries' message
         with pytest.raises(ChunkReadError, match="3 attempts failed") as err:
             list(
-                ZarrDataLoader(ZarrIterableDataset(url, shuffle=False, retry=QUICK, check_chunks=False), batch_size=10)
+                ZarrDataLoader(
+                    ZarrIterableDataset(url, shuffle=False, read=ReadOptions(retry=QUICK, check_chunks=False)),
+                    batch_size=10,
+                )
             )
         assert PASSWORD not in shown(err.value)
 
@@ -70,7 +77,9 @@ def test_a_secret_in_the_storage_options_is_never_shown(served):
     (served / token / "x" / "c" / "2").unlink()
     with HttpStoreServer(served) as server:
         options = {"client_kwargs": {"headers": {"X-Api-Token": token}}}
-        ds = ZarrIterableDataset(f"{server.url}/{token}", shuffle=False, retry=QUICK, storage_options=options)
+        ds = ZarrIterableDataset(
+            f"{server.url}/{token}", shuffle=False, read=ReadOptions(retry=QUICK, storage_options=options)
+        )
         with pytest.raises(ChunkReadError, match="missing chunk 2") as err:
             list(ZarrDataLoader(ds, batch_size=10))
         assert token not in shown(err.value) and token not in repr(ds)
@@ -80,11 +89,11 @@ def test_a_server_error_on_the_metadata_is_retried_then_named(served):
     """HTTP 500 on zarr.json was once read as 'not a readable Zarr store', without another try."""
     with HttpStoreServer(served, faults={r"s\.zarr/zarr\.json$": 500}) as server:
         with pytest.raises(ConnectionError, match=r"answered HTTP 500 .*all 3 attempts") as err:
-            ZarrIterableDataset(f"{server.url}/s.zarr", retry=QUICK)
+            ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=QUICK))
         assert "not a readable Zarr store" not in str(err.value)
         assert server.requests["s.zarr/zarr.json"] == 3
         server.faults.clear()  # the server recovers: the next open works
-        assert ZarrIterableDataset(f"{server.url}/s.zarr", retry=QUICK).rows == 80
+        assert ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=QUICK)).rows == 80
 
 
 def test_a_timeout_names_the_setting_that_exists(served):
@@ -93,7 +102,7 @@ def test_a_timeout_names_the_setting_that_exists(served):
         server.hang()
         start = time.monotonic()
         with pytest.raises(TimeoutError, match=r"within 1 s .*RetryPolicy\(timeout_s=") as err:
-            ZarrIterableDataset(f"{server.url}/s.zarr", retry=QUICK)
+            ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=QUICK))
         assert "request_timeout_s" not in str(err.value)
         assert time.monotonic() - start < 20
         server.release.set()
@@ -117,6 +126,7 @@ def test_the_datamodule_takes_storage_options(served):
         s3.upload(served / "s.zarr", "s3://datamodule/s.zarr")
         from zarrtorch.lightning import ZarrDataModule
 
-        dm = ZarrDataModule("s3://datamodule/s.zarr", batch_size=8, storage_options=s3.storage_options)
+        read = ReadOptions(storage_options=s3.storage_options)
+        dm = ZarrDataModule("s3://datamodule/s.zarr", batch_size=8, read=read)
         dm.setup("fit")
         assert sum(len(b["x"]) for b in dm.val_dataloader()) == 20

@@ -14,15 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.resume import EpochSpec, Segment, resumed_plan
+from zarrtorch.plan import EpochSpec, Segment, Topology
+from zarrtorch.resume import batches_of, resumed_plan
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def rank_batches(spec, history, world, workers):
-    return [
-        spec.batches(resumed_plan(spec, history, world_size=world, rank=r, num_workers=workers)) for r in range(world)
-    ]
+def rank_batches(spec, epoch, history, world, workers):
+    return [batches_of(spec, resumed_plan(spec, epoch, history, Topology(r, world, workers))) for r in range(world)]
 
 
 @st.composite
@@ -36,29 +35,35 @@ def resumes(draw):
         world = 1
         rows = max(rows, batch)
     spec = EpochSpec(
-        rows, chunk, draw(st.integers(0, 5)), draw(st.integers(0, 3)), batch, drop_last,
-        shuffle=draw(st.booleans()), buffer_chunks=draw(st.integers(0, 4)),
-    )  # fmt: skip
+        rows,
+        chunk,
+        batch,
+        drop_last,
+        seed=draw(st.integers(0, 5)),
+        shuffle=draw(st.booleans()),
+        buffer_chunks=draw(st.integers(0, 4)),
+    )
+    epoch = draw(st.integers(0, 3))
     topologies = [(world, draw(st.integers(0, 3)))]
     topologies += [(draw(st.integers(1, 5)), draw(st.integers(0, 3))) for _ in range(draw(st.integers(1, 2)))]
     fractions = [draw(st.floats(0, 1)) for _ in topologies[:-1]]
-    return spec, topologies, fractions
+    return spec, epoch, topologies, fractions
 
 
 @SETTINGS
 @given(resumes())
 def test_elastic_resume_exactly_once_and_equal_batches(case):
-    spec, topologies, fractions = case
+    spec, epoch, topologies, fractions = case
     history, consumed = (), []
     for (world, workers), fraction in zip(topologies[:-1], fractions, strict=True):
-        per_rank = rank_batches(spec, history, world, workers)
+        per_rank = rank_batches(spec, epoch, history, world, workers)
         counts = {len(b) for b in per_rank}
         assert len(counts) == 1  # equal batches on every rank, in every segment
         seen = int(fraction * counts.pop())
         consumed += [b for rank in per_rank for b in rank[:seen]]
         history += (Segment(world, workers, seen),)
     world, workers = topologies[-1]
-    rest = rank_batches(spec, history, world, workers)
+    rest = rank_batches(spec, epoch, history, world, workers)
     assert len({len(b) for b in rest}) == 1
     old = np.concatenate(consumed) if consumed else np.zeros(0, np.int64)
     new = np.concatenate([b for rank in rest for b in rank]) if any(rest) else np.zeros(0, np.int64)
@@ -73,16 +78,16 @@ def test_elastic_resume_exactly_once_and_equal_batches(case):
 
 
 def test_resume_without_history_is_the_plain_plan():
-    spec = EpochSpec(300, 16, seed=2, epoch=1, batch_size=8, drop_last=True, buffer_chunks=2)
-    a = rank_batches(spec, (), 2, 1)
-    ds_rows = [spec.batches(spec.plan(None, 0, world_size=2, rank=r, num_workers=1)) for r in range(2)]
+    spec = EpochSpec(300, 16, batch_size=8, drop_last=True, seed=2, buffer_chunks=2)
+    a = rank_batches(spec, 1, (), 2, 1)
+    ds_rows = [batches_of(spec, spec.plan(1, Topology(r, 2, 1))) for r in range(2)]
     assert all(np.array_equal(x, y) for ra, rb in zip(a, ds_rows, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
 def test_a_state_from_other_data_is_refused():
-    spec = EpochSpec(100, 10, seed=0, epoch=0, batch_size=10, drop_last=True)
+    spec = EpochSpec(100, 10, batch_size=10, drop_last=True)
     with pytest.raises(ValueError, match="does not belong to this data"):
-        resumed_plan(spec, (Segment(2, 0, 6),), world_size=1, rank=0, num_workers=0)  # 5 batches per rank at most
+        resumed_plan(spec, 0, (Segment(2, 0, 6),), Topology(0, 1, 0))  # 5 batches per rank at most
 
 
 # -- through the loader, on data ------------------------------------------------------------------------
@@ -143,8 +148,14 @@ def test_loader_resumes_2x2_on_3x1_then_1x2(store, drop_last):
     # the next epoch is an ordinary epoch of the new topology
     loader = third[0][1]
     loader.set_epoch(2)
-    fresh = ZarrDataLoader(ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True), batch_size=16,
-                           drop_last=drop_last, num_workers=2, rank=0, world_size=1)  # fmt: skip
+    fresh = ZarrDataLoader(
+        ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True),
+        batch_size=16,
+        drop_last=drop_last,
+        num_workers=2,
+        rank=0,
+        world_size=1,
+    )
     fresh.set_epoch(2)
     a = [b["index"].numpy() for b in loader]
     b = [b["index"].numpy() for b in fresh]
@@ -162,18 +173,18 @@ def test_same_topology_resume_is_exact(store):
 
 
 def test_cache_refuses_another_topology(store):
-    ds = ZarrIterableDataset(store, seed=5, cache=True)
+    ds = ZarrIterableDataset(store, seed=5, keep_in_memory=True)
     saved = ZarrDataLoader(ds, batch_size=16, rank=0, world_size=2)
     next(iter(saved))
-    other = ZarrDataLoader(ZarrIterableDataset(store, seed=5, cache=True), batch_size=16, rank=0, world_size=3)
-    with pytest.raises(ValueError, match="cache=True freezes the partition"):
+    other = ZarrDataLoader(ZarrIterableDataset(store, seed=5, keep_in_memory=True), batch_size=16, rank=0, world_size=3)
+    with pytest.raises(ValueError, match="keep_in_memory=True freezes the partition"):
         other.load_state_dict(saved.state_dict())
 
 
 def test_cache_resumes_mid_epoch_from_memory(store):
     """With every piece cached, a resumed epoch replays the buffer on row ids and continues from the cache:
     the same batches as the uninterrupted epoch, rows still paired with their index."""
-    ds = ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True, cache=True)
+    ds = ZarrIterableDataset(store, seed=5, buffer_chunks=3, return_index=True, keep_in_memory=True)
     loader = ZarrDataLoader(ds, batch_size=16, rank=1, world_size=2)
     list(loader)  # epoch 0 fills the cache
     loader.set_epoch(1)

@@ -1,4 +1,4 @@
-"""Batches through preallocated shared-memory slots (zarrtorch.ring): the same batches as DataLoader's
+"""Batches through preallocated shared-memory slots (zarrtorch._workers.ring): the same batches as DataLoader's
 queue for every start method, persistent or not, across epochs and early breaks, kept or dropped; a slot
 held exactly as long as its batch is referenced; a worker that finds no free slot sends through the queue."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
-from zarrtorch.ring import FREE, HELD, BatchRing, RingShape
+from zarrtorch._workers.ring import FREE, HELD, BatchRing, RingShape
 
 ROWS, CHUNK, BATCH = 203, 16, 8
 
@@ -78,8 +78,9 @@ def test_ring_batches_used_one_at_a_time_without_index(store):
 @pytest.mark.slow
 def test_early_breaks_with_persistent_workers_leak_no_slot(store):
     ds = ZarrIterableDataset(store, seed=3, buffer_chunks=2, return_index=True)
-    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=True,
-                            multiprocessing_context="fork", transport="ring")  # fmt: skip
+    loader = ZarrDataLoader(
+        ds, batch_size=BATCH, num_workers=2, persistent_workers=True, multiprocessing_context="fork", transport="ring"
+    )
     for epoch in range(6):  # more epochs than slots: leaked slots would run the workers out of them
         loader.set_epoch(epoch)
         for i, _ in enumerate(loader):
@@ -186,7 +187,7 @@ def test_a_consumer_that_keeps_up_never_falls_back_to_the_queue(store, workers, 
     while the workers and the work-ahead thread fill everything they may (a slow step)."""
     import time
 
-    from zarrtorch.ring import REF
+    from zarrtorch._workers.ring import REF
 
     seen = {"ring": 0, "queue": 0}
     receive = BatchRing.receive
@@ -205,5 +206,6 @@ def test_a_consumer_that_keeps_up_never_falls_back_to_the_queue(store, workers, 
         batch = None
         time.sleep(0.01)  # the step: meanwhile every slot that may fill does
         current = None  # noqa: F841 (dropped after its step)
-    assert seen["queue"] == 0 and seen["ring"] == len(ds.batch_row_ids(epoch=0, num_workers=workers,
-                                                                        batch_size=BATCH, drop_last=False))  # fmt: skip
+    assert seen["queue"] == 0 and seen["ring"] == len(
+        ds.batch_row_ids(epoch=0, num_workers=workers, batch_size=BATCH, drop_last=False)
+    )

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from zarrtorch import prepare_zarr
-from zarrtorch.pacing import paced, warmup_batches
-from zarrtorch.roofline import measure_loader, roofline
+from zarrtorch.roofline import measure_loader, paced, roofline, warmup_batches
 
 
 @pytest.fixture(scope="module", params=["zstd", "none"])
@@ -56,8 +55,9 @@ def test_data_wait_share_is_the_time_spent_in_next():
 
 
 def test_measure_loader_reports_the_share_of_a_paced_epoch(store):
-    result = measure_loader(store, batch_size=16, num_workers=2, decode_threads=1, buffer_chunks=2, batches=8,
-                            step_s=0.01)  # fmt: skip
+    result = measure_loader(
+        store, batch_size=16, num_workers=2, decode_threads=1, buffer_chunks=2, batches=8, step_s=0.01
+    )
     assert result["rows_per_s"] > 0 and 0.0 <= result["data_wait_share"] <= 1.0
     assert result["steady_data_wait_share"] is not None  # 8 batches: past the 2 workers' warm-up
 
@@ -75,8 +75,26 @@ def test_paced_counts_every_batch_and_the_steady_part_only_when_there_is_one():
 
 
 def test_cli(store):
-    out = subprocess.run([sys.executable, "-m", "zarrtorch", "roofline", str(store), "--batch-size", "16", "--chunks",
-                          "2", "--batches", "5", "--cpus", "1", "--json"], capture_output=True, text=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zarrtorch",
+            "roofline",
+            str(store),
+            "--batch-size",
+            "16",
+            "--chunks",
+            "2",
+            "--batches",
+            "5",
+            "--cpus",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["cpus"] == 1 and len(report["loader"]) == 1 and report["binding"] in ("read", "decode", "loader")

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from zarrtorch._workers.torch_private import set_sampler, stop_workers, worker_processes
 from zarrtorch.loader import EpochSampler
-from zarrtorch.torch_private import set_sampler, stop_workers, worker_processes
 
 
 class Numbers(IterableDataset):
@@ -37,7 +37,7 @@ def test_set_sampler_replaces_the_sampler_and_iteration_still_works():
 
 def test_multiprocessing_iterator_keeps_workers_and_shutdown():
     assert callable(getattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", None)), (
-        "torch removed DataLoader's _shutdown_workers: update zarrtorch.torch_private.stop_workers"
+        "torch removed DataLoader's _shutdown_workers: update zarrtorch._workers.torch_private.stop_workers"
     )
     loader = DataLoader(Numbers(), batch_size=None, num_workers=1, persistent_workers=True)
     it = iter(loader)

@@ -1,4 +1,4 @@
-"""Work ahead (zarrtorch.workahead): with num_workers=0, batches are assembled while the consumer is busy;
+"""Work ahead (zarrtorch._workers.workahead): with num_workers=0, batches are assembled while the consumer is busy;
 with workers, they are received there; errors reach the consumer; a consumer that stops early leaves no
 thread behind; batches are unchanged, across epochs of persistent workers too."""
 
@@ -11,8 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr, workahead
-from zarrtorch.workahead import Handoff, WorkAhead
+from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._workers import workahead
+from zarrtorch._workers.workahead import Handoff, WorkAhead
 
 PRODUCED = []
 TRANSFORMED = []

@@ -9,12 +9,13 @@ from zarr.codecs.sharding import MAX_UINT_64, ShardingCodec, ShardingCodecIndexL
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from zarrtorch.chunks import chunk_key
+from zarrtorch._read.chunks import chunk_key
 
 
 def test_codec_pipeline_decodes_a_chunk_from_its_bytes(tmp_path):
-    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(20, 3), chunks=(5, 3), dtype="i4",
-                          compressors=[zarr.codecs.BloscCodec()])  # fmt: skip
+    a = zarr.create_array(
+        str(tmp_path / "a.zarr"), shape=(20, 3), chunks=(5, 3), dtype="i4", compressors=[zarr.codecs.BloscCodec()]
+    )
     a[:] = np.arange(60, dtype="i4").reshape(20, 3)
     inner = a._async_array
     spec = inner.metadata.get_chunk_spec((1, 0), inner.config, prototype=default_buffer_prototype())

@@ -115,8 +115,24 @@ def test_remote_latency_table(tmp_path):
     store = tmp_path / "r.zarr"
     prepare_zarr({"x": np.ones((96, 4, 8), "f4"), "y": np.arange(96)}, store, chunk_rows=16, progress=False)
     out = tmp_path / "remote.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "remote.py"), "--store", str(store), "--delay-ms", "0", "5",
-           "--in-flight", "1", "4", "--repeats", "2", "--batch-size", "8", "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "remote.py"),
+        "--store",
+        str(store),
+        "--delay-ms",
+        "0",
+        "5",
+        "--in-flight",
+        "1",
+        "4",
+        "--repeats",
+        "2",
+        "--batch-size",
+        "8",
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "x HTTP 0 ms" in proc.stdout

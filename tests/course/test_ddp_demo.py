@@ -31,7 +31,7 @@ def test_naive_batch_counts_unequal():
 def test_naive_split_reads_every_row_once(store):
     seen = []
     for rank in range(2):
-        ds = ddp_demo.NaiveChunkSplit(store, batch_size=8, arrays=["x", "y"], rank=rank, world_size=2)
+        ds = ddp_demo.NaiveChunkSplit(store, batch_size=8, variables=["x", "y"], rank=rank, world_size=2)
         batches = list(ds)
         assert len(batches) == len(ds)
         assert all(len(b["index"]) == 8 for b in batches[:-1])
@@ -79,8 +79,9 @@ def test_demo_rows_fits_budget_and_keeps_naive_counts_unequal(size):
         assert used * p.sample_nbytes <= ddp_demo.DEMO_BUDGET_MB * 2**20
     naive = ddp_demo.naive_batch_counts(used, chunk, world_size=2, batch_size=32)
     assert len(set(naive)) > 1, naive  # the demonstration still has a rank with an extra batch
-    plans = [epoch_plan(used, chunk, seed=0, epoch=0, batch_size=32, drop_last=True, world_size=2, rank=r)
-             for r in range(2)]  # fmt: skip
+    plans = [
+        epoch_plan(used, chunk, seed=0, epoch=0, batch_size=32, drop_last=True, world_size=2, rank=r) for r in range(2)
+    ]
     assert plans[0].batches == plans[1].batches > 0
 
 
@@ -95,13 +96,14 @@ def test_demo_rows_on_workshop_numbers():
 def test_naive_split_window_reads_only_the_window(store):
     seen = []
     for rank in range(2):
-        ds = ddp_demo.NaiveChunkSplit(store, batch_size=8, arrays=["x", "y"], rank=rank, world_size=2, rows=5 * CHUNK)
+        kw = dict(batch_size=8, variables=["x", "y"], rank=rank, world_size=2, rows=5 * CHUNK)
+        ds = ddp_demo.NaiveChunkSplit(store, **kw)
         batches = list(ds)
         assert len(batches) == len(ds) == [3, 2][rank] * CHUNK // 8
         seen.append(np.concatenate([b["index"].numpy() for b in batches]))
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(5 * CHUNK))
     with pytest.raises(ValueError, match="chunk boundary"):
-        ddp_demo.NaiveChunkSplit(store, batch_size=8, arrays=["x", "y"], rank=0, world_size=2, rows=CHUNK + 1)
+        ddp_demo.NaiveChunkSplit(store, batch_size=8, variables=["x", "y"], rank=0, world_size=2, rows=CHUNK + 1)
 
 
 def test_launch_reports_killed_ranks_with_elapsed_time(store, tmp_path):

@@ -121,11 +121,21 @@ def test_structure_check_notices_a_visible_solution(tmp_path):
     def exercise(n, hidden):
         return [
             {"cell_type": "markdown", "metadata": {}, "source": f"### Exercise {n} — Predict, then run: x"},
-            {"cell_type": "code", "metadata": {"tags": ["exercise"]}, "source": "", "execution_count": 1,
-             "outputs": []},
-            {"cell_type": "code", "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": hidden}},
-             "source": "", "execution_count": 2, "outputs": []},
-        ]  # fmt: skip
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["exercise"]},
+                "source": "",
+                "execution_count": 1,
+                "outputs": [],
+            },
+            {
+                "cell_type": "code",
+                "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": hidden}},
+                "source": "",
+                "execution_count": 2,
+                "outputs": [],
+            },
+        ]
 
     path = tmp_path / "01_fake.ipynb"
     path.write_text(json.dumps({"cells": exercise(1, True) + exercise(2, True), "metadata": {}}))

@@ -200,8 +200,26 @@ def test_simulated_srun_two_nodes_two_tasks_each(store, tmp_path):
     forms one DDP group of 4, and the loader splits by global rank: equal, disjoint batches, as planned."""
     out = tmp_path / "out"
     port = str(free_port())
-    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu", "--devices",
-           "2", "--nodes", "2", "--epochs", "1", "--out", str(out), "--record-rows", *SMALL]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zarrtorch",
+        "train",
+        "--data",
+        str(store),
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "2",
+        "--nodes",
+        "2",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--record-rows",
+        *SMALL,
+    ]
     procs = [
         subprocess.Popen(
             cmd,
@@ -210,7 +228,7 @@ def test_simulated_srun_two_nodes_two_tasks_each(store, tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for rank in range(4)
     ]
     results = [p.communicate(timeout=300) for p in procs]
@@ -241,9 +259,31 @@ def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\n')
     scontrol.chmod(0o755)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu", "--epochs",
-           "3", "--out", str(out), "--record-rows", "--batch-size", "4", "--hidden", "32", "--depth", "4",
-           "--threads", "1", "--checkpoint-every-n-steps", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zarrtorch",
+        "train",
+        "--data",
+        str(store),
+        "--accelerator",
+        "cpu",
+        "--epochs",
+        "3",
+        "--out",
+        str(out),
+        "--record-rows",
+        "--batch-size",
+        "4",
+        "--hidden",
+        "32",
+        "--depth",
+        "4",
+        "--threads",
+        "1",
+        "--checkpoint-every-n-steps",
+        "1",
+    ]
     env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()), PATH=f"{bin_dir}:{os.environ['PATH']}")
     job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset
 
-from zarrtorch.source import open_arrays
+from zarrtorch import open_arrays
 
 
 class RowByRowDataset(Dataset):
     """Map-style Dataset reading one row per item (each read decodes the row's whole chunk)."""
 
-    def __init__(self, source, arrays: Sequence[str] | None = None):
-        self.arrays = open_arrays(source, arrays)
+    def __init__(self, source, variables: Sequence[str] | None = None):
+        self.arrays = open_arrays(source, variables)
         self.rows = int(next(iter(self.arrays.values())).shape[0])
 
     def __len__(self) -> int:

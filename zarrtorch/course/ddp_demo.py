@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from zarrtorch.sizes import ceil_div
+from zarrtorch._util.sizes import ceil_div
 
 RESULT_PREFIX = "ZARRTORCH-DDP-DEMO "
 SPLITS = ("naive", "zarrtorch")
@@ -111,16 +111,16 @@ class NaiveChunkSplit(IterableDataset):
         source,
         *,
         batch_size: int,
-        arrays: Sequence[str] | None = None,
+        variables: Sequence[str] | None = None,
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
         rows: int | None = None,
     ):
+        from zarrtorch import open_arrays
         from zarrtorch.layout import check_first_axis_layout, restrict_rows
-        from zarrtorch.source import open_arrays
 
-        self.arrays = open_arrays(source, arrays)
+        self.arrays = open_arrays(source, variables)
         self.layout = check_first_axis_layout(self.arrays)
         if rows is not None:
             _, self.layout = restrict_rows(self.layout, (0, rows))
@@ -131,7 +131,7 @@ class NaiveChunkSplit(IterableDataset):
     def _topology(self) -> tuple[int, int]:
         if self.rank is not None:
             return int(self.rank), int(self.world_size)
-        from zarrtorch.process import distributed_topology
+        from zarrtorch._util.process import distributed_topology
 
         return distributed_topology()
 
@@ -231,13 +231,13 @@ def run_rank(
         "rows": rows,
     }
     if split == "naive":
-        dataset = NaiveChunkSplit(store, batch_size=batch_size, arrays=[inputs, target], rows=rows)
+        dataset = NaiveChunkSplit(store, batch_size=batch_size, variables=[inputs, target], rows=rows)
         loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
     else:
         from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
         window = None if rows is None else (0, int(rows))
-        dataset = ZarrIterableDataset(store, arrays=[inputs, target], seed=seed, return_index=True, row_range=window)
+        dataset = ZarrIterableDataset(store, variables=[inputs, target], seed=seed, return_index=True, row_range=window)
         loader = ZarrDataLoader(dataset, batch_size=batch_size, drop_last=True, num_workers=num_workers)
     in_channels = int(dataset.arrays[inputs].shape[1])
     model = DistributedDataParallel(TinyModel(in_channels))
@@ -366,17 +366,30 @@ def launch(
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            results.append({"split": split, "rank": r, "status": "killed", "stderr_tail": err[-2000:],
-                            "elapsed_s": round(time.perf_counter() - started, 2)})  # fmt: skip
+            results.append(
+                {
+                    "split": split,
+                    "rank": r,
+                    "status": "killed",
+                    "stderr_tail": err[-2000:],
+                    "elapsed_s": round(time.perf_counter() - started, 2),
+                }
+            )
             continue
         lines = [ln[len(RESULT_PREFIX) :] for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
         if lines:
             results.append(json.loads(lines[-1]))
         else:
             results.append(
-                {"split": split, "rank": r, "status": "crashed", "returncode": p.returncode,
-                 "stderr_tail": err[-2000:], "elapsed_s": round(time.perf_counter() - started, 2)}
-            )  # fmt: skip
+                {
+                    "split": split,
+                    "rank": r,
+                    "status": "crashed",
+                    "returncode": p.returncode,
+                    "stderr_tail": err[-2000:],
+                    "elapsed_s": round(time.perf_counter() - started, 2),
+                }
+            )
     return results
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from zarrtorch.sizes import ceil_div, row_bytes
+from zarrtorch._util.sizes import ceil_div, row_bytes
 
 MB = 1e6  # throughputs and sizes are reported in MB = 10**6 bytes
 
@@ -228,7 +228,7 @@ class ZarrReader(LayoutReader):
     layout = "zarr"
 
     def __init__(self, path: str | Path) -> None:
-        from zarrtorch.source import open_arrays
+        from zarrtorch import open_arrays
 
         self.arrays = open_arrays(str(path))
         first = next(iter(self.arrays.values()))

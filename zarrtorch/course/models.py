@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zarrtorch import open_arrays
+from zarrtorch._util.sizes import ceil_div
 from zarrtorch.layout import check_first_axis_layout
-from zarrtorch.sizes import ceil_div
-from zarrtorch.source import open_arrays
 
 
 def channel_stats(

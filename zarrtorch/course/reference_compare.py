@@ -29,30 +29,59 @@ from datetime import timedelta
 import numpy as np
 import torch
 
+from zarrtorch._util.sizes import ceil_div
+
 RESULT_PREFIX = "ZARRTORCH-REFERENCE-COMPARE "
 LIBRARIES = ("reference", "zarrtorch")
 
 
-def reference_loader(store, *, batch_size: int, drop_last: bool, num_workers: int, context: str | None,
-                     seed: int = 0, array: str = "fields"):  # fmt: skip
+def reference_loader(
+    store,
+    *,
+    batch_size: int,
+    drop_last: bool,
+    num_workers: int,
+    context: str | None,
+    seed: int = 0,
+    array: str = "fields",
+):
     """zarr-torch-dataset's loader as its README shows it (chunk shuffle with a shared seed, buffer shuffle),
     with the row numbers as targets. Batches are ``(samples, row numbers)``."""
     import zarr
     from zarrdataset import ZarrDataLoader, ZarrIterableDataset
 
     samples = zarr.open_group(str(store), mode="r")[array]
-    ds = ZarrIterableDataset(samples=samples, targets=np.arange(samples.shape[0]), shuffle_chunks=True,
-                             chunks_shuffle_seed=seed, shuffle_buffer=True, buffer_shuffle_seed=seed)  # fmt: skip
-    return ZarrDataLoader(dataset=ds, num_workers=num_workers, batch_size=batch_size, drop_last=drop_last,
-                          multiprocessing_context=context if num_workers else None)  # fmt: skip
+    ds = ZarrIterableDataset(
+        samples=samples,
+        targets=np.arange(samples.shape[0]),
+        shuffle_chunks=True,
+        chunks_shuffle_seed=seed,
+        shuffle_buffer=True,
+        buffer_shuffle_seed=seed,
+    )
+    return ZarrDataLoader(
+        dataset=ds,
+        num_workers=num_workers,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        multiprocessing_context=context if num_workers else None,
+    )
 
 
-def zarrtorch_loader(store, *, batch_size: int, drop_last: bool, num_workers: int, context: str | None,
-                     seed: int = 0, array: str = "fields"):  # fmt: skip
+def zarrtorch_loader(
+    store,
+    *,
+    batch_size: int,
+    drop_last: bool,
+    num_workers: int,
+    context: str | None,
+    seed: int = 0,
+    array: str = "fields",
+):
     """zarrtorch's loader on the same array, with the row numbers (``"index"``)."""
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
-    ds = ZarrIterableDataset(store, arrays=[array], seed=seed, return_index=True)
+    ds = ZarrIterableDataset(store, variables=[array], seed=seed, return_index=True)
     extra = {"multiprocessing_context": context} if num_workers and context else {}
     return ZarrDataLoader(ds, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, **extra)
 
@@ -65,9 +94,22 @@ def split_batch(library: str, batch, array: str = "fields") -> tuple[torch.Tenso
     return batch[array], batch["index"].numpy()
 
 
-def run_rank(*, library: str, rank: int, world_size: int, init_method: str, store: str, batch_size: int = 32,
-             drop_last: bool = True, num_workers: int = 0, context: str | None = None, epochs: int = 1,
-             train: bool = False, timeout_s: float = 5.0, seed: int = 0) -> dict:  # fmt: skip
+def run_rank(
+    *,
+    library: str,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    store: str,
+    batch_size: int = 32,
+    drop_last: bool = True,
+    num_workers: int = 0,
+    context: str | None = None,
+    epochs: int = 1,
+    train: bool = False,
+    timeout_s: float = 5.0,
+    seed: int = 0,
+) -> dict:
     """Join the process group, record ``epochs`` epochs of row numbers, then (``train``) one epoch of DDP."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -77,13 +119,21 @@ def run_rank(*, library: str, rank: int, world_size: int, init_method: str, stor
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+    )
     make = reference_loader if library == "reference" else zarrtorch_loader
-    loader = make(store, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, context=context,
-                  seed=seed)  # fmt: skip
-    summary: dict = {"library": library, "rank": rank, "world_size": world_size, "num_workers": num_workers,
-                     "context": context, "epochs": []}  # fmt: skip
+    loader = make(
+        store, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, context=context, seed=seed
+    )
+    summary: dict = {
+        "library": library,
+        "rank": rank,
+        "world_size": world_size,
+        "num_workers": num_workers,
+        "context": context,
+        "epochs": [],
+    }
     for epoch in range(epochs):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
@@ -118,9 +168,21 @@ def _first_line(exc: BaseException, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def launch(library: str, *, store, world_size: int = 2, batch_size: int = 32, drop_last: bool = True,
-           num_workers: int = 0, context: str | None = None, epochs: int = 1, train: bool = False,
-           timeout_s: float = 5.0, seed: int = 0, wall_limit_s: float = 60.0) -> list[dict]:  # fmt: skip
+def launch(
+    library: str,
+    *,
+    store,
+    world_size: int = 2,
+    batch_size: int = 32,
+    drop_last: bool = True,
+    num_workers: int = 0,
+    context: str | None = None,
+    epochs: int = 1,
+    train: bool = False,
+    timeout_s: float = 5.0,
+    seed: int = 0,
+    wall_limit_s: float = 60.0,
+) -> list[dict]:
     """Start ``world_size`` rank processes on 127.0.0.1; return their summaries, rank by rank. A rank that
     dies without a summary is reported with ``status="crashed"``; ranks still running after ``wall_limit_s``
     are killed and reported with ``status="killed"``."""
@@ -128,15 +190,36 @@ def launch(library: str, *, store, world_size: int = 2, batch_size: int = 32, dr
 
     init_method = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-    args = [sys.executable, "-m", "zarrtorch.course.reference_compare", "--library", library, "--world-size",
-            str(world_size), "--store", os.fspath(store), "--batch-size", str(batch_size), "--num-workers",
-            str(num_workers), "--epochs", str(epochs), "--timeout", str(timeout_s), "--seed", str(seed),
-            "--init-method", init_method]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "zarrtorch.course.reference_compare",
+        "--library",
+        library,
+        "--world-size",
+        str(world_size),
+        "--store",
+        os.fspath(store),
+        "--batch-size",
+        str(batch_size),
+        "--num-workers",
+        str(num_workers),
+        "--epochs",
+        str(epochs),
+        "--timeout",
+        str(timeout_s),
+        "--seed",
+        str(seed),
+        "--init-method",
+        init_method,
+    ]
     args += ["--context", context] if context else []
     args += [] if drop_last else ["--keep-last"]
     args += ["--train"] if train else []
-    procs = [subprocess.Popen(args + ["--rank", str(r)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(world_size)]  # fmt: skip
+    procs = [
+        subprocess.Popen(args + ["--rank", str(r)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(world_size)
+    ]
     deadline = time.monotonic() + wall_limit_s
     results = []
     for r, p in enumerate(procs):
@@ -151,8 +234,15 @@ def launch(library: str, *, store, world_size: int = 2, batch_size: int = 32, dr
         if lines:
             results.append({"status": "ok", **json.loads(lines[-1])})
         else:
-            results.append({"library": library, "rank": r, "status": "crashed", "returncode": p.returncode,
-                            "stderr_tail": err[-2000:]})  # fmt: skip
+            results.append(
+                {
+                    "library": library,
+                    "rank": r,
+                    "status": "crashed",
+                    "returncode": p.returncode,
+                    "stderr_tail": err[-2000:],
+                }
+            )
     return results
 
 
@@ -162,7 +252,7 @@ def reference_rows_per_rank(rows: int, chunk_rows: int, world_size: int, seed: i
     dealt in contiguous runs, the first ``n_chunks % world_size`` ranks getting one chunk more, and those
     ranks drop the last ``chunk_rows`` rows of their buffer. A partial last chunk, wherever the permutation
     puts it, leaves its rank with fewer rows."""
-    n_chunks = -(-rows // chunk_rows)
+    n_chunks = ceil_div(rows, chunk_rows)
     order = np.random.Generator(np.random.PCG64(seed)).permutation(np.arange(n_chunks))
     sizes = np.minimum(chunk_rows, rows - order * chunk_rows)  # rows of each chunk, in the permuted order
     base, extra = divmod(n_chunks, world_size)
@@ -177,8 +267,16 @@ def reference_rows_per_rank(rows: int, chunk_rows: int, world_size: int, seed: i
 COMPARISON_BUDGET_MB = 1024  # the reference reads everything in every process: at most this much per process
 
 
-def comparison_rows(rows: int, chunk_rows: int, row_nbytes: int, *, batch_size: int, world_size: int = 2,
-                    seed: int = 0, budget_mb: float = COMPARISON_BUDGET_MB) -> int:  # fmt: skip
+def comparison_rows(
+    rows: int,
+    chunk_rows: int,
+    row_nbytes: int,
+    *,
+    batch_size: int,
+    world_size: int = 2,
+    seed: int = 0,
+    budget_mb: float = COMPARISON_BUDGET_MB,
+) -> int:
     """How many of the first rows the comparison uses: all of them when they fit ``budget_mb`` (decoded), else
     whole chunks plus half a chunk (a partial last chunk, as the course stores have), the largest that fits
     and still deals the reference's ranks unequal batch counts (what the appendix shows)."""
@@ -192,8 +290,9 @@ def comparison_rows(rows: int, chunk_rows: int, row_nbytes: int, *, batch_size: 
     return fit * chunk_rows + chunk_rows // 2
 
 
-def comparison_store(store, *, batch_size: int, world_size: int = 2, seed: int = 0,
-                     budget_mb: float = COMPARISON_BUDGET_MB, out_dir=None):  # fmt: skip
+def comparison_store(
+    store, *, batch_size: int, world_size: int = 2, seed: int = 0, budget_mb: float = COMPARISON_BUDGET_MB, out_dir=None
+):
     """The store itself when it fits the budget, else a copy of its first :func:`comparison_rows` rows written
     once (same chunks) in ``out_dir`` (default: beside the store; a hub's shared data may be read-only), so
     that no process holds more than the budget of the reference's rows."""
@@ -209,20 +308,34 @@ def comparison_store(store, *, batch_size: int, world_size: int = 2, seed: int =
     first = ds[names[0]]
     dim, chunk_rows = first.dims[0], first.encoding["chunks"][0]
     row_nbytes = sum(ds[n].dtype.itemsize * int(np.prod(ds[n].shape[1:])) for n in names)
-    rows = comparison_rows(first.shape[0], chunk_rows, row_nbytes, batch_size=batch_size, world_size=world_size,
-                           seed=seed, budget_mb=budget_mb)  # fmt: skip
+    rows = comparison_rows(
+        first.shape[0],
+        chunk_rows,
+        row_nbytes,
+        batch_size=batch_size,
+        world_size=world_size,
+        seed=seed,
+        budget_mb=budget_mb,
+    )
     if rows == first.shape[0]:
         return store
     target = Path(out_dir or store.parent) / f"{store.stem}_first_{rows}_rows.zarr"
     if not (target / "zarr.json").exists():
-        prepare_zarr(ds.isel({dim: slice(0, rows)}), target, chunk_rows=chunk_rows, variables=names, overwrite=True,
-                     progress=False)  # fmt: skip
+        prepare_zarr(
+            ds.isel({dim: slice(0, rows)}),
+            target,
+            chunk_rows=chunk_rows,
+            variables=names,
+            overwrite=True,
+            progress=False,
+        )
     return target
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zarrtorch.course.reference_compare",
-                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m zarrtorch.course.reference_compare", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--library", choices=LIBRARIES, required=True)
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--store", default=None, help="training store (default: the course's train.zarr)")
@@ -237,9 +350,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=None, help="run one rank (used by the launcher)")
     p.add_argument("--init-method", default=None, help="tcp://host:port (used by the launcher)")
     a = p.parse_args(argv)
-    common = dict(world_size=a.world_size, batch_size=a.batch_size, drop_last=not a.keep_last,
-                  num_workers=a.num_workers, context=a.context, epochs=a.epochs, train=a.train, timeout_s=a.timeout,
-                  seed=a.seed)  # fmt: skip
+    common = dict(
+        world_size=a.world_size,
+        batch_size=a.batch_size,
+        drop_last=not a.keep_last,
+        num_workers=a.num_workers,
+        context=a.context,
+        epochs=a.epochs,
+        train=a.train,
+        timeout_s=a.timeout,
+        seed=a.seed,
+    )
     store = a.store
     if store is None:
         from zarrtorch.course.synthetic import ensure_data

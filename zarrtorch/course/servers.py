@@ -171,8 +171,13 @@ class S3Server:
     def create_bucket(self, name: str) -> None:
         import boto3  # moto's own dependency
 
-        boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.key,
-                     aws_secret_access_key=self.secret, region_name=self.region).create_bucket(Bucket=name)  # fmt: skip
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
+            region_name=self.region,
+        ).create_bucket(Bucket=name)
 
     def upload(self, local: str | os.PathLike, url: str) -> None:
         """Copy a local store (a directory) to ``s3://bucket/path``."""

@@ -19,10 +19,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from zarrtorch._util.sizes import held_chunks
 from zarrtorch.buffer import rank_batches
-from zarrtorch.plan import epoch_plan
+from zarrtorch.plan import epoch_plan, shuffles_rows
 from zarrtorch.quality import chunk_diversity, order_correlation
-from zarrtorch.sizes import held_chunks
 
 __all__ = ["simulate_batches", "expected_batch_mean_std", "batch_mean_spread", "buffer_memory_bytes", "sweep"]
 
@@ -56,9 +56,8 @@ def simulate_batches(
         num_workers=num_workers,
         shuffle=shuffle,
     )
-    return rank_batches(
-        plan, seed=seed, chunk_rows=chunk_rows, buffer_chunks=buffer_chunks, row_shuffle=shuffle and buffer_chunks > 0
-    )
+    row_shuffle = shuffles_rows(shuffle, buffer_chunks)
+    return rank_batches(plan, seed=seed, chunk_rows=chunk_rows, buffer_chunks=buffer_chunks, row_shuffle=row_shuffle)
 
 
 def expected_batch_mean_std(values: np.ndarray, batch_size: int) -> float:

@@ -220,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     import lightning as L
     import torch
 
+    from zarrtorch._util.process import cpu_share
     from zarrtorch.course.callbacks import HistoryWriter, RowRecorder, quiet_lightning, summarize_rows
     from zarrtorch.lightning import ZarrDataModule
-    from zarrtorch.process import cpu_share
 
     quiet_lightning()
     from zarrtorch.course.models import ForecastModule, channel_stats

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from zarrtorch.source import all_local
+from zarrtorch._read.source import all_local
 
 
 def flipped(slots: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -43,8 +43,13 @@ class EarlyReads:
     given), handed to ``submit`` (the ending epoch's reading threads: no more threads, nor read buffers,
     than it had). Belongs to the process that made it: a forked or unpickled copy is empty."""
 
-    def __init__(self, submit: Callable[..., Future], read: Callable[[int, int], dict], pieces: np.ndarray,
-                 in_flight: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        submit: Callable[..., Future],
+        read: Callable[[int, int], dict],
+        pieces: np.ndarray,
+        in_flight: int | None = None,
+    ):
         self._pid, self._submit, self._read, self._todo = os.getpid(), submit, read, np.asarray(pieces)
         self._reads: deque[tuple[tuple[int, int], Future]] = deque()
         self._submitted = 0

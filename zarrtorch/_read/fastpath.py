@@ -1,11 +1,11 @@
 """Decode chunks straight from their stored bytes in the common case: no sharding, bytes + zstd.
 
 Zarr's general read path sends every read through its asyncio loop and copies the decoded chunk into a
-new output array. For the loader's one-chunk reads that overhead was about a fifth of the decode itself
-(``benchmarks/README.md``). When an array is stored the simple way, the loader reads the chunk's bytes (a
-local file, or one request with a deadline and retries for a remote store, :mod:`zarrtorch.fetch`) and
-decodes them straight into the array it returns; any other array (sharding, other codecs, Zarr v2) is read
-through zarr as usual.
+new output array, an overhead measured against the decode itself in ``benchmarks/README.md``. When an
+array is stored the simple way, the loader reads the chunk's bytes (a local file, or one request with a
+deadline and retries for a remote store, :mod:`zarrtorch._read.fetch`) and decodes them straight into the
+array it returns; any other array (sharding, other codecs, Zarr v2) is read through zarr's codecs
+(:mod:`zarrtorch._read.chunks`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, ZstdCodec
 
-from zarrtorch.fetch import RetryPolicy, get_bytes
-from zarrtorch.pool import Pools
+from zarrtorch._read.fetch import RetryPolicy, get_bytes
+from zarrtorch._util.pool import Pools
 
 
 def _simple(arr: zarr.Array) -> bool:
@@ -60,7 +60,7 @@ def direct_decoder(
     arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None
 ) -> Callable[..., np.ndarray] | None:
     """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into a
-    full-chunk array from a pool (:mod:`zarrtorch.pool`: reused once nothing references it), or ``None``
+    full-chunk array from a pool (:mod:`zarrtorch._util.pool`: reused once nothing references it), or ``None``
     when ``arr`` is not stored in the simple layout this shortcut understands."""
     if not _simple(arr):
         return None

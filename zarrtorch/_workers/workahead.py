@@ -9,8 +9,9 @@ main process about a millisecond; the thread takes that off the step too.
 Taking a ready batch wakes no thread: the thread polls for room instead of being signalled. A wake-up from
 the consumer's ``next()`` (``queue.Queue`` notifying the waiting producer) let the kernel run the woken
 thread first, and on a machine busy with worker processes the consumer, still holding the GIL, then waited
-2-5 ms for a batch that was ready (``benchmarks/README.md``). The polls thin out the longer the queue stays
-full, so a slow step or a paused consumer (validation) costs a few dozen wake-ups a second, not thousands.
+milliseconds for a batch that was ready (measured in ``benchmarks/README.md``). The polls thin out the
+longer the queue stays full, so a slow step or a paused consumer (validation) costs a few dozen wake-ups a
+second, not thousands.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class WorkAhead:
         self._handoff = Handoff(depth)
         self._stop = threading.Event()
         self._finished = False
-        self._thread = threading.Thread(target=_produce, args=(inner, convert, self._handoff, self._stop), daemon=True,
-                                        name="zarrtorch-work-ahead")  # fmt: skip
+        self._thread = threading.Thread(
+            target=_produce, args=(inner, convert, self._handoff, self._stop), daemon=True, name="zarrtorch-work-ahead"
+        )
         _stop_at_exit(self._stop, self._thread)
         self._thread.start()
         weakref.finalize(self, self._stop.set)  # the thread holds no reference to self
@@ -129,7 +131,7 @@ _RUNNING: dict[threading.Thread, threading.Event] = {}  # work-ahead threads sti
 def _stop_at_exit(stop: threading.Event, thread: threading.Thread) -> None:
     """Stop ``thread`` when the interpreter exits, before daemon threads are cut off: one cut off inside a
     torch call that had let go of the GIL aborts the process ("terminate called without an active
-    exception"; seen once in 25 runs of ``python -m zarrtorch roofline``, which leaves loaders mid-epoch)."""
+    exception"; seen in ``python -m zarrtorch roofline``, which leaves loaders mid-epoch: ``benchmarks/README.md``)."""
     _register_stop_all()
     _RUNNING[thread] = stop
 

@@ -1,10 +1,10 @@
 """Read one whole chunk of any Zarr array through zarr's own codecs, with the loader's deadline and checks.
 
-Arrays stored the simple way are decoded by :mod:`zarrtorch.fastpath`. Every other one (Blosc, gzip and
+Arrays stored the simple way are decoded by :mod:`zarrtorch._read.fastpath`. Every other one (Blosc, gzip and
 other codecs, Zarr v2, shards) goes through here rather than ``array[start:stop]``, which waits on a remote
 request without a deadline, reads a missing chunk (or a shard's missing inner chunk) as fill values, and
 would need a second request to tell. Here each chunk is one request (with a deadline and retries for a
-remote store, :mod:`zarrtorch.fetch`), decoded by the array's codec pipeline and checked to be the whole
+remote store, :mod:`zarrtorch._read.fetch`), decoded by the array's codec pipeline and checked to be the whole
 chunk; a shard's index is checked first: every inner chunk inside the array present, and within the shard.
 
 This module is the only user of zarr's internal API (the codec pipeline, chunk specs, the shard index);
@@ -23,8 +23,8 @@ from zarr.codecs.sharding import MAX_UINT_64, ShardingCodec, ShardingCodecIndexL
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from zarrtorch.fetch import RetryPolicy, get_buffer
-from zarrtorch.sizes import ceil_div
+from zarrtorch._read.fetch import RetryPolicy, get_buffer
+from zarrtorch._util.sizes import ceil_div
 
 
 def chunk_key(arr: zarr.Array, chunk: int) -> str:

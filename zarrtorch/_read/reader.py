@@ -3,7 +3,7 @@
 Decoding (zstd, blosc) releases the GIL, so a few threads per process keep several cores busy without
 moving data between processes. A missing chunk would silently read as the fill value and a corrupt one
 fails with a codec message that names nothing; both become :class:`ChunkReadError` naming the array,
-the chunk and the store key. Arrays stored the simple way are decoded by :mod:`zarrtorch.fastpath`.
+the chunk and the store key. Arrays stored the simple way are decoded by :mod:`zarrtorch._read.fastpath`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zarr
 
-from zarrtorch.chunks import chunk_key, read_chunk
-from zarrtorch.early import EarlyReads
-from zarrtorch.fastpath import direct_decoder
-from zarrtorch.fetch import RetryPolicy, get_many
-from zarrtorch.pool import Pools
-from zarrtorch.source import is_local, redact, store_label
+from zarrtorch._read.chunks import chunk_key, read_chunk
+from zarrtorch._read.early import EarlyReads
+from zarrtorch._read.fastpath import direct_decoder
+from zarrtorch._read.fetch import RetryPolicy, get_many
+from zarrtorch._read.source import is_local, redact, store_label
+from zarrtorch._util.pool import Pools
 
 
 def reading_threads(threads: int, prefetch: int) -> int:
@@ -40,12 +40,12 @@ class ChunkReadError(RuntimeError):
 
 class PieceReader:
     """Reads ``arrays[name][start:stop]`` for each piece, ``prefetch`` pieces ahead (the requests in flight),
-    in :func:`reading_threads` threads; remote reads follow ``policy`` (:mod:`zarrtorch.fetch`);
-    decoded chunks come from ``pools`` (:mod:`zarrtorch.pool`; the process's, kept across epochs).
-    ``early``: reads of the first pieces started before (:mod:`zarrtorch.early`), used where they match;
+    in :func:`reading_threads` threads; remote reads follow ``policy`` (:mod:`zarrtorch._read.fetch`);
+    decoded chunks come from ``pools`` (:mod:`zarrtorch._util.pool`; the process's, kept across epochs).
+    ``early``: reads of the first pieces started before (:mod:`zarrtorch._read.early`), used where they match;
     ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
     ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
-    :class:`~zarrtorch.early.EarlyReads`, kept as ``started_early``. ``first``: the epoch's pieces, whose
+    :class:`~zarrtorch._read.early.EarlyReads`, kept as ``started_early``. ``first``: the epoch's pieces, whose
     first reads start at once (:meth:`read_first`).
     """
 
@@ -73,7 +73,7 @@ class PieceReader:
         self.cache = cache
         self.policy = policy or RetryPolicy()
         self.early, self.after_last = early, after_last
-        self.secrets = secrets  # storage options never shown in a message (zarrtorch.source.redact)
+        self.secrets = secrets  # storage options never shown in a message (zarrtorch._read.source.redact)
         self._pool: ThreadPoolExecutor | None = None  # the reading threads, once started
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
@@ -130,8 +130,8 @@ class PieceReader:
         return out
 
     def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched) -> np.ndarray:
-        """The whole chunk, decoded: directly (:mod:`zarrtorch.fastpath`) or through zarr's codecs
-        (:mod:`zarrtorch.chunks`); ``fetched``: its bytes, requested already (or the error that got)."""
+        """The whole chunk, decoded: directly (:mod:`zarrtorch._read.fastpath`) or through zarr's codecs
+        (:mod:`zarrtorch._read.chunks`); ``fetched``: its bytes, requested already (or the error that got)."""
         if isinstance(fetched, Exception):
             raise fetched
         decode = self._direct[name]
@@ -142,7 +142,7 @@ class PieceReader:
 
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of
-        at the first batch: a DataLoader worker makes its iterator as it starts, some 20 ms before the first
+        at the first batch: a DataLoader worker makes its iterator as it starts, well before the first
         index reaches it. :meth:`iter_pieces` takes them as reads started early, and goes on in the same
         threads; nothing when there are some already (the last epoch's) or when pieces are read one at a
         time in the caller's thread."""
@@ -154,7 +154,7 @@ class PieceReader:
 
     def iter_pieces(self, pieces: np.ndarray, ready: list | None = None) -> Iterator[dict[str, np.ndarray]]:
         """Yield the pieces' data in order while the next ones are decoded in the background. ``ready``: the
-        data of the first pieces, already read (:mod:`zarrtorch.early`); they hold no read buffer."""
+        data of the first pieces, already read (:mod:`zarrtorch._read.early`); they hold no read buffer."""
         ready = deque(ready or ())
         # reads started early, as futures held only here: each chunk is freed once its piece is consumed
         pending: deque = deque(self.early.take_leading(pieces[len(ready) :]) if self.early is not None else ())

@@ -78,7 +78,7 @@ def environment_topology(env: dict | None = None) -> tuple[int, int]:
 def frozen_objects(when: bool = True):
     """Keep the garbage collector off this process's objects while worker processes are forked. A collection
     in a forked worker writes into the header of every object it inherited, so each memory page holding one
-    becomes a private copy (about 8 MiB per worker with torch imported); frozen, they stay shared. Does
+    becomes a private copy (``benchmarks/README.md`` measures how much); frozen, they stay shared. Does
     nothing if the program has frozen objects itself (``gc.freeze``): that is its own choice to keep."""
     if not when or gc.get_freeze_count():
         yield

@@ -19,9 +19,13 @@ import zarr
 import zarr.api.asynchronous
 from zarr.core.sync import sync
 
-from zarrtorch.dims import sample_dimension
-from zarrtorch.fetch import RetriesExhausted, RetryPolicy, with_retries
-from zarrtorch.output import is_url
+from zarrtorch._read.fetch import RetriesExhausted, RetryPolicy, with_retries
+
+
+def is_url(store) -> bool:
+    """Whether ``store`` names a remote store (``s3://``, ``https://``...), not a local path."""
+    return isinstance(store, str) and "://" in store and not store.startswith("file://")
+
 
 ACCEPTED = "a zarr.Group, a zarr.Array, a path or URL of a Zarr store, or a mapping name -> zarr.Array"
 
@@ -66,36 +70,49 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
 
     def attempt():
         try:
-            return sync(zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options),
-                        timeout=policy.timeout_s)  # fmt: skip
+            return sync(
+                zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options),
+                timeout=policy.timeout_s,
+            )
         except ImportError as exc:
-            raise ImportError(f"opening {shown} needs the fsspec backend for its protocol ({exc}); for s3:// "
-                              "`pip install s3fs`, for http(s):// `pip install aiohttp`") from exc  # fmt: skip
+            raise ImportError(
+                f"opening {shown} needs the fsspec backend for its protocol ({exc}); for s3:// "
+                "`pip install s3fs`, for http(s):// `pip install aiohttp`"
+            ) from exc
 
     try:
         opened = with_retries(attempt, policy)
     except RetriesExhausted as exc:
         last = exc.__cause__
         if isinstance(last, TimeoutError):
-            raise TimeoutError(f"no answer from {shown} within {policy.timeout_s:g} s ({policy.retries + 1} "
-                               "attempts): check that the server is up and reachable from here (proxy, firewall), "
-                               "or pass retry=RetryPolicy(timeout_s=...) for a slower one") from None  # fmt: skip
+            raise TimeoutError(
+                f"no answer from {shown} within {policy.timeout_s:g} s ({policy.retries + 1} "
+                "attempts): check that the server is up and reachable from here (proxy, firewall), "
+                "or pass retry=RetryPolicy(timeout_s=...) for a slower one"
+            ) from None
         status = getattr(last, "status", None)
         if isinstance(status, int):
-            raise ConnectionError(f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) "
-                                  f"to all {policy.retries + 1} attempts to read its metadata: the server has a "
-                                  "problem; try again later, or ask its operator") from None  # fmt: skip
-        raise ConnectionError(f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} "
-                              f"({policy.retries + 1} attempts). Check the host and port, and that the server is "
-                              "running") from None  # fmt: skip
+            raise ConnectionError(
+                f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) "
+                f"to all {policy.retries + 1} attempts to read its metadata: the server has a "
+                "problem; try again later, or ask its operator"
+            ) from None
+        raise ConnectionError(
+            f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} "
+            f"({policy.retries + 1} attempts). Check the host and port, and that the server is "
+            "running"
+        ) from None
     except ImportError:
         raise
     except PermissionError as exc:
-        raise PermissionError(f"access to {shown} was refused ({redact(exc, secrets)}): check the credentials in "
-                              "storage_options (key/secret, or anon=True for a public bucket)") from None  # fmt: skip
+        raise PermissionError(
+            f"access to {shown} was refused ({redact(exc, secrets)}): check the credentials in "
+            "storage_options (key/secret, or anon=True for a public bucket)"
+        ) from None
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"no Zarr store at {shown} ({redact(exc, secrets)}): check the URL (bucket and "
-                                "path)") from None  # fmt: skip
+        raise FileNotFoundError(
+            f"no Zarr store at {shown} ({redact(exc, secrets)}): check the URL (bucket and path)"
+        ) from None
     except Exception as exc:
         raise ValueError(
             f"{shown} is not a readable Zarr store ({type(exc).__name__}: {redact(exc, secrets)})"
@@ -124,7 +141,7 @@ def _open_path(path: str | os.PathLike, storage_options: dict | None = None, pol
 
 def _data_variables(group: zarr.Group) -> list[str]:
     """The arrays to stream from a group: those listed by ``prepare_zarr``, else (a store written by
-    xarray) the data variables along the sample dimension (:func:`zarrtorch.dims.sample_dimension`), else
+    xarray) the data variables along the sample dimension (:func:`zarrtorch._read.source.sample_dimension`), else
     every array."""
     meta = group.attrs.get("zarrtorch")
     if isinstance(meta, Mapping) and "variables" in meta:
@@ -147,9 +164,12 @@ def _data_variables(group: zarr.Group) -> list[str]:
 
 
 def open_arrays(
-    source, names: Sequence[str] | None = None, *, storage_options: dict | None = None,
+    source,
+    names: Sequence[str] | None = None,
+    *,
+    storage_options: dict | None = None,
     retry: RetryPolicy | None = None,
-) -> dict[str, zarr.Array]:  # fmt: skip
+) -> dict[str, zarr.Array]:
     """Resolve ``source`` (and optionally a subset ``names``) to ``{name: zarr.Array}``; a URL is opened with
     the deadline and retries of ``retry``."""
     if isinstance(source, (str, os.PathLike)):
@@ -204,3 +224,20 @@ def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     """The arrays with each remote one rebuilt from its description, so that this process opens its own
     connections (fsspec and obstore create a fresh session when a store is unpickled in a new process)."""
     return {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}
+
+
+# -- which dimension holds the samples (shared with prepare_zarr) --------------------------------------------
+def sample_dimension(dims: Mapping[str, Sequence[str]], nbytes: Mapping[str, int] | None = None) -> str | None:
+    """The sample dimension among variables ``name -> dimension names`` (``None`` if none has a dimension)."""
+    firsts = {d[0] for d in dims.values() if d}
+    if not firsts:
+        return None
+    inner = {x for d in dims.values() for x in d[1:]}
+    pool = sorted(firsts - inner or firsts)
+    sizes = nbytes or {}
+
+    def weight(dim: str) -> tuple[int, int]:
+        names = [n for n, d in dims.items() if d and d[0] == dim]
+        return len(names), sum(int(sizes.get(n, 0)) for n in names)
+
+    return max(pool, key=weight)  # max keeps the first of equal weights: sorted order breaks ties

@@ -34,7 +34,7 @@ class Lease:
         self._release()
 
 
-def attach(array: np.ndarray, lease: Lease) -> LeasedArray:
+def leased_view(array: np.ndarray, lease: Lease) -> LeasedArray:
     """A view of ``array`` that keeps ``lease`` alive (slices of it keep it as their base)."""
     view = array.view(LeasedArray)
     view.lease = lease
@@ -67,7 +67,7 @@ def array_pool(shape: tuple[int, ...], dtype, keep: int = 8) -> Callable[[], Lea
 
     def take() -> LeasedArray:
         array, lease = pool.take()
-        return attach(array, lease)
+        return leased_view(array, lease)
 
     return take
 
@@ -79,7 +79,7 @@ def batch_pool(batch_size: int, columns: dict[str, tuple[tuple[int, ...], np.dty
 
     def out(rows: int) -> dict[str, LeasedArray]:
         arrays, lease = pool.take()
-        return {name: attach(a[:rows], lease) for name, a in arrays.items()}
+        return {name: leased_view(a[:rows], lease) for name, a in arrays.items()}
 
     return out
 

@@ -17,6 +17,8 @@ each, the documented-but-implicit DataLoader behaviour the loader counts on:
 
 from __future__ import annotations
 
+import weakref
+
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
@@ -54,3 +56,24 @@ def worker_processes(iterator) -> list:
     Why: DataLoader keeps them in the private ``_workers`` list and offers no public accessor.
     """
     return list(getattr(iterator, "_workers", []))
+
+
+# -- the sampler through which Lightning's set_epoch reaches the loader --------------------------------------
+class EpochSampler(Sampler):
+    """The sampler of an iterable-style DataLoader (it yields ``None`` forever), plus ``set_epoch``.
+
+    It holds the loader by weak reference: a loader -> sampler -> loader cycle would leave the workers'
+    queues to the cyclic garbage collector, which closes them before the iterator can tell persistent
+    workers to stop, and every shutdown then waits out DataLoader's 5 s join timeout per worker."""
+
+    def __init__(self, loader):
+        self._loader = weakref.ref(loader)
+
+    def __iter__(self):
+        while True:
+            yield None
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)

@@ -5,8 +5,7 @@ faults and a copy in the worker), a file descriptor passed, a mapping in the mai
 several MiB that costs about as much CPU as decoding them (``benchmarks/README.md``). Here every worker
 owns a ring of batch slots allocated once, in shared memory, by the main process; the worker gathers a
 batch's rows straight into a free slot and sends only ``(worker, slot, rows)``; the main process wraps the
-slot as tensors without copying (with 2 workers on the 1 GiB benchmark array: 142 CPU us/sample against
-236-272 through the queue).
+slot as tensors without copying (the CPU cost per sample of both ways: ``benchmarks/README.md``).
 
 **Batch lifetime.** A batch is an ordinary set of tensors, valid as long as anything references it: its
 slot returns to the ring only when the last tensor (or view, or ``.numpy()`` array) of the batch is freed.
@@ -26,8 +25,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from zarrtorch.pool import Lease, attach
-from zarrtorch.sizes import ceil_div
+from zarrtorch._util.pool import Lease, leased_view
+from zarrtorch._util.sizes import ceil_div
 
 REF = "__zarrtorch_ring__"  # the key of what a worker sends instead of a batch: [worker, slot, rows]
 FREE = 0
@@ -122,7 +121,9 @@ class BatchRing:
         states = self.busy.numpy()
         states[worker, slot] = HELD
         lease = Lease(partial(states.__setitem__, (worker, slot), FREE))  # one for the whole batch
-        return {name: torch.from_numpy(attach(self.data[name].numpy()[worker, slot, :rows], lease)) for name in names}
+        return {
+            name: torch.from_numpy(leased_view(self.data[name].numpy()[worker, slot, :rows], lease)) for name in names
+        }
 
     def start_epoch(self) -> None:
         """Before an epoch's workers start (or resume): batches written and never received become free."""

@@ -1,0 +1,128 @@
+"""How a dataset reads its store (:class:`ReadOptions`), and the arguments of the dataset and the loader
+checked up front, with messages that say what is allowed: a bad value found later, inside a worker, would
+surface as a less readable error in every process at once."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch.utils.data import default_convert
+
+from zarrtorch._read.fetch import RetryPolicy
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a :class:`~zarrtorch.ZarrIterableDataset` reads its store, in one object (made once, shared by the
+    datasets of a job, like :class:`~zarrtorch.RetryPolicy`).
+
+    Args:
+        decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
+        requests_in_flight: chunks read ahead at once per process; default ``decode_threads + 1`` for a
+            local store, 8 for a remote one, where each request waits for the network.
+        storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...);
+            secrets among them never appear in a message.
+        retry: timeout and retries for each remote request.
+        check_chunks: raise if a chunk is missing from the store, not read the fill value (``False`` only for
+            a store written with ``write_empty_chunks=False`` on purpose).
+        allow_shards: accept sharded arrays, the shard being the unit of reading and distribution.
+        decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``) as xarray does.
+    """
+
+    decode_threads: int | None = None
+    requests_in_flight: int | None = None
+    storage_options: dict | None = field(default=None, hash=False)
+    retry: RetryPolicy = RetryPolicy()
+    check_chunks: bool = True
+    allow_shards: bool = False
+    decode_cf: bool = True
+
+    def __post_init__(self):
+        for name in ("decode_threads", "requests_in_flight"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or None (the default), got {value!r}")
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"retry must be a zarrtorch.RetryPolicy, got {type(self.retry).__name__}")
+
+
+READ_FIELDS = tuple(f.name for f in dataclasses.fields(ReadOptions))
+RENAMED = {"arrays": "variables", "cache": "keep_in_memory"}
+
+
+def deprecated_dataset_arguments(read: ReadOptions | None, given: dict) -> tuple[ReadOptions, dict]:
+    """The reading options and renamed arguments from the spellings of zarrtorch 0.1 (each still works, for one
+    release, with a DeprecationWarning that gives the new one); anything else is refused by name."""
+    unknown = sorted(set(given) - set(READ_FIELDS) - set(RENAMED))
+    if unknown:
+        raise TypeError(f"ZarrIterableDataset got unexpected keyword argument(s) {unknown}")
+    reading = {k: given[k] for k in READ_FIELDS if k in given}
+    renamed = {RENAMED[k]: given[k] for k in RENAMED if k in given}
+    if reading:
+        spelled = ", ".join(f"{k}=..." for k in reading)
+        warnings.warn(
+            f"ZarrIterableDataset({spelled}) is deprecated: pass read=zarrtorch.ReadOptions({spelled})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    for old, new in RENAMED.items():
+        if old in given:
+            warnings.warn(
+                f"ZarrIterableDataset({old}=...) is deprecated: it is called {new}=...",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+    read = read or ReadOptions()
+    return (dataclasses.replace(read, **reading) if reading else read), renamed
+
+
+def check_settings(*, seed, buffer_chunks) -> None:
+    """``seed`` an int, ``buffer_chunks`` an integer >= 0."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int shared by every process, got {seed!r}")
+    if isinstance(buffer_chunks, bool) or int(buffer_chunks) != buffer_chunks or buffer_chunks < 0:
+        raise ValueError(
+            f"buffer_chunks must be an integer >= 0 (0: chunk order only, no row buffer), got {buffer_chunks!r}"
+        )
+
+
+def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs) -> None:
+    """Refuse ZarrDataLoader arguments that cannot work, saying what to do instead (``kwargs`` loses the
+    sampler arguments, which the dataset's own settings replace)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    for name in ("sampler", "batch_sampler", "shuffle"):
+        if kwargs.get(name) not in (None, False):
+            raise ValueError(
+                f"{name}= is not used by ZarrDataLoader: order and shuffling are set on the "
+                "ZarrIterableDataset (shuffle=, seed=, buffer_chunks=)"
+            )
+        kwargs.pop(name, None)
+    if kwargs.get("collate_fn") not in (None, default_convert):
+        raise ValueError(
+            "collate_fn= is not used by ZarrDataLoader: it yields whole batches, assembled in the workers from "
+            "the shuffle buffer, as dicts of tensors. To change a batch, pass transform= (a picklable function "
+            "batch dict -> batch dict) to ZarrIterableDataset; it runs on every batch, in the workers"
+        )
+    if kwargs.get("in_order", True) is False:
+        raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
+    if world_size is not None and not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if dataset.keep_in_memory and num_workers > 0 and not kwargs.get("persistent_workers", False):
+        raise ValueError("keep_in_memory=True keeps rows in the worker processes: also pass persistent_workers=True")
+    if transport not in (None, "ring", "queue"):
+        raise ValueError(f"transport must be 'ring' or 'queue' (zarrtorch._workers.ring) or None, got {transport!r}")
+    if transport == "ring" and (dataset.transform is not None or dataset.stack):
+        what = "transform" if dataset.transform is not None else "stack"
+        raise ValueError(
+            f"transport='ring' carries batches in slots shaped like the stored arrays, and a {what} changes them "
+            "after they are gathered: leave transport to the loader (None: the queue for such a dataset) or pass "
+            "transport='queue'"
+        )
+    if isinstance(work_ahead, bool) or int(work_ahead) != work_ahead or work_ahead < 0:
+        raise ValueError(f"work_ahead must be an integer >= 0 (batches assembled ahead), got {work_ahead!r}")
