@@ -305,8 +305,8 @@ class ZarrDataLoader(DataLoader):
         iterator first)."""
         rank, world = self.topology()
         run = self._run
-        if run is not None and not run.done and self._position(run) < run.length:
-            epoch, seen, history = run.epoch, self._position(run), run.history
+        if run is not None and self._position(run) < run.length:  # done or not: a trainer may hold batches
+            epoch, seen, history = run.epoch, self._position(run), run.history  # it has not trained yet
         elif run is not None and not self._set_since_run:
             epoch, seen, history = run.epoch + 1, 0, ()  # its last batch yielded: the next epoch's start
         else:

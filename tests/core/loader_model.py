@@ -233,10 +233,12 @@ class ModelLoader:
         if self.run.epoch == self.epoch:
             self.start = None
 
-    def state(self) -> State:
+    def state(self, consumed: int | None = None) -> State:
+        """``consumed``: batches the consumer has finished with, if it says (a trainer that prefetches)."""
         run = self.run
-        if run is not None and not run.done and run.position < run.length:
-            return State(run.epoch, run.position, self.world, self.workers, run.history)
+        position = None if run is None else (run.position if consumed is None else min(run.position, consumed))
+        if run is not None and position < run.length:
+            return State(run.epoch, position, self.world, self.workers, run.history)
         if run is not None and not self.set_since_run:
             return State(run.epoch + 1, 0, self.world, self.workers, ())
         history, skip = self.start_point()

@@ -92,7 +92,7 @@ class LoaderMachine(RuleBasedStateMachine):
         self.models = [ModelLoader(self.setup, world, workers, rank) for rank in range(world)]
         self.iters: list | None = None
         self.expected: list[list[list[int]]] = []
-        self.yielded: list[list[int]] = []  # rows each rank yielded in the current iteration
+        self.yielded: list[list[list[int]]] = []  # the batches (rows) each rank yielded in the current iteration
         return old
 
     def restore_job(self, old: dict) -> None:
@@ -134,6 +134,7 @@ class LoaderMachine(RuleBasedStateMachine):
         self.before: list[int] = []  # the same for the next iteration (its start point)
         self.run_worlds: list[int] = []  # world sizes of the jobs the current iteration's epoch ran on
         self.worlds: list[int] = [world]
+        self.lagged = 0  # batches taken but not trained when the last state was saved (save_and_resume's lag)
 
     # -- calls ------------------------------------------------------------------------------------------
     @rule(epoch=st.integers(0, 3))
@@ -179,7 +180,7 @@ class LoaderMachine(RuleBasedStateMachine):
                 assert rows == self.expected[rank][taken], f"rank {rank}, batch {taken}"
                 np.testing.assert_array_equal(batch["x"].numpy()[:, 1], -np.asarray(rows, dtype=np.float32))
                 model.took()
-                self.yielded[rank] += rows
+                self.yielded[rank].append(rows)
             if ended:
                 assert ended == list(range(self.world)), f"ranks {ended} ended, the others did not"
                 self.check_coverage()
@@ -214,13 +215,21 @@ class LoaderMachine(RuleBasedStateMachine):
             with pytest.raises(RuntimeError, match="superseded"):
                 next(it)
 
-    @rule(world=st.integers(1, 3), workers=st.integers(0, 2), again=st.booleans())
+    @rule(world=st.integers(1, 3), workers=st.integers(0, 2), again=st.booleans(), lag=st.integers(0, 1))
     @deadline
-    def save_and_resume(self, world, workers, again):
+    def save_and_resume(self, world, workers, again, lag):
         """Every rank saves; a new job on (maybe) another topology loads rank 0's state (``again``: and calls
-        ``set_epoch`` with the saved epoch, as Lightning does)."""
+        ``set_epoch`` with the saved epoch, as Lightning does). ``lag``: the consumer has not trained the last
+        batch it took (Lightning fetches one ahead), and says so through ``consumed_batches``."""
+        run = self.models[0].run
+        consumed = run.position - lag if run is not None and lag else None
+        for loader in self.loaders:
+            loader.consumed_batches = (lambda c=consumed: c) if consumed is not None else None
         states = [loader.state_dict() for loader in self.loaders]
-        expected = self.models[0].state()
+        for loader in self.loaders:
+            loader.consumed_batches = None
+        expected = self.models[0].state(consumed)
+        self.lagged = lag if consumed is not None else 0
         for rank, state in enumerate(states):
             assert (state["epoch"], state["batches_seen"]) == (expected.epoch, expected.position), f"rank {rank}"
             assert [tuple(h) for h in state["history"]] == list(expected.history)
@@ -246,17 +255,21 @@ class LoaderMachine(RuleBasedStateMachine):
             return
         self.before, self.worlds = carried, worlds + [world]
 
-    def carried_rows(self, state: State) -> list[int]:
-        """Rows of ``state``'s epoch consumed before its position, as actually yielded."""
+    def saved_mid_run(self, state: State) -> bool:
         run = self.models[0].run
-        if run is not None and state.epoch == run.epoch and state.position == run.position and state.position:
-            return self.run_before + [r for rows in self.yielded for r in rows]
+        return run is not None and state.epoch == run.epoch and state.position == run.position - self.lagged
+
+    def carried_rows(self, state: State) -> list[int]:
+        """Rows of ``state``'s epoch consumed before its position, as actually yielded (the batches taken but
+        not trained, ``lag``, are not: the resumed job yields them again)."""
+        if self.saved_mid_run(state) and state.position:
+            trained = [batches[: len(batches) - self.lagged] for batches in self.yielded]
+            return self.run_before + [r for batches in trained for batch in batches for r in batch]
         return list(self.before) if state.position else []
 
     def carried_worlds(self, state: State) -> list[int]:
         """World sizes the saved epoch ran on so far (each pads fewer rows than its ranks)."""
-        run = self.models[0].run
-        if run is not None and state.epoch == run.epoch and state.position == run.position and state.position:
+        if self.saved_mid_run(state) and state.position:
             return self.run_worlds
         return self.worlds if state.position else []
 
@@ -292,7 +305,7 @@ class LoaderMachine(RuleBasedStateMachine):
         assert len(set(lengths)) <= 1, f"ranks disagree on the number of batches: {lengths}"
 
     def check_coverage(self):
-        rows = self.run_before + [r for rank in self.yielded for r in rank]
+        rows = self.run_before + [r for batches in self.yielded for batch in batches for r in batch]
         counts = np.bincount(np.asarray(rows, dtype=np.int64), minlength=self.setup.rows)
         if self.setup.drop_last:
             assert counts.max(initial=0) <= 1, f"rows read twice: {np.nonzero(counts > 1)[0].tolist()}"

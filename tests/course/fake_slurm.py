@@ -1,0 +1,116 @@
+"""Stand-ins for Slurm on one machine, so that the batch scripts' own lines run as they would in a job.
+
+``srun`` starts ``SLURM_NNODES x SLURM_NTASKS_PER_NODE`` tasks of its command with the variables Slurm gives a
+task (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``...), records their pids, and with
+``--kill-on-bad-exit=1`` ends the others when one exits with an error (as Slurm does); ``scontrol show
+hostnames`` answers 127.0.0.1 for every node, ``scontrol requeue`` is recorded; ``module`` does nothing.
+What is Slurm's documented behaviour is imitated, nothing more: the tests check the scripts and the training
+command, not Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+SRUN = r'''#!PYTHON
+import json, os, signal, subprocess, sys, time
+args, kill_on_bad_exit, cpus = sys.argv[1:], False, None
+while args and args[0].startswith("-"):
+    option = args.pop(0)
+    if option in ("--kill-on-bad-exit=1", "--kill-on-bad-exit", "-K", "-K1"):
+        kill_on_bad_exit = True
+    elif option.startswith("--cpus-per-task="):
+        cpus = option.split("=", 1)[1]
+log = os.environ["FAKE_SLURM_DIR"]
+nodes, per_node = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NTASKS_PER_NODE"])
+cpus = cpus or os.environ.get("SRUN_CPUS_PER_TASK")  # since Slurm 22.05 srun does not take the job's
+tasks = []
+for rank in range(nodes * per_node):
+    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank % per_node), SLURM_NODEID=str(rank // per_node),
+               SLURM_NTASKS=str(nodes * per_node), SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS=str(nodes * per_node))
+    env["SLURM_CPUS_PER_TASK"] = cpus or "1"  # what the task is bound to (1 CPU when srun was not told)
+    tasks.append(subprocess.Popen(args, env=env))
+with open(os.path.join(log, "tasks.json"), "w") as f:
+    json.dump({"pids": [t.pid for t in tasks], "kill_on_bad_exit": kill_on_bad_exit, "cpus_per_task": cpus}, f)
+code = 0
+while any(t.poll() is None for t in tasks):
+    bad = [t.returncode for t in tasks if t.returncode not in (None, 0)]
+    if bad and kill_on_bad_exit:
+        code = code or bad[0]
+        for t in tasks:
+            if t.poll() is None:
+                t.terminate()
+        deadline = time.monotonic() + 10
+        while any(t.poll() is None for t in tasks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for t in tasks:
+            if t.poll() is None:
+                t.kill()
+        break
+    time.sleep(0.1)
+codes = [t.wait() for t in tasks]
+sys.exit(code or next((c for c in codes if c), 0))
+'''
+
+SCONTROL = r'''#!PYTHON
+import os, sys
+args = sys.argv[1:]
+if args[:2] == ["show", "hostnames"]:
+    print("\n".join(["127.0.0.1"] * int(os.environ.get("SLURM_NNODES", "1"))))
+elif args[:1] == ["requeue"]:
+    with open(os.path.join(os.environ["FAKE_SLURM_DIR"], "requeue.log"), "a") as f:
+        f.write(" ".join(args) + "\n")
+else:
+    sys.exit(f"fake scontrol: {args} not imitated")
+'''
+
+MODULE = "#!/bin/sh\nexit 0\n"
+
+
+def install(folder: Path) -> Path:
+    """Write the stand-ins into ``folder/bin`` and return that folder (put it first on ``PATH``)."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("module", MODULE)):
+        path = bin_dir / name
+        path.write_text(text.replace("#!PYTHON", f"#!{sys.executable}"))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return bin_dir
+
+
+def job_id_with_a_free_port(base: int = 15000, span: int = 15000) -> int:
+    """A job id whose rendezvous port (``base + id % span``, as the scripts compute it) is free here."""
+    for job in range(1000, 1000 + span):
+        port = base + job % span
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return job + 10 * span  # a realistic, larger id with the same port
+    raise RuntimeError("no free port for the rendezvous")
+
+
+def job_environment(folder: Path, *, nodes: int = 2, tasks_per_node: int = 2, cpus_per_task: int = 1,
+                    name: str = "zarrtorch-ddp") -> dict:  # fmt: skip
+    """The variables a batch script sees (sbatch's), plus PATH with the stand-ins first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_", "MASTER_", "RANK",
+                                                                     "WORLD_SIZE", "LOCAL_RANK"))}  # fmt: skip
+    env.update(
+        PATH=f"{install(folder)}{os.pathsep}{env['PATH']}",
+        FAKE_SLURM_DIR=str(folder),
+        SLURM_JOB_ID=str(job_id_with_a_free_port()),
+        SLURM_JOB_NAME=name,
+        SLURM_JOB_NODELIST=f"node[1-{nodes}]",
+        SLURM_NNODES=str(nodes),
+        SLURM_NTASKS_PER_NODE=str(tasks_per_node),
+        SLURM_NTASKS=str(nodes * tasks_per_node),
+        SLURM_CPUS_PER_TASK=str(cpus_per_task),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
