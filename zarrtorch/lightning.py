@@ -26,7 +26,6 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-import torch
 
 from zarrtorch._read.source import is_url, open_arrays
 from zarrtorch._util.sizes import ceil_div
@@ -124,7 +123,7 @@ class ZarrDataModule(L.LightningDataModule):
         shuffle: ``"none"``, ``"chunks"`` or ``"full"`` (see the module docstring).
         variables: names of the arrays to load (default: all data arrays of the store).
         return_index: add ``"index"`` (row numbers of the store) to every batch.
-        pin_memory: pin batches for fast copies to the GPU (default: when CUDA is available).
+        pin_memory: pin batches for fast copies to the GPU (default: when the rank trains on a CUDA device).
         read: how the store is read (:class:`zarrtorch.ReadOptions`: ``storage_options`` for a URL, decode
             threads, requests in flight...).
     """
@@ -163,7 +162,7 @@ class ZarrDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self.variables = list(variables) if variables is not None else None
         self.return_index = bool(return_index)
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.pin_memory = None if pin_memory is None else bool(pin_memory)  # None: decided in the rank
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else bool(persistent_workers)
         arrays = open_arrays(self.store, self.variables, storage_options=read.storage_options, retry=read.retry)
         layout = check_first_axis_layout(arrays, allow_shards=read.allow_shards)
@@ -193,8 +192,19 @@ class ZarrDataModule(L.LightningDataModule):
             self.store, shuffle=False, row_range=self.split_plan.val_range, return_padding=True, **common
         )
 
+    def _pinned(self) -> bool:
+        """``pin_memory``, or (``None``) whether this rank trains on a CUDA device: decided in the rank, from its
+        strategy, never by ``torch.cuda.is_available()`` in the process that builds the DataModule (that
+        initialises CUDA there, and ``ddp_notebook``'s later fork then fails; a CPU run on a GPU node would pin
+        for nothing)."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        trainer = getattr(self, "_trainer", None)
+        device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+        return device is not None and device.type == "cuda"
+
     def _loader_kwargs(self) -> dict:
-        kw = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        kw = {"num_workers": self.num_workers, "pin_memory": self._pinned()}
         if self.num_workers > 0:
             kw["persistent_workers"] = self.persistent_workers
         return kw

@@ -335,3 +335,20 @@ def test_validation_under_ddp_counts_each_row_once(tmp_path):
     persistence = fields[:, stats["persistence_channel"]]
     expected = float(np.mean((persistence.astype(np.float64) - target) ** 2))
     assert got["persistence_mse"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_building_the_datamodule_does_not_touch_cuda(store, monkeypatch):
+    """``torch.cuda.is_available()`` in ``__init__`` initialised CUDA in the notebook's process, and
+    ``ddp_notebook``'s fork then failed ("Cannot re-initialize CUDA in forked subprocess") on a hub with GPUs;
+    pinning is decided in the rank, from its strategy's device."""
+
+    def touched():
+        raise AssertionError("CUDA queried while building the DataModule")
+
+    monkeypatch.setattr(torch.cuda, "is_available", touched)
+    dm = ZarrDataModule(store, batch_size=8)
+    assert dm._pinned() is False  # no trainer yet: nothing to pin for
+    trainer = quiet_trainer(max_epochs=1)
+    dm.trainer = trainer
+    assert dm._pinned() is False  # a CPU strategy
+    assert ZarrDataModule(store, batch_size=8, pin_memory=True)._pinned() is True

@@ -16,7 +16,7 @@ import stat
 import sys
 from pathlib import Path
 
-SRUN = r'''#!PYTHON
+SRUN = r"""#!PYTHON
 import json, os, signal, subprocess, sys, time
 args, kill_on_bad_exit, cpus = sys.argv[1:], False, None
 while args and args[0].startswith("-"):
@@ -30,8 +30,8 @@ nodes, per_node = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NTASKS_
 cpus = cpus or os.environ.get("SRUN_CPUS_PER_TASK")  # since Slurm 22.05 srun does not take the job's
 tasks = []
 for rank in range(nodes * per_node):
-    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank % per_node), SLURM_NODEID=str(rank // per_node),
-               SLURM_NTASKS=str(nodes * per_node), SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS=str(nodes * per_node))
+    env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank % per_node),
+               SLURM_NODEID=str(rank // per_node), SLURM_NTASKS=str(nodes * per_node), SLURM_STEP_ID="0")
     env["SLURM_CPUS_PER_TASK"] = cpus or "1"  # what the task is bound to (1 CPU when srun was not told)
     tasks.append(subprocess.Popen(args, env=env))
 with open(os.path.join(log, "tasks.json"), "w") as f:
@@ -54,9 +54,9 @@ while any(t.poll() is None for t in tasks):
     time.sleep(0.1)
 codes = [t.wait() for t in tasks]
 sys.exit(code or next((c for c in codes if c), 0))
-'''
+"""
 
-SCONTROL = r'''#!PYTHON
+SCONTROL = r"""#!PYTHON
 import os, sys
 args = sys.argv[1:]
 if args[:2] == ["show", "hostnames"]:
@@ -66,7 +66,7 @@ elif args[:1] == ["requeue"]:
         f.write(" ".join(args) + "\n")
 else:
     sys.exit(f"fake scontrol: {args} not imitated")
-'''
+"""
 
 MODULE = "#!/bin/sh\nexit 0\n"
 

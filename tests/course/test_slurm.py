@@ -104,7 +104,7 @@ def test_one_task_per_gpu_and_srun(script):
     gpus = re.search(r"gpu:(\d+)", sbatch.get("gres", "")) or re.search(r"(\d+)", sbatch.get("gpus-per-node", ""))
     assert gpus, "the script must request GPUs"
     assert sbatch["ntasks-per-node"] == gpus.group(1), "one task (process) per GPU"
-    assert re.search(r"^srun python -m zarrtorch train", text, flags=re.M)
+    assert re.search(r"^srun --kill-on-bad-exit=1 python -m zarrtorch train", text, flags=re.M)
     assert "scontrol show hostnames" in text and "MASTER_PORT" in text
 
 
@@ -112,9 +112,33 @@ def test_one_task_per_gpu_and_srun(script):
 def test_requeue_before_the_time_limit(script):
     """SIGUSR1 some time before the limit (Lightning checkpoints and requeues on it), and a requeueable job."""
     text = script.read_text()
-    signal = re.search(r"^#SBATCH\s+--signal=(?:B:)?SIGUSR1@(\d+)", text, flags=re.M)
-    assert signal and int(signal.group(1)) >= 60, "send SIGUSR1 at least a minute before the time limit"
+    signal = re.search(r"^#SBATCH\s+--signal=(B:)?SIGUSR1@(\d+)", text, flags=re.M)
+    assert signal and int(signal.group(2)) >= 60, "send SIGUSR1 at least a minute before the time limit"
+    assert not signal.group(1), "B: signals the batch shell only: the training processes would never get it"
     assert re.search(r"^#SBATCH\s+--requeue\b", text, flags=re.M)
+    assert re.search(r"^#SBATCH\s+--open-mode=append\b", text, flags=re.M), "a requeued job keeps the first log"
+    (argv,) = train_commands(script)
+    assert build_parser().parse_args(argv).resume == "auto", "a requeued job must continue from its checkpoint"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_what_a_real_job_needs(script):
+    """Each line here once broke a job on a real cluster (issue 29): the others waited 30 minutes in a
+    collective after one rank died; `set -u` before the activation aborted at its first unset variable; srun
+    since 22.05 bound every task to one CPU; the rendezvous port fell in the ephemeral range; the data folder
+    setting was ignored; the install lacked the extras."""
+    text = script.read_text()
+    lines = text.splitlines()
+    activation = next(i for i, line in enumerate(lines) if line.startswith("source ") and "activate" in line)
+    set_u = [i for i, line in enumerate(lines) if re.match(r"set\s+(-\w*u|-o nounset)", line)]
+    assert set_u and min(set_u) > activation, "set -u only after module load / activation"
+    assert re.search(r"^export SRUN_CPUS_PER_TASK=\$\{SLURM_CPUS_PER_TASK\}", text, flags=re.M)
+    port = re.search(r"MASTER_PORT=\$\(\((\d+) \+ SLURM_JOB_ID % (\d+)\)\)", text)
+    assert port and int(port.group(1)) >= 1024 and int(port.group(1)) + int(port.group(2)) <= 32768
+    assert re.search(r"^DATA=.*ZARRTORCH_DATA_DIR", text, flags=re.M), "DATA follows ZARRTORCH_DATA_DIR"
+    assert re.search(r"pip install .*\[lightning,xarray\]", text), "install the extras the job needs"
+    assert 'python -c "import zarrtorch, lightning, xarray, dask"' in text
+    assert "sys.version_info >= (3, 11)" in text and ">= (2, 4)" in text, "check Python and torch before pip runs"
 
 
 def test_site_conventions():
@@ -125,6 +149,7 @@ def test_site_conventions():
     assert "module load pytorch-lightning/" in hal and "--system-site-packages" in hal
     generic = (SLURM / "generic_multinode.sbatch").read_text()
     assert "NCCL" in generic and "#SBATCH --nodes=2" in generic
+    assert "gpu_p2: --ntasks-per-node=8, --gres=gpu:8" in jz and "arch/a100" in jz
 
 
 def test_launcher_topology_from_environment():

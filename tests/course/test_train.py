@@ -195,64 +195,11 @@ def slurm_env(rank: int, *, tasks: int, nodes: int, port: str, **extra) -> dict:
 
 
 @pytest.mark.slow
-def test_simulated_srun_two_nodes_two_tasks_each(store, tmp_path):
-    """Two "nodes" x 2 tasks with srun's variables (node id, local id, task id): Lightning's SLURMEnvironment
-    forms one DDP group of 4, and the loader splits by global rank: equal, disjoint batches, as planned."""
-    out = tmp_path / "out"
-    port = str(free_port())
-    cmd = [
-        sys.executable,
-        "-m",
-        "zarrtorch",
-        "train",
-        "--data",
-        str(store),
-        "--accelerator",
-        "cpu",
-        "--devices",
-        "2",
-        "--nodes",
-        "2",
-        "--epochs",
-        "1",
-        "--out",
-        str(out),
-        "--record-rows",
-        *SMALL,
-    ]
-    procs = [
-        subprocess.Popen(
-            cmd,
-            cwd=tmp_path,
-            env=slurm_env(rank, tasks=4, nodes=2, port=port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(4)
-    ]
-    results = [p.communicate(timeout=300) for p in procs]
-    for p, (so, se) in zip(procs, results, strict=True):
-        assert p.returncode == 0, so[-3000:] + se[-4000:]
-    assert "SLURMEnvironment" in results[0][0] and "launched by slurm" in results[0][0]
-    assert "2 node(s) x 2 device(s)" in results[0][0]
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["world_size"] == 4 and metrics["num_nodes"] == 2
-    fit_rows = metrics["data"]["fit_rows"]
-    (epoch,) = metrics["rows_per_rank"]
-    assert epoch["batches"] == [fit_rows // (4 * 8)] * 4
-    ds = ZarrIterableDataset(store, seed=0, row_range=(0, fit_rows))
-    for rank, rows in enumerate(epoch["rows"]):
-        planned = ds.batch_row_ids(epoch=0, rank=rank, world_size=4, batch_size=8, drop_last=True)
-        np.testing.assert_array_equal(rows, np.concatenate(planned))  # split by global rank
-    assert len(set().union(*map(set, epoch["rows"]))) == sum(map(len, epoch["rows"]))  # disjoint
-
-
-@pytest.mark.slow
 def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
-    """SIGUSR1 to a running job under Slurm's variables: Lightning saves hpc_ckpt_1.ckpt and calls
-    ``scontrol requeue`` (a stand-in records the call); Slurm then kills the job, which starts again with the
-    same command and job id: it resumes from that checkpoint and trains exactly the rest of the epoch."""
+    """SIGUSR1 to a running job under Slurm's variables: the command saves checkpoints/requeue.ckpt at the next
+    step, calls ``scontrol requeue`` (a stand-in records the call) and ends by itself; Slurm then starts the job
+    again with the same command and job id: ``--resume auto`` continues from that checkpoint and trains exactly
+    the rest of the epoch (tests/course/test_slurm_jobs.py does the same with 4 ranks and the batch scripts)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scontrol = bin_dir / "scontrol"
@@ -281,27 +228,24 @@ def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
         "4",
         "--threads",
         "1",
-        "--checkpoint-every-n-steps",
-        "1",
+        "--resume",
+        "auto",
     ]
     env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()), PATH=f"{bin_dir}:{os.environ['PATH']}")
     job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "checkpoints" / "last.ckpt").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)  # a checkpoint every step: once there is one, training runs (and Lightning listens)
-        time.sleep(0.5)
-        assert job.poll() is None, "the run ended before the signal could be sent"
-        job.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "scontrol.log").exists() and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.1)
-    finally:
-        job.kill()  # what Slurm does to a requeued job
-        job.communicate()
+    lines = []
+    for line in job.stdout:  # the command says when it listens for the signal
+        lines.append(line)
+        if "SIGUSR1 -> checkpoint and requeue" in line:
+            break
+    time.sleep(0.5)  # around the start of the first epoch (any time from the line above on is handled)
+    job.send_signal(signal.SIGUSR1)
+    rest, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, "".join(lines) + rest
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
-    (ckpt,) = out.glob("hpc_ckpt_*.ckpt")
+    ckpt = out / "checkpoints" / "requeue.ckpt"
     saved = audit_state(ckpt)
+    assert json.loads((out / "metrics.json").read_text())["requeued"].startswith("requeued at step")
     run(cmd, cwd=tmp_path, env=env)  # the requeued job: same command, same job id, same --out
     metrics = json.loads((out / "metrics.json").read_text())
     fit_rows = metrics["data"]["fit_rows"]
@@ -317,3 +261,17 @@ def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
     assert saved["epoch"] in recorded or saved["batches_seen"] == len(
         ds.batch_row_ids(epoch=saved["epoch"], batch_size=4, drop_last=True)
     )
+
+
+def test_one_rule_for_the_cpus_of_a_process(monkeypatch):
+    """Under srun each task is bound to --cpus-per-task cores: SLURM_CPUS_PER_TASK is its share, not divided
+    again by the tasks per node (8 CPUs once became 2 threads); torchrun's processes share the machine's mask.
+    Decode threads follow lesson 04: every core but the training loop's with no workers, else a share each."""
+    from zarrtorch.course.train import cpus_per_process, decode_threads_for
+
+    slurm = {"launcher": "slurm", "devices": 4, "nodes": 2, "world_size": 8}
+    assert cpus_per_process(slurm, 4, env={"SLURM_CPUS_PER_TASK": "8"}) == 8
+    monkeypatch.setattr("zarrtorch.available_cpus", lambda: 16)
+    torchrun = {"launcher": "torchrun", "devices": 4, "nodes": 1, "world_size": 4}
+    assert cpus_per_process(torchrun, 4, env={}) == 4
+    assert decode_threads_for(8, 0) == 7 and decode_threads_for(8, 4) == 2 and decode_threads_for(1, 0) == 1

@@ -60,6 +60,12 @@ class RowRecorder(L.Callback):
         if isinstance(batch, dict) and "index" in batch:
             self._rows.append(batch["index"].detach().cpu().numpy().astype(np.int64))
 
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        from zarrtorch.course.requeue import Requeued
+
+        if isinstance(exception, Requeued):  # every rank stops at the same step: record the epoch so far
+            self.on_train_epoch_end(trainer, pl_module)
+
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         local = np.concatenate(self._rows) if self._rows else np.zeros(0, dtype=np.int64)
         batches = len(self._rows)

@@ -12,7 +12,9 @@ until Slurm kills it (Lightning issue #21406), never requeued.
    every rank learns at the same step that one of them was signalled;
 3. every rank then saves the checkpoint at that same step (Lightning's save is collective): written to a
    temporary file and renamed, so a kill while writing never leaves a truncated newest checkpoint;
-4. rank 0 runs ``scontrol requeue $SLURM_JOB_ID``, and every rank stops.
+4. rank 0 runs ``scontrol requeue $SLURM_JOB_ID``, and every rank stops there, by raising :class:`Requeued` at
+   that same step: the job ends as if Slurm had killed it, with no epoch-end hook and no later checkpoint (a
+   ``last.ckpt`` written after it would mark the interrupted epoch as done).
 
 The requeued job runs the same command; ``python -m zarrtorch train --resume auto`` continues from that
 checkpoint (or from ``last.ckpt`` after a requeue without one, such as a node failure). Lightning's own
@@ -31,6 +33,11 @@ import lightning as L
 import torch
 
 
+class Requeued(Exception):
+    """Raised at the step of the requeue checkpoint, on every rank: the run ends there (``trainer.fit`` raises
+    it; the course's training command catches it, writes its metrics and exits with 0)."""
+
+
 class AgreedRequeue(L.Callback):
     """On ``signum``, save a checkpoint to ``path`` at a step every rank agrees on, requeue, and stop."""
 
@@ -45,9 +52,14 @@ class AgreedRequeue(L.Callback):
     def _on_signal(self, signum, frame) -> None:
         self.asked = True  # a flag only: the agreement and the save happen at the next batch end
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage == "fit" and self._previous is None:
+    def listen(self) -> None:
+        """Take the signal from now on (before the Trainer exists, the default action would end the process)."""
+        if self._previous is None:
             self._previous = signal.signal(self.signum, self._on_signal)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self.listen()
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._previous is not None:
@@ -72,12 +84,18 @@ class AgreedRequeue(L.Callback):
             os.replace(partial, self.path)  # the newest checkpoint is always whole
             command = self._requeue_command()
             done = subprocess.run(command, capture_output=True, text=True) if command else None
-            what = "not in a Slurm job: nothing requeued" if done is None else (
-                f"`{' '.join(command)}` exit code {done.returncode} {done.stderr.strip()}"
-            )  # fmt: skip
-            print(f"zarrtorch: signal {self.signum} received; checkpoint at step {trainer.global_step} saved to "
-                  f"{self.path}; {what}", file=sys.stderr, flush=True)  # fmt: skip
-        trainer.should_stop = True
+            what = (
+                "not in a Slurm job: nothing requeued"
+                if done is None
+                else (f"`{' '.join(command)}` exit code {done.returncode} {done.stderr.strip()}")
+            )
+            print(
+                f"zarrtorch: signal {self.signum} received; checkpoint at step {trainer.global_step} saved to "
+                f"{self.path}; {what}",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise Requeued(f"requeued at step {trainer.global_step}; the checkpoint is {self.path}")
 
     def _requeue_command(self) -> list[str] | None:
         if self.requeue is not None:

@@ -158,9 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--resume",
         default=None,
-        help="continue from a checkpoint: a .ckpt path, or 'last' for <out>/checkpoints/last.ckpt; on another "
-        "number of processes the interrupted epoch continues without reading a row twice. Under Slurm a "
-        "requeued job resumes by itself from the checkpoint saved at the --signal (see slurm/README.md)",
+        help="continue from a checkpoint: a .ckpt path; 'last' for <out>/checkpoints/last.ckpt; 'auto' for the "
+        "checkpoint a requeue saved (<out>/checkpoints/requeue.ckpt), else last.ckpt, else a fresh start (what "
+        "the Slurm scripts pass: a requeued job continues). On another number of processes the interrupted "
+        "epoch continues without reading a row twice",
     )
     o.add_argument("--progress", action="store_true", help="show Lightning's progress bar (off by default)")
     return p
@@ -211,6 +212,24 @@ def _local_processes(devices, topo) -> int:
     return devices if isinstance(devices, int) else 1
 
 
+def cpus_per_process(topo: dict, local_processes: int, env: dict | None = None) -> int:
+    """The CPUs each training process has: ``SLURM_CPUS_PER_TASK`` in a Slurm job (srun binds each task to
+    them), else this process's affinity mask shared by the training processes of this machine (torchrun and
+    ``ddp_notebook`` do not bind)."""
+    from zarrtorch import available_cpus
+
+    env = os.environ if env is None else env
+    if topo["launcher"] == "slurm" and env.get("SLURM_CPUS_PER_TASK"):
+        return max(1, _first_int(env["SLURM_CPUS_PER_TASK"]) or 1)
+    return max(1, available_cpus() // max(1, local_processes))
+
+
+def decode_threads_for(cpus: int, workers: int) -> int:
+    """Lesson 04's rule: with no workers, every core but one (the training loop's) decodes; with workers,
+    each decodes in its share of the cores."""
+    return max(1, cpus - 1) if workers == 0 else max(1, cpus // workers)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------
@@ -220,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     import lightning as L
     import torch
 
-    from zarrtorch._util.process import cpu_share
+    from zarrtorch import ReadOptions, available_cpus
     from zarrtorch.course.callbacks import HistoryWriter, RowRecorder, quiet_lightning, summarize_rows
+    from zarrtorch.course.requeue import AgreedRequeue, Requeued, resume_path, slurm_environment
     from zarrtorch.lightning import ZarrDataModule
 
     quiet_lightning()
@@ -245,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
 
             store = ensure_data(size)["train"]
     store = Path(store)
+    devices, nodes, strategy, topo = _resolve_processes(args)
+    cpus = cpus_per_process(topo, _local_processes(devices, topo))
+    threads = args.threads or cpus
+    decode = decode_threads_for(cpus, args.workers)
+    torch.set_num_threads(threads)
     dm = ZarrDataModule(
         store,
         batch_size=args.batch_size,
@@ -254,15 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         val_fraction=args.val_fraction,
         shuffle=args.shuffle,
         return_index=args.record_rows,
+        read=ReadOptions(decode_threads=decode),
     )
-
-    devices, nodes, strategy, topo = _resolve_processes(args)
-    threads = args.threads or cpu_share(_local_processes(devices, topo))
-    torch.set_num_threads(threads)
     L.seed_everything(args.seed, workers=True, verbose=False)
 
     out = args.out
     callbacks = [HistoryWriter(out / "history.json")]
+    requeue = AgreedRequeue(out / "checkpoints" / "requeue.ckpt") if "SLURM_JOB_ID" in os.environ else None
+    if requeue is not None:  # before the Trainer: the signal may come at any time from here on
+        callbacks.append(requeue)
+        requeue.listen()
     recorder = RowRecorder() if args.record_rows else None
     if recorder is not None:
         callbacks.append(recorder)
@@ -292,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         num_sanity_val_steps=0,
         log_every_n_steps=min(10, args.limit_train_batches) if isinstance(args.limit_train_batches, int) else 10,
     )
+    if topo["launcher"] == "slurm":  # explicitly (an interactive allocation is ignored otherwise), own requeue off
+        trainer_kwargs["plugins"] = [slurm_environment()]
     if args.precision:
         trainer_kwargs["precision"] = args.precision
     if args.limit_train_batches is not None:
@@ -299,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit_val_batches is not None:
         trainer_kwargs["limit_val_batches"] = args.limit_val_batches
     trainer = L.Trainer(**trainer_kwargs)
+    rank = trainer.global_rank
+    print(
+        f"rank {rank}/{trainer.world_size} on {os.uname().nodename}: {available_cpus()} CPU(s) in its affinity "
+        f"mask, {cpus} per process, {threads} torch thread(s), {decode} decode thread(s), {args.workers} "
+        f"DataLoader worker(s){'; SIGUSR1 -> checkpoint and requeue' if requeue is not None else ''}",
+        flush=True,
+    )
 
     stats = channel_stats(dm.store, stop_row=dm.split_plan.split_row)
     model = ForecastModule(stats, hidden=args.hidden, depth=args.depth, lr=args.lr, print_epochs=True)
@@ -314,8 +349,12 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    ckpt_path = None  # under Slurm, Lightning resumes by itself from the checkpoint its requeue handler saved
-    if args.resume == "last":
+    ckpt_path = None
+    if args.resume == "auto":
+        ckpt_path = resume_path(out)  # None: a fresh start
+        if ckpt_path is not None and trainer.is_global_zero:
+            print(f"resuming from {ckpt_path}", flush=True)
+    elif args.resume == "last":
         ckpt_path = out / "checkpoints" / "last.ckpt"
     elif args.resume:
         ckpt_path = Path(args.resume)
@@ -323,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no checkpoint at {ckpt_path} to resume from", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    requeued = None
+    try:
+        trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    except Requeued as stop:  # every rank, at the same step: this job ends, the requeued one continues
+        requeued = str(stop)
     wall = time.perf_counter() - t0
 
     if not trainer.is_global_zero:
@@ -351,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "samples_per_s": speeds[-1] if speeds else None,
         "samples_per_s_note": "all processes together, last epoch (the first epoch includes start-up)",
         "fit_seconds": wall,
+        "requeued": requeued,
         "final": {
             k: history[-1][k]
             for k in ("train_loss", "val_loss", "val_skill", "val_mse", "persistence_mse")

@@ -1,0 +1,168 @@
+"""The batch scripts' own lines run as in a Slurm job, 2 "nodes" x 2 tasks of CPU processes on gloo (stand-ins for
+``srun``/``scontrol``, Slurm's variables set): the job trains; SIGUSR1 to some ranks at different times saves
+one checkpoint at a step every rank agrees on and requeues, with no hang, and the requeued job trains every
+remaining row once; when one rank dies the others end within seconds; an interactive allocation (a job named
+``bash``) still runs one process per task."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_slurm import job_environment
+
+from zarrtorch import ZarrIterableDataset
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN_OPTIONS = ["--accelerator", "cpu", "--epochs", "1", "--batch-size", "4", "--hidden", "8", "--depth", "2",
+                 "--limit-train-batches", "30", "--limit-val-batches", "1", "--record-rows"]  # fmt: skip
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A 'cluster file system': the course's tiny data where the scripts look for the workshop size, and
+    venvs (activation scripts that put this Python first) where each script activates one."""
+    from zarrtorch.course.synthetic import ensure_data
+
+    root = tmp_path_factory.mktemp("site")
+    tiny = ensure_data("tiny")["train"]
+    (root / "data" / "workshop").mkdir(parents=True)
+    (root / "data" / "workshop" / "train.zarr").symlink_to(tiny)
+    venv = root / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'export PATH="{Path(sys.executable).parent}:$PATH"\n')
+    for link in (root / "work" / "venvs" / "zarrtorch", root / "home" / "virtual_envs" / "zarrtorch"):
+        link.parent.mkdir(parents=True)
+        link.symlink_to(venv)
+    return root
+
+
+class Job:
+    """One run of a batch script: its output read as it comes, its tasks' pids from the srun stand-in."""
+
+    def __init__(self, script: str, site: Path, folder: Path, name: str = "zarrtorch-ddp", extra=()):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        env = job_environment(folder, name=name, cpus_per_task=2)
+        env.update(VENV=str(site / "venv"), WORK=str(site / "work"), HOME=str(site / "home"), SCRATCH=str(folder),
+                   JOBSCRATCH=str(folder), ZARRTORCH_DATA_DIR=str(site / "data"))  # fmt: skip
+        self.env = env
+        self.proc = subprocess.Popen(["bash", str(ROOT / "slurm" / script), *TRAIN_OPTIONS, *extra], cwd=folder,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, needle: str, count: int = 1, timeout_s: float = TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while sum(needle in line for line in self.lines) < count:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self._reader.join(2)
+                pytest.fail(f"no {count} x {needle!r} in the job's output:\n" + "".join(self.lines[-60:]))
+            time.sleep(0.05)
+
+    def pids(self) -> list[int]:
+        return json.loads((self.folder / "tasks.json").read_text())["pids"]
+
+    def finish(self, timeout_s: float = TIMEOUT_S) -> int:
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"the job did not end within {timeout_s} s: stuck\n" + "".join(self.lines[-60:]))
+        self._reader.join(5)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def out_dir(self) -> Path:
+        """The run's OUT: under ``$PWD/runs`` (generic, HAL) or ``$SCRATCH/zarrtorch-runs`` (Jean Zay)."""
+        runs = next(p for p in (self.folder / "runs", self.folder / "zarrtorch-runs") if p.exists())
+        (out,) = runs.iterdir()
+        return out
+
+
+def trained_rows(out: Path) -> list[list[int]]:
+    """Every rank's trained rows of epoch 0, from the run's metrics.json."""
+    metrics = json.loads((out / "metrics.json").read_text())
+    (epoch,) = [e for e in metrics["rows_per_rank"] if e["epoch"] == 0]
+    return epoch["rows"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["jean_zay.sbatch", "hal.sbatch"])
+def test_a_site_script_trains_with_one_process_per_task(site, tmp_path, script):
+    """Every line of the script up to the training command, which runs as 2 x 2 (HAL: its job named ``bash``,
+    as in ``salloc``: Lightning would ignore Slurm there unless told, and each task start processes of its own)."""
+    name = "bash" if script == "hal.sbatch" else "zarrtorch-ddp"
+    job = Job(script, site, tmp_path, name=name)
+    assert job.finish() == 0, job.output[-4000:]
+    assert job.output.count("rank ") >= 4 and "processes: 4 (2 node(s) x 2 device(s)" in job.output
+    assert "2 per process" in job.output  # SRUN_CPUS_PER_TASK reached srun (else a task gets 1 CPU)
+    rows = trained_rows(job.out_dir())
+    flat = [r for rank in rows for r in rank]
+    assert len(rows) == 4 and len(flat) == len(set(flat)) == 4 * 30 * 4
+    metrics = json.loads((job.out_dir() / "metrics.json").read_text())
+    fit_rows = metrics["data"]["fit_rows"]
+    ds = ZarrIterableDataset(site / "data" / "workshop" / "train.zarr", seed=0, row_range=(0, fit_rows))
+    for rank, got in enumerate(rows):  # each task is the rank Slurm numbered it: its share, as planned
+        planned = ds.batch_row_ids(epoch=0, rank=rank, world_size=4, batch_size=4, drop_last=True)[:30]
+        assert got == np.concatenate(planned).tolist()
+
+
+@pytest.mark.slow
+def test_requeue_at_different_steps_then_the_rest_of_the_epoch(site, tmp_path):
+    first = Job("generic_multinode.sbatch", site, tmp_path)
+    first.wait_for("SIGUSR1 -> checkpoint and requeue", count=4)
+    pids = first.pids()
+    os.kill(pids[1], signal.SIGUSR1)  # rank 1 first ...
+    time.sleep(1.0)
+    os.kill(pids[3], signal.SIGUSR1)  # ... rank 3 later, maybe at another step; the others never
+    assert first.finish() == 0, first.output[-4000:]
+    assert (tmp_path / "requeue.log").read_text().split() == ["requeue", first.env["SLURM_JOB_ID"]]
+    out = first.out_dir()
+    checkpoint = out / "checkpoints" / "requeue.ckpt"
+    assert checkpoint.exists() and not list(out.glob("checkpoints/*.partial"))
+    before = trained_rows(out)
+    assert 0 < len(before[0]) < 30 * 4, "the job stopped mid-epoch, at the checkpoint"
+    assert len({len(r) for r in before}) == 1, "every rank stopped at the same step"
+    # Slurm runs the same script again (same job id, same OUT); --resume auto continues from the checkpoint
+    (tmp_path / "tasks.json").unlink()
+    again = subprocess.run(["bash", str(ROOT / "slurm" / "generic_multinode.sbatch"), *TRAIN_OPTIONS], cwd=tmp_path,
+                           env=first.env, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
+    assert f"resuming from {out / 'checkpoints'}" in again.stdout  # the newer of requeue.ckpt and last.ckpt
+    after = trained_rows(out)
+    everything = [r for rank in before + after for r in rank]
+    assert len(everything) == len(set(everything)) == 4 * 30 * 4, "every row of the epoch's 30 batches once"
+
+
+@pytest.mark.slow
+def test_when_a_rank_dies_the_others_end_within_seconds(site, tmp_path):
+    job = Job("generic_multinode.sbatch", site, tmp_path, extra=["--limit-train-batches", "100000", "--epochs", "50"])
+    job.wait_for("SIGUSR1 -> checkpoint and requeue", count=4)
+    pids = job.pids()
+    time.sleep(2.0)  # training under way
+    start = time.monotonic()
+    os.kill(pids[2], signal.SIGKILL)  # out of memory, say
+    code = job.finish(timeout_s=120)
+    assert code != 0 and time.monotonic() - start < 60
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # every task is gone
+    assert f"training finished with exit code {code}" in job.output
