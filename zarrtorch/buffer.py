@@ -200,6 +200,22 @@ def simulate(
     return [buf.apply(step, cursor.read)["index"] for step in steps]
 
 
+def consumed_after(
+    pieces: np.ndarray, batch_sizes: np.ndarray, batches: int, *, capacity: int, warmup_rows: int, rng
+) -> tuple[np.ndarray, int]:
+    """The row ids of one worker's first ``batches`` batches, and how many rows of its stream (``pieces``) it
+    had read by then: :func:`simulate` stopped early (the rest of its stream is untouched)."""
+    rows = int((pieces[:, 1] - pieces[:, 0]).sum()) if len(pieces) else 0
+    if rng is None:  # in stream order: the first rows are the ones yielded
+        read = int(np.sum(batch_sizes[:batches]))
+        return np.concatenate([s["index"] for s in RowCursor(pieces).read(read)] or [np.zeros(0, np.int64)]), read
+    buf = SlotBuffer(buffer_capacity(capacity, batch_sizes, True), INDEX_ONLY)
+    cursor = RowCursor(pieces)
+    steps = schedule(batch_sizes, rows, capacity=capacity, warmup_rows=warmup_rows, rng=rng)
+    out = [buf.apply(next(steps), cursor.read)["index"] for _ in range(batches)]
+    return np.concatenate(out or [np.zeros(0, np.int64)]).astype(np.int64), rows - cursor.rows_left()
+
+
 def buffer_rng(
     seed: int, epoch: int, rank: int, worker: int, row_shuffle: bool, segment: int = 0
 ) -> np.random.Generator | None:

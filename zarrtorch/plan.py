@@ -3,8 +3,9 @@
 Pure NumPy and no I/O: every process evaluates the same function with the same arguments and gets a
 bit-identical answer, so no process ever has to tell another what it reads.
 
-1. **Chunk order.** A permutation of the chunks drawn from ``(seed, epoch)``: new every epoch, the same
-   in every process. Laying the chunks end to end in that order gives the epoch's *stream* of rows.
+1. **Chunk order.** A permutation of the chunks keyed by ``(seed, epoch)``: new every epoch, the same
+   in every process, and computed one position at a time (:mod:`zarrtorch.order`), so a rank evaluates
+   only the stretch of it that it reads. The chunks end to end in that order are the epoch's *stream*.
 2. **Row budget per rank.** Training (``drop_last=True``): every rank gets ``rows // (world*batch)``
    whole batches; the stream's tail is left out: fewer than ``world*batch`` rows, and other rows every
    epoch since the chunk order changes. Evaluation (``drop_last=False``): every row is read; the stream is
@@ -20,14 +21,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields
+from functools import cached_property, lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
 from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily
 
 from zarrtorch._util.sizes import ceil_div
+from zarrtorch.order import ChunkOrder
 
-PLAN_VERSION = 2  # raise whenever the same inputs would give other batches (a checkpoint then is refused)
+PLAN_VERSION = 3  # raise whenever the same inputs would give other batches (a checkpoint then is refused)
 
 
 def shuffles_rows(shuffle: bool, buffer_chunks: int) -> bool:
@@ -71,8 +74,11 @@ class EpochSpec:
     def fingerprint(self) -> str:
         return plan_fingerprint(**{f.name: getattr(self, f.name) for f in fields(self)})
 
-    def plan(self, epoch: int, topology: Topology, *, runs: np.ndarray | None = None, segment: int = 0) -> RankPlan:
-        """:func:`epoch_plan` of this spec for ``epoch`` on ``topology`` (``runs``/``segment``: see there)."""
+    def plan(self, epoch: int, topology: Topology, *, stream=None, segment: int = 0) -> RankPlan:
+        """:func:`epoch_plan` of this spec for ``epoch`` on ``topology`` (``stream``/``segment``: see there).
+        A whole epoch's plan is computed once per process and kept (the last few)."""
+        if stream is None and not segment:
+            return _cached_plan(self, int(epoch), topology)
         return epoch_plan(
             self.rows,
             self.chunk_rows,
@@ -85,17 +91,32 @@ class EpochSpec:
             num_workers=topology.num_workers,
             shuffle=self.shuffle,
             freeze_partition=self.freeze_partition,
-            runs=runs,
+            stream=stream,
             segment=segment,
         )
 
 
+@lru_cache(maxsize=8)
+def _cached_plan(spec: EpochSpec, epoch: int, topology: Topology) -> RankPlan:
+    return spec.plan(
+        epoch,
+        topology,
+        stream=epoch_stream(
+            spec.rows,
+            spec.chunk_rows,
+            seed=spec.seed,
+            epoch=0 if spec.freeze_partition else epoch,
+            shuffle=spec.shuffle,
+        ),
+    )
+
+
 def plan_fingerprint(**inputs) -> str:
     """A short digest of what fixes every epoch's batches: the plan's inputs (passed by name), the algorithm's
-    version, and a sample of NumPy's generator output (a NumPy whose generator draws other numbers would give
-    other plans from the same inputs). Equal on every rank of one job, and in a checkpoint and the run that
-    resumes it, exactly when they compute the same batches."""
-    probe = rng_for(int(inputs.get("seed", 0)), 0, 0).permutation(257)
+    version, and a sample of the chunk order and of NumPy's generator output (a NumPy whose seeding or
+    generator draws other numbers would give other plans from the same inputs). Equal on every rank of one
+    job, and in a checkpoint and the run that resumes it, exactly when they compute the same batches."""
+    probe = ChunkOrder(257, seed=int(inputs.get("seed", 0)), epoch=0).to_array()
     probe = np.concatenate([probe, rng_for(int(inputs.get("seed", 0)), 0, 2, 0, 0).choice(1000, 16, replace=False)])
     text = repr((PLAN_VERSION, sorted(inputs.items()), probe.astype(np.int64).tolist()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -107,10 +128,9 @@ def rng_for(seed: int, epoch: int, *stream: int) -> np.random.Generator:
 
 
 def chunk_order(n_chunks: int, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The epoch's global chunk order (a permutation of ``range(n_chunks)``)."""
-    if not shuffle:
-        return np.arange(n_chunks, dtype=np.int64)
-    return rng_for(seed, epoch, 0).permutation(n_chunks).astype(np.int64)
+    """The epoch's whole chunk order (a permutation of ``range(n_chunks)``); the plan itself only ever
+    evaluates the positions a rank reads (:class:`zarrtorch.order.ChunkOrder`)."""
+    return ChunkOrder(n_chunks, seed=seed, epoch=epoch, shuffle=shuffle).to_array()
 
 
 class Segment(NamedTuple):
@@ -155,6 +175,26 @@ def row_budget(rows: int, *, world_size: int, batch_size: int, drop_last: bool) 
     return RowBudget(per_rank, batches, per_rank - (batches - 1) * batch_size, 0, world_size * per_rank - rows)
 
 
+def stream_budget(stream_rows: int, *, world_size: int, batch_size: int, drop_last: bool, segment: int) -> RowBudget:
+    """:func:`row_budget` of a stream; the rest of a resumed epoch (``segment >= 1``) that cannot give every
+    rank a batch gives every rank none instead of refusing."""
+    if segment and stream_rows < (world_size * batch_size if drop_last else 1):
+        return RowBudget(0, 0, 0, stream_rows, 0)
+    return row_budget(stream_rows, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+
+
+def worker_spans(budget: RowBudget, batch_size: int, num_workers: int) -> list[tuple[int, int, int, np.ndarray]]:
+    """Per worker of any rank: (first, stop) positions in the rank's slice, its first batch's index among
+    the rank's, and its batch sizes (the partial batch, if any, is the last worker's last)."""
+    out = []
+    for b0, b1 in worker_batch_ranges(budget.batches_per_rank, num_workers):
+        sizes = np.full(b1 - b0, batch_size, dtype=np.int64)
+        if b1 == budget.batches_per_rank and b1 > b0:
+            sizes[-1] = budget.last_batch_size
+        out.append((b0 * batch_size, min(b1 * batch_size, budget.rows_per_rank), b0, sizes))
+    return out
+
+
 def worker_batch_ranges(n_batches: int, num_workers: int) -> list[tuple[int, int]]:
     """Split a rank's batches into contiguous runs, one per worker; higher workers take the extra ones.
     The DataLoader's round-robin then yields the last worker's last batch last, so a partial batch (the
@@ -191,32 +231,90 @@ def resume_roles(counts: list[int], skip: int) -> list[tuple[int, int]]:
     return [(role, int(np.sum(order[:skip] == role))) for role in roles]
 
 
+# -- the stream: an epoch's rows in order, of which a rank asks for one stretch ------------------------------
+class ChunkStream:
+    """The chunks laid end to end in a :class:`ChunkOrder`: the rows at positions ``[start, stop)`` from
+    arithmetic on the chunks those positions cover. Every chunk holds ``chunk_rows`` rows except the
+    store's last one, which may be short; where that one lies in the stream is the order's inverse."""
+
+    def __init__(self, rows: int, chunk_rows: int, order: ChunkOrder):
+        self.length, self.chunk_rows, self.order = int(rows), int(chunk_rows), order
+        n = len(order)
+        self._short = rows - (n - 1) * chunk_rows if n else chunk_rows  # rows of the store's last chunk
+        self._short_at = int(order.position_of(n - 1)) if n and self._short < chunk_rows else n
+
+    def _first_row(self, i: int) -> int:
+        """Stream position of the first row of the ``i``-th chunk in the order."""
+        return i * self.chunk_rows - (self.chunk_rows - self._short) * (i > self._short_at)
+
+    def _index(self, p: int) -> int:
+        """Index (in the order) of the chunk holding stream position ``p``."""
+        L = self.chunk_rows
+        return p // L if p < self._short_at * L + self._short else (p + L - self._short) // L
+
+    def pieces(self, start: int, stop: int) -> np.ndarray:
+        """Rows at stream positions ``[start, stop)`` (``0 <= start <= stop <= length``) as ``(k, 2)`` row ranges."""
+        if start >= stop:
+            return np.zeros((0, 2), dtype=np.int64)
+        first, last = self._index(start), self._index(stop - 1)
+        lo = self.order[np.arange(first, last + 1, dtype=np.int64)] * self.chunk_rows
+        out = np.stack([lo, np.minimum(lo + self.chunk_rows, self.length)], axis=1)
+        out[0, 0] += start - self._first_row(first)
+        out[-1, 1] = lo[-1] + stop - self._first_row(last)
+        return out
+
+
+class RunStream:
+    """A stream given as row ranges in order (``(m, 2)``); positions found by binary search."""
+
+    def __init__(self, runs: np.ndarray):
+        self.runs = np.asarray(runs, dtype=np.int64).reshape(-1, 2)
+        lengths = self.runs[:, 1] - self.runs[:, 0]
+        self._ends = np.cumsum(lengths)
+        self._begins = self._ends - lengths
+        self.length = int(self._ends[-1]) if len(lengths) else 0
+
+    def pieces(self, start: int, stop: int) -> np.ndarray:
+        """Rows at positions ``[start, stop)`` (``0 <= start <= stop <= length``) as ``(k, 2)`` row ranges."""
+        if start >= stop:
+            return np.zeros((0, 2), dtype=np.int64)
+        sel = slice(int(np.searchsorted(self._ends, start, side="right")), int(np.searchsorted(self._begins, stop)))
+        begins, runs = self._begins[sel], self.runs[sel]
+        lo = np.maximum(begins, start) - begins + runs[:, 0]
+        hi = np.minimum(self._ends[sel], stop) - begins + runs[:, 0]
+        return np.stack([lo, hi], axis=1)
+
+
+def stream_slice(stream, start: int, stop: int) -> np.ndarray:
+    """Stream positions ``[start, stop)`` as ``(k, 2)`` row ranges; positions past the stream's length wrap
+    around to its start (evaluation padding)."""
+    total, pieces = stream.length, []
+    while start < stop:
+        end = min(stop, (start // total + 1) * total)  # stay within one pass over the stream
+        base = (start // total) * total
+        pieces.append(stream.pieces(start - base, end - base))
+        start = end
+    if not pieces:
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.concatenate(pieces).astype(np.int64)
+
+
+def epoch_stream(rows: int, chunk_rows: int, *, seed: int, epoch: int, shuffle: bool = True) -> ChunkStream:
+    """An epoch's stream: the store's chunks in the epoch's order."""
+    return ChunkStream(
+        rows, chunk_rows, ChunkOrder(ceil_div(rows, chunk_rows), seed=seed, epoch=epoch, shuffle=shuffle)
+    )
+
+
 def chunk_runs(order: np.ndarray, rows: int, chunk_rows: int) -> np.ndarray:
-    """The epoch's stream as ``(n_chunks, 2)`` half-open row ranges: the chunks in ``order``."""
+    """The chunks in ``order`` (a whole array) as ``(n_chunks, 2)`` half-open row ranges."""
     lo = np.asarray(order, dtype=np.int64) * chunk_rows
     return np.stack([lo, np.minimum(lo + chunk_rows, rows)], axis=1)
 
 
 def slice_runs(runs: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """Stream positions ``[start, stop)`` of the rows laid out by ``runs`` (``(m, 2)`` row ranges, in
-    order), as ``(k, 2)`` row ranges each inside one run. Positions past the stream's length wrap around
-    to its start (evaluation padding)."""
-    lengths = runs[:, 1] - runs[:, 0]
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    begins = ends - lengths
-    pieces = []
-    while start < stop:
-        end = min(stop, (start // total + 1) * total)  # stay within one pass over the stream
-        a, b = start % total, end - (start // total) * total
-        sel = slice(int(np.searchsorted(ends, a, side="right")), int(np.searchsorted(begins, b, side="left")))
-        lo = np.maximum(begins[sel], a) - begins[sel] + runs[sel, 0]
-        hi = np.minimum(ends[sel], b) - begins[sel] + runs[sel, 0]
-        pieces.append(np.stack([lo, hi], axis=1))
-        start = end
-    if not pieces:
-        return np.zeros((0, 2), dtype=np.int64)
-    return np.concatenate(pieces).astype(np.int64)
+    """:func:`stream_slice` of the stream laid out by ``runs`` (``(m, 2)`` row ranges, in order)."""
+    return stream_slice(RunStream(runs), start, stop)
 
 
 def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
@@ -224,18 +322,33 @@ def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, sto
     return slice_runs(chunk_runs(order, rows, chunk_rows), start, stop)
 
 
+def stretch(stream, start: int, stop: int, shuffle_key: tuple[int, ...] | None = None) -> np.ndarray:
+    """Stream positions ``[start, stop)`` as row ranges; with ``shuffle_key``, the ranges in an order drawn
+    from it (the cached mode's pieces)."""
+    pieces = stream_slice(stream, start, stop)
+    if shuffle_key is not None and len(pieces):
+        pieces = pieces[rng_for(*shuffle_key).permutation(len(pieces))]
+    return pieces
+
+
 @dataclass(frozen=True)
 class WorkerPlan:
-    """One worker's share of a rank's epoch: the row ranges it reads, in order, and its batch sizes."""
+    """One worker's share of a rank's epoch: the row ranges it reads, in order, and its batch sizes. The
+    ranges are computed when first asked for: a process that only counts batches never computes them."""
 
     worker: int
     first_batch: int  # index of its first batch among the rank's batches
-    pieces: np.ndarray = field(repr=False)  # (k, 2) [start, stop) global rows, in stream order
     batch_sizes: np.ndarray = field(repr=False)
+    source: partial = field(repr=False, compare=False)  # computes the pieces
+
+    @cached_property
+    def pieces(self) -> np.ndarray:
+        """``(k, 2)`` [start, stop) global rows, in the order read."""
+        return self.source()
 
     @property
     def rows(self) -> int:
-        return int((self.pieces[:, 1] - self.pieces[:, 0]).sum())
+        return int(self.batch_sizes.sum())
 
 
 @dataclass(frozen=True)
@@ -249,12 +362,17 @@ class RankPlan:
     budget: RowBudget
     workers: list[WorkerPlan]
     segment: int = 0  # 0: a whole epoch; k: the k-th resumption of it on another topology
-    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # rows read again
-    # by this rank only to even out the ranks (drop_last=False): never rows it also reads once otherwise
+    padded: partial = field(default=partial(np.zeros, (0, 2), np.int64), repr=False, compare=False)
 
     @property
     def batches(self) -> int:
         return self.budget.batches_per_rank
+
+    @cached_property
+    def padding(self) -> np.ndarray:
+        """Rows read again by this rank only to even out the ranks (drop_last=False): never rows it also
+        reads once otherwise."""
+        return np.concatenate([np.arange(a, b) for a, b in self.padded().tolist()] or [np.zeros(0, np.int64)])
 
 
 def epoch_plan(
@@ -270,16 +388,17 @@ def epoch_plan(
     num_workers: int = 0,
     shuffle: bool = True,
     freeze_partition: bool = False,
-    runs: np.ndarray | None = None,
+    stream=None,
     segment: int = 0,
 ) -> RankPlan:
     """The plan of ``rank`` for ``epoch``: a pure function of its arguments.
 
     ``freeze_partition`` (the cached mode) keeps epoch 0's chunk-to-rank assignment in every epoch, so a
     process can keep the rows it read in memory; the order of its pieces still changes every epoch.
-    ``runs`` replaces the epoch's stream (default: the chunks in the epoch's order) by given row ranges,
-    the rows not yet consumed when an epoch resumes on another topology (:mod:`zarrtorch.resume`); such a
-    remainder may be too short for a batch per rank, and then every rank gets none.
+    ``stream`` replaces the epoch's stream (default: the chunks in the epoch's order), e.g. by the rows not
+    yet consumed when an epoch resumes on another topology (:mod:`zarrtorch.resume`); such a remainder may
+    be too short for a batch per rank, and then every rank gets none. Only the stretches of the stream
+    this rank reads are computed: the cost is what the rank reads, whatever the store's size or the ranks.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -287,30 +406,20 @@ def epoch_plan(
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    if runs is None:
-        n_chunks = ceil_div(rows, chunk_rows)
-        order = chunk_order(n_chunks, seed=seed, epoch=0 if freeze_partition else epoch, shuffle=shuffle)
-        runs = chunk_runs(order, rows, chunk_rows)
-    stream_rows = int((runs[:, 1] - runs[:, 0]).sum())
-    if segment and stream_rows < (world_size * batch_size if drop_last else 1):
-        budget = RowBudget(0, 0, 0, stream_rows, 0)  # what is left of a resumed epoch: not one batch per rank
-    else:
-        budget = row_budget(stream_rows, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+    if stream is None:
+        stream = epoch_stream(rows, chunk_rows, seed=seed, epoch=0 if freeze_partition else epoch, shuffle=shuffle)
+    budget = stream_budget(
+        stream.length, world_size=world_size, batch_size=batch_size, drop_last=drop_last, segment=segment
+    )
+    stream_rows = stream.length
     rank_start = rank * budget.rows_per_rank
     workers = []
-    for w, (b0, b1) in enumerate(worker_batch_ranges(budget.batches_per_rank, num_workers)):
-        start = rank_start + b0 * batch_size
-        stop = rank_start + min(b1 * batch_size, budget.rows_per_rank)
-        pieces = slice_runs(runs, start, stop)
-        if freeze_partition and shuffle and len(pieces):
-            pieces = pieces[rng_for(seed, epoch, 1, rank, w).permutation(len(pieces))]
-        sizes = np.full(b1 - b0, batch_size, dtype=np.int64)
-        if b1 == budget.batches_per_rank and b1 > b0:
-            sizes[-1] = budget.last_batch_size
-        workers.append(WorkerPlan(worker=w, first_batch=b0, pieces=pieces, batch_sizes=sizes))
+    for w, (start, stop, first, sizes) in enumerate(worker_spans(budget, batch_size, num_workers)):
+        key = (seed, epoch, 1, rank, w) if freeze_partition and shuffle else None
+        source = partial(stretch, stream, rank_start + start, rank_start + stop, key)
+        workers.append(WorkerPlan(worker=w, first_batch=first, batch_sizes=sizes, source=source))
     rank_stop = rank_start + budget.rows_per_rank
-    padded = slice_runs(runs, max(rank_start, stream_rows), rank_stop) if rank_stop > stream_rows else runs[:0]
-    padding = np.concatenate([np.arange(a, b) for a, b in padded.tolist()] or [np.zeros(0, np.int64)])
+    padded = partial(stretch, stream, max(rank_start, stream_rows), max(rank_stop, stream_rows))
     return RankPlan(
         epoch=epoch,
         rank=rank,
@@ -319,5 +428,5 @@ def epoch_plan(
         budget=budget,
         workers=workers,
         segment=segment,
-        padding=padding.astype(np.int64),
+        padded=padded,
     )

@@ -4,11 +4,13 @@ An interrupted epoch is described by its *history*: the topologies it ran on, ea
 batches every rank had yielded there (:class:`Segment`). Which rows those batches held is a pure function
 of the epoch and the history (the same plan and buffer schedule the workers ran, simulated on row ids), so
 no process reads data or talks to another to know it. The rows not yet consumed, kept in the epoch's
-stream order, form the stream of the next segment, which :func:`zarrtorch.plan.epoch_plan` splits over the
-new ranks and workers like any epoch: every rank gets the same number of batches.
+stream order, form the stream of the next segment (:class:`RemainderStream`), which
+:func:`zarrtorch.plan.epoch_plan` splits over the new ranks and workers like any epoch: every rank gets
+the same number of batches.
 
-Cost: one byte per row of the store (the consumed mask) while a resumed plan is computed, once per process
-(the result is cached); a checkpoint stores only three integers per interruption.
+Cost: what the resuming rank reads. How many rows each saved worker left is arithmetic (its batch count
+and batch sizes); which rows, only for the saved workers whose leftovers this rank takes, by running
+that worker's buffer schedule up to where it stopped. A checkpoint stores three integers per interruption.
 """
 
 from __future__ import annotations
@@ -19,9 +21,19 @@ from functools import lru_cache
 
 import numpy as np
 
-from zarrtorch._util.sizes import ceil_div
-from zarrtorch.buffer import rank_batches
-from zarrtorch.plan import EpochSpec, RankPlan, Segment, Topology, chunk_order, chunk_runs
+from zarrtorch.buffer import buffer_rng, consumed_after, rank_batches
+from zarrtorch.plan import (
+    EpochSpec,
+    RankPlan,
+    RunStream,
+    Segment,
+    Topology,
+    batches_consumed_per_worker,
+    epoch_stream,
+    stream_budget,
+    stream_slice,
+    worker_spans,
+)
 
 
 def batches_of(spec: EpochSpec, plan: RankPlan) -> list[np.ndarray]:
@@ -31,40 +43,132 @@ def batches_of(spec: EpochSpec, plan: RankPlan) -> list[np.ndarray]:
     )
 
 
-def drop_rows(runs: np.ndarray, consumed: np.ndarray) -> np.ndarray:
-    """``runs`` (row ranges in stream order) without the rows marked in ``consumed``, order kept."""
-    out = []
-    for lo, hi in runs.tolist():
-        keep = ~consumed[lo:hi]
-        if keep.all():
-            out.append((lo, hi))
-        elif keep.any():
-            edges = np.diff(np.concatenate([[0], keep.view(np.int8), [0]]))
-            starts, stops = lo + np.nonzero(edges == 1)[0], lo + np.nonzero(edges == -1)[0]
-            out.extend(zip(starts.tolist(), stops.tolist(), strict=True))
-    return np.asarray(out, dtype=np.int64).reshape(-1, 2)
+def rows_to_runs(rows: np.ndarray) -> np.ndarray:
+    """Row ids in order as ``(k, 2)`` half-open ranges of consecutive ids."""
+    if not len(rows):
+        return np.zeros((0, 2), dtype=np.int64)
+    breaks = np.nonzero(np.diff(rows) != 1)[0] + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [len(rows)]])
+    return np.stack([rows[starts], rows[stops - 1] + 1], axis=1).astype(np.int64)
+
+
+def expand(pieces: np.ndarray) -> np.ndarray:
+    """The row ids of ``(k, 2)`` ranges, in order."""
+    return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in pieces.tolist()] or [np.zeros(0, np.int64)])
+
+
+class RemainderStream:
+    """The rows of ``parent`` (a stream) that no rank consumed in one segment of ``epoch``: ``past`` (its
+    topology and batches per rank), the ``segment``-th of the epoch. Kept in stream order, saved worker after
+    saved worker (the stream's order); the rows left out of that segment (``drop_last``) come last.
+
+    A row read twice in that segment (evaluation padding) counts as consumed if either copy was."""
+
+    def __init__(self, spec: EpochSpec, epoch: int, parent, segment: int, past: Segment):
+        self.spec, self.epoch, self.parent, self.segment, self.past = spec, epoch, parent, segment, past
+        n, world, batch = parent.length, past.world_size, spec.batch_size
+        budget = stream_budget(n, world_size=world, batch_size=batch, drop_last=spec.drop_last, segment=segment)
+        if past.batches > budget.batches_per_rank:
+            raise ValueError(
+                f"the saved state says {past.batches} batches were yielded on {world} rank(s) x "
+                f"{past.num_workers} worker(s), but that epoch had only {budget.batches_per_rank} per rank: the "
+                "state does not belong to this data or these settings"
+            )
+        spans = worker_spans(budget, batch, past.num_workers)
+        taken = batches_consumed_per_worker([len(sizes) for *_, sizes in spans], past.batches)
+        self._workers = []  # (rank, worker, first position, stop position, batch sizes, batches consumed)
+        for rank in range(world if budget.batches_per_rank else 0):
+            base = rank * budget.rows_per_rank
+            for w, (start, stop, _, sizes) in enumerate(spans):
+                self._workers.append((rank, w, base + start, base + stop, sizes, taken[w]))
+        pad = min(world * budget.rows_per_rank - n, n) if budget.batches_per_rank else 0
+        self._pad = max(pad, 0)  # stream positions [0, pad) were also read past the end, as padding
+        self._cache: dict[int, np.ndarray] = {}
+        self._padding_taken = None
+        lengths = [self._length(i) for i in range(len(self._workers))]
+        tail = n - world * budget.rows_per_rank if budget.batches_per_rank else n
+        self._tail_start = n - max(tail, 0)
+        self._ends = np.cumsum(lengths + [max(tail, 0)]).astype(np.int64)
+        self.length = int(self._ends[-1]) if len(self._ends) else 0
+
+    def _involved(self, i: int) -> bool:
+        """Whether saved worker ``i`` holds rows that were also read as padding, or read padding."""
+        _, _, start, stop, _, _ = self._workers[i]
+        return start < self._pad or stop > self.parent.length
+
+    def _length(self, i: int) -> int:
+        _, _, start, stop, sizes, taken = self._workers[i]
+        if self._involved(i):
+            runs = self._rows_left(i)
+            return int((runs[:, 1] - runs[:, 0]).sum())
+        return stop - start - int(sizes[:taken].sum())
+
+    def _simulated(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows saved worker ``i`` had read from its stream when it stopped (in stream order), and which of
+        them it had yielded: its buffer schedule run on stream positions, up to its last batch."""
+        rank, w, start, stop, sizes, taken = self._workers[i]
+        spec = self.spec
+        positions, read = consumed_after(
+            np.array([[0, stop - start]], dtype=np.int64),
+            sizes,
+            taken,
+            capacity=spec.buffer_rows,
+            warmup_rows=spec.chunk_rows,
+            rng=buffer_rng(spec.seed, self.epoch, rank, w, spec.row_shuffle, self.segment),
+        )
+        yielded = np.zeros(read, dtype=bool)
+        yielded[positions] = True
+        return expand(stream_slice(self.parent, start, start + read)), yielded
+
+    def _padding_consumed(self) -> np.ndarray:
+        """Rows of positions ``[0, pad)`` that a worker reading them (as its own or as padding) yielded."""
+        if self._padding_taken is None:
+            rows = expand(self.parent.pieces(0, self._pad))
+            taken = [rows_read[yielded] for rows_read, yielded in map(self._simulated, self._involved_workers())]
+            self._padding_taken = rows[np.isin(rows, np.concatenate(taken or [np.zeros(0, np.int64)]))]
+        return self._padding_taken
+
+    def _involved_workers(self) -> list[int]:
+        return [i for i in range(len(self._workers)) if self._involved(i)]
+
+    def _rows_left(self, i: int) -> np.ndarray:
+        """Saved worker ``i``'s leftovers as ``(k, 2)`` row ranges, in stream order (computed once)."""
+        if i not in self._cache:
+            _, _, start, stop, _, _ = self._workers[i]
+            stop_in = min(stop, self.parent.length)  # positions past it were padding
+            rows_read, yielded = self._simulated(i)
+            inside = min(len(rows_read), stop_in - start)
+            left = rows_read[:inside][~yielded[:inside]]
+            if self._involved(i):
+                left = left[~np.isin(left, self._padding_consumed())]
+            rest = self.parent.pieces(start + len(rows_read), stop_in) if start + len(rows_read) < stop_in else None
+            self._cache[i] = np.concatenate([rows_to_runs(left)] + ([rest] if rest is not None else []))
+        return self._cache[i]
+
+    def pieces(self, start: int, stop: int) -> np.ndarray:
+        """Rows at positions ``[start, stop)`` of the remainder as ``(k, 2)`` row ranges."""
+        out, begin = [], 0
+        first = int(np.searchsorted(self._ends, start, side="right"))
+        for i in range(first, len(self._ends)):
+            begin = int(self._ends[i - 1]) if i else 0
+            if begin >= stop:
+                break
+            a, b = max(start, begin) - begin, min(stop, int(self._ends[i])) - begin
+            if i == len(self._workers):  # the rows no rank read in that segment
+                out.append(self.parent.pieces(self._tail_start + a, self._tail_start + b))
+            else:
+                out.append(RunStream(self._rows_left(i)).pieces(a, b))
+        return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
 
 
 @lru_cache(maxsize=8)
-def remaining_runs(spec: EpochSpec, epoch: int, history: tuple[Segment, ...]) -> np.ndarray:
+def remaining_stream(spec: EpochSpec, epoch: int, history: tuple[Segment, ...]):
     """The stream of the segment of ``epoch`` after ``history``: rows not consumed in any earlier segment."""
-    order = chunk_order(ceil_div(spec.rows, spec.chunk_rows), seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
-    runs = chunk_runs(order, spec.rows, spec.chunk_rows)
+    stream = epoch_stream(spec.rows, spec.chunk_rows, seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
     for segment, past in enumerate(history):
-        consumed = np.zeros(spec.rows, dtype=bool)
-        for rank in range(past.world_size):
-            plan = spec.plan(epoch, Topology(rank, past.world_size, past.num_workers), runs=runs, segment=segment)
-            if past.batches > plan.batches:
-                raise ValueError(
-                    f"the saved state says {past.batches} batches were yielded on {past.world_size} rank(s) x "
-                    f"{past.num_workers} worker(s), but that epoch had only {plan.batches} per rank: the state "
-                    "does not belong to this data or these settings"
-                )
-            for batch in batches_of(spec, plan)[: past.batches]:
-                consumed[batch] = True
-        runs = drop_rows(runs, consumed)
-    runs.flags.writeable = False  # shared by the cache
-    return runs
+        stream = RemainderStream(spec, epoch, stream, segment, past)
+    return stream
 
 
 def resumed_plan(spec: EpochSpec, epoch: int, history: tuple[Segment, ...], topology: Topology) -> RankPlan:
@@ -78,7 +182,7 @@ def resumed_plan(spec: EpochSpec, epoch: int, history: tuple[Segment, ...], topo
             "keep_in_memory=True freezes the partition on one topology: it cannot continue an epoch "
             "on another; resume on the saved topology or start the epoch afresh"
         )
-    return spec.plan(epoch, topology, runs=remaining_runs(spec, epoch, history), segment=len(history))
+    return spec.plan(epoch, topology, stream=remaining_stream(spec, epoch, history), segment=len(history))
 
 
 # -- what state_dict saves --------------------------------------------------------------------------------
@@ -144,6 +248,12 @@ class LoaderCheckpoint:
 
     def setup_differences(self, other: LoaderCheckpoint) -> list[str]:
         """``"field: saved X, now Y"`` for every set-up field that differs."""
+        if self.plan_version != other.plan_version:
+            return [
+                f"plan version: saved {self.plan_version}, now {other.plan_version}: that zarrtorch's plan gives other "
+                "batches than this one's (version 3 orders chunks by a keyed bijection, computed per position), "
+                "so the position cannot be carried over"
+            ]
         out = []
         for f in dataclasses.fields(self):
             if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):

@@ -2,9 +2,9 @@
 in any epoch, after any resume on any topology, and what each call (``set_epoch``, ``iter``, ``next``,
 ``state_dict``, ``load_state_dict``, ``len``) does to the loader's position.
 
-It shares the specification with zarrtorch, not its code: the random draws it names (NumPy's generator
-seeded with ``(seed, epoch, stream...)``: the chunk order, the cached pieces' order, the shuffle buffer's
-picks) and the rules of ``zarrtorch.plan``'s docstring. Everything else is written again here, the slow and
+It shares the specification with zarrtorch, not its code: the chunk order (a keyed bijection, written
+again below with Python integers), the random draws it names (NumPy's generator seeded with ``(seed, epoch,
+stream...)``: the cached pieces' order, the shuffle buffer's picks) and the rules of ``zarrtorch.plan``'s docstring. Everything else is written again here, the slow and
 obvious way, so that the state machine in ``test_model.py`` compares two independent accounts of an epoch.
 """
 
@@ -40,12 +40,42 @@ class Setup:
         return self.shuffle and self.buffer_chunks > 0
 
 
+def keyed_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The chunk order of ``zarrtorch.order``'s docstring, with Python integers: a 6-round Feistel network on
+    2h bits (the least h >= 1 with 4**h >= n), round keys from ``SeedSequence([seed, epoch, 0])``, SplitMix64's
+    finaliser as the round function, and positions that land outside ``[0, n)`` sent through again."""
+    keys = SeedSequence([seed, epoch, 0]).generate_state(6, dtype=np.uint64).tolist()
+    h = 1
+    while 4**h < n:
+        h += 1
+    full, half = 2**64 - 1, 2**h - 1
+
+    def mix(z: int) -> int:
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & full
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & full
+        return z ^ (z >> 31)
+
+    def network(x: int) -> int:
+        left, right = x >> h, x & half
+        for key in keys:
+            left, right = right, left ^ (mix(right ^ key) & half)
+        return (left << h) | right
+
+    out = []
+    for i in range(n):
+        y = network(i)
+        while y >= n:
+            y = network(y)
+        out.append(y)
+    return out
+
+
 def chunk_stream(setup: Setup, epoch: int) -> list[int]:
     """The epoch's rows: whole chunks in the epoch's order (epoch 0's for ``cache``, where it is frozen)."""
     n = -(-setup.rows // setup.chunk_rows)
     chunks = list(range(n))
-    if setup.shuffle:
-        chunks = generator(setup.seed, 0 if setup.cache else epoch, 0).permutation(n).tolist()
+    if setup.shuffle and n > 1:
+        chunks = keyed_order(n, setup.seed, 0 if setup.cache else epoch)
     return [r for c in chunks for r in range(c * setup.chunk_rows, min((c + 1) * setup.chunk_rows, setup.rows))]
 
 
