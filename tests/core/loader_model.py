@@ -4,8 +4,9 @@ in any epoch, after any resume on any topology, and what each call (``set_epoch`
 
 It shares the specification with zarrtorch, not its code: the chunk order (a keyed bijection, written
 again below with Python integers), the random draws it names (NumPy's generator seeded with ``(seed, epoch,
-stream...)``: the cached pieces' order, the shuffle buffer's picks) and the rules of ``zarrtorch.plan``'s docstring. Everything else is written again here, the slow and
-obvious way, so that the state machine in ``test_model.py`` compares two independent accounts of an epoch.
+stream...)``: the cached pieces' order, the shuffle buffer's picks) and the rules of ``zarrtorch.plan``'s
+docstring. Everything else is written again here, the slow and obvious way, so that the state machine in
+``test_model.py`` compares two independent accounts of an epoch.
 """
 
 from __future__ import annotations
