@@ -15,12 +15,14 @@ data: setup
 course: setup
 	$(PY) scripts/run_course.py --size $(SIZE)
 
-## (b) the tests: lint, package tests + every notebook under nbval (on the tiny data)
+## (b) the tests: lint, package tests + every notebook under nbval (on the tiny data), in TEST_PROCS processes
+## (pytest-xdist; --dist loadfile keeps a notebook's cells, and a test file, in one process, in order)
+TEST_PROCS ?= 2
 test: setup lint
 	@bash scripts/install_browser.sh
 	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny --no-progress
 	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
-		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 $(PYTEST_ARGS)
+		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 -n $(TEST_PROCS) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -37,7 +37,7 @@ for rank in range(nodes * per_node):
 with open(os.path.join(log, "tasks.json"), "w") as f:
     json.dump({"pids": [t.pid for t in tasks], "kill_on_bad_exit": kill_on_bad_exit, "cpus_per_task": cpus}, f)
 code = 0
-while any(t.poll() is None for t in tasks):
+while None in [t.poll() for t in tasks]:  # every task polled (a list, not any(): that stops at the first alive)
     bad = [t.returncode for t in tasks if t.returncode not in (None, 0)]
     if bad and kill_on_bad_exit:
         code = code or bad[0]

@@ -6,6 +6,7 @@ remaining row once; when one rank dies the others end within seconds; an interac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,8 +82,14 @@ class Job:
         try:
             code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,stat,etime,args", "--forest"], capture_output=True, text=True)
+            alive = [line for line in tree.stdout.splitlines() if "srun" in line or "zarrtorch" in line]
             self.proc.kill()
-            pytest.fail(f"the job did not end within {timeout_s} s: stuck\n" + "".join(self.lines[-60:]))
+            for pid in self.pids():  # no rank left training after the test
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the job did not end within {timeout_s} s: stuck\n" + "".join(self.lines[-60:])
+                        + "processes:\n" + "\n".join(alive))  # fmt: skip
         self._reader.join(5)
         return code
 
