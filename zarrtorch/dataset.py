@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch._read.columns import check_stack, packings, stack_columns
 from zarrtorch._read.early import EarlyReads, reads_early
+from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
 from zarrtorch._util.pool import Pools
@@ -32,6 +34,10 @@ from zarrtorch.options import ReadOptions, check_settings, deprecated_dataset_ar
 from zarrtorch.plan import EpochSpec, RankPlan, Topology, resume_roles, shuffles_rows
 from zarrtorch.resume import batches_of, resumed_plan
 from zarrtorch.stream import stream_batches
+
+REMOTE_IN_FLIGHT = 8  # requests in flight a remote store starts with
+IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
+MOST_IN_FLIGHT = 128  # and never more requests than this (each waits in a reading thread)
 
 THROUGH_THE_LOADER = (
     "iterate a ZarrIterableDataset through zarrtorch.ZarrDataLoader(dataset, batch_size=...): the loader "
@@ -96,6 +102,7 @@ class ZarrIterableDataset(IterableDataset):
         self.arrays = open_arrays(source, variables, storage_options=read.storage_options, retry=read.retry)
         self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
         self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
+        self._in_flight: InFlight | None = None  # per process too
         self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
         self.packings = packings(self.arrays, read.decode_cf)
         self.stack = check_stack(stack, self.out_columns)
@@ -167,9 +174,21 @@ class ZarrIterableDataset(IterableDataset):
         return sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in self.out_columns.values())
 
     # -- memory --------------------------------------------------------------------------------------
+    def in_flight_range(self, decode_threads: int) -> tuple[int, int]:
+        """(first, most) chunk reads one process decoding in ``decode_threads`` threads keeps in flight: the
+        value set, or ``decode_threads + 1`` for a local store (fixed); for a remote one from 8, grown while the
+        consumer waits for data and it pays (:mod:`zarrtorch._read.inflight`), up to what
+        ``IN_FLIGHT_BYTES`` of decoded chunks hold (8 to ``MOST_IN_FLIGHT`` requests)."""
+        if self.read.requests_in_flight:
+            return self.read.requests_in_flight, self.read.requests_in_flight
+        if all_local(self.arrays):
+            return decode_threads + 1, decode_threads + 1
+        chunk_bytes = max(1, self.chunk_rows * self.row_bytes)
+        return REMOTE_IN_FLIGHT, max(REMOTE_IN_FLIGHT, min(MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes))
+
     def in_flight(self, decode_threads: int) -> int:
-        """Chunks one process decoding in ``decode_threads`` threads reads ahead at once (remote: 8)."""
-        return self.read.requests_in_flight or (decode_threads + 1 if all_local(self.arrays) else 8)
+        """Chunk reads one process keeps in flight at most: what the memory budget counts."""
+        return self.in_flight_range(decode_threads)[1]
 
     def decode_threads(self, num_workers: int) -> int:
         """Threads decoding in each reading process of a loader with ``num_workers`` workers."""
@@ -288,11 +307,21 @@ class ZarrIterableDataset(IterableDataset):
             self._kept, self._kept_for = {}, logical  # rows of another share would never be reused
         if self._arrays_pid != os.getpid():  # a worker (or a fork of one): its own connections and buffers
             self.arrays, self._arrays_pid, self._pools = for_this_process(self.arrays), os.getpid(), Pools()
+            self._in_flight = None
+        first, most = self.in_flight_range(threads)
+        if self._in_flight is None or (self._in_flight.first, self._in_flight.most) != (first, most):
+            shared = self.epoch_state  # kept across epochs: the level found carries over, in workers too
+            self._in_flight = InFlight(
+                first,
+                most,
+                start=shared.level(worker) if shared is not None else 0,
+                on_change=partial(shared.remember_level, worker) if shared is not None else None,
+            )
         reader = PieceReader(
             self.arrays,
             self.chunk_rows,
             threads=threads,
-            prefetch=self.in_flight(threads),
+            in_flight=self._in_flight,
             policy=self.read.retry,
             check_missing=self.read.check_chunks,
             cache=self._kept if self.keep_in_memory else None,

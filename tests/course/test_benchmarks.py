@@ -130,14 +130,16 @@ def test_remote_latency_table(tmp_path):
         "2",
         "--batch-size",
         "8",
+        "--workers",
+        "0",
         "--json",
         str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "x HTTP 0 ms" in proc.stdout
+    assert "in parentheses: x the same setting over HTTP without delay" in proc.stdout
     data = json.loads(out.read_text())
-    assert set(data["local"]) == {"1", "4"} and set(data["http"]) == {"0.0", "5.0"}
-    assert all(v > 0 for row in data["http"].values() for v in row.values())
-    chunk_requests = 2 * 6 * 2 * 2  # arrays x chunks x epochs x settings
+    assert set(data["local"]["0"]) == {"default", "1 fixed", "4 fixed"} and set(data["http"]) == {"0.0", "5.0"}
+    assert all(v > 0 for row in data["http"].values() for v in row["0"].values())
+    chunk_requests = 2 * 6 * 2 * 3  # arrays x chunks x epochs x settings
     assert all(n >= chunk_requests for n in data["requests"].values())

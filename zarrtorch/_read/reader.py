@@ -19,6 +19,7 @@ from zarrtorch._read.chunks import chunk_key, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import direct_decoder
 from zarrtorch._read.fetch import RetryPolicy, get_many
+from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
 
@@ -64,11 +65,12 @@ class PieceReader:
         after_last: Callable[[Callable], EarlyReads] | None = None,
         first: np.ndarray | None = None,
         secrets: tuple[str, ...] = (),
+        in_flight: InFlight | None = None,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
         self.threads = max(1, threads)
-        self.prefetch = max(1, prefetch)
+        self.in_flight = in_flight or InFlight(prefetch, prefetch)  # ``prefetch`` fixed, or adapted
         self.check_missing = check_missing
         self.cache = cache
         self.policy = policy or RetryPolicy()
@@ -81,6 +83,11 @@ class PieceReader:
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
         if first is not None:
             self.read_first(first)
+
+    @property
+    def prefetch(self) -> int:
+        """Pieces read ahead now (the requests in flight)."""
+        return self.in_flight.level
 
     def _where(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
         return (
@@ -146,8 +153,8 @@ class PieceReader:
         index reaches it. :meth:`iter_pieces` takes them as reads started early, and goes on in the same
         threads; nothing when there are some already (the last epoch's) or when pieces are read one at a
         time in the caller's thread."""
-        threads = reading_threads(self.threads, self.prefetch)
-        if self.early is not None or len(pieces) == 0 or (threads == 1 and self.prefetch <= 1):
+        threads = reading_threads(self.threads, self.in_flight.most)
+        if self.early is not None or len(pieces) == 0 or (threads == 1 and self.in_flight.most <= 1):
             return
         self._pool = _reading_pool(threads)  # the epoch's
         self.early = EarlyReads(self._pool.submit, self.read_piece, pieces[: self.prefetch])
@@ -161,8 +168,8 @@ class PieceReader:
         self.early = None
         if len(pieces) == 0:
             return
-        threads = reading_threads(self.threads, self.prefetch)
-        if threads == 1 and self.prefetch <= 1 and not pending and not ready:  # read in the caller's thread
+        threads = reading_threads(self.threads, self.in_flight.most)
+        if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
             for start, stop in pieces:
                 yield self.read_piece(start, stop)
             return
@@ -175,10 +182,16 @@ class PieceReader:
             while len(pending) < self.prefetch and (nxt := next(todo, None)) is not None:
                 pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
 
+        def take():
+            future = pending.popleft()
+            self.in_flight.consumed(waited=not future.done())  # the consumer waits for this read
+            return future.result()
+
+        self.in_flight.new_epoch()
         try:
             read_ahead()
             while ready or pending:
-                data = ready.popleft() if ready else pending.popleft().result()
+                data = ready.popleft() if ready else take()
                 read_ahead()
                 if not ready and not pending and self.after_last is not None:  # the last piece is handed out
                     self.started_early = self.after_last(pool.submit)

@@ -50,9 +50,20 @@ class EpochState:
 
     MAX_SEGMENTS = 32
     _HEAD = 6  # epoch, skip, rank, world_size, published, number of segments; then 3 values per segment
+    LEVELS = 256  # then the requests in flight each worker (id modulo 256) last settled on
 
     def __init__(self) -> None:
-        self._values = torch.zeros(self._HEAD + 3 * self.MAX_SEGMENTS, dtype=torch.int64).share_memory_()
+        size = self._HEAD + 3 * self.MAX_SEGMENTS + self.LEVELS
+        self._values = torch.zeros(size, dtype=torch.int64).share_memory_()
+
+    def remember_level(self, worker: int, level: int) -> None:
+        """Keep the requests in flight worker ``worker`` found (:mod:`zarrtorch._read.inflight`) for the workers
+        of the next epochs: non-persistent workers are new processes every epoch."""
+        self._values[self._HEAD + 3 * self.MAX_SEGMENTS + worker % self.LEVELS] = int(level)
+
+    def level(self, worker: int) -> int:
+        """What :meth:`remember_level` kept for ``worker`` (0: nothing yet)."""
+        return int(self._values[self._HEAD + 3 * self.MAX_SEGMENTS + worker % self.LEVELS])
 
     def publish(self, view: EpochView) -> None:
         """Set the values every worker will read at the start of its next epoch."""
@@ -64,7 +75,7 @@ class EpochState:
         values = [view.epoch, view.skip, view.rank, view.world_size, 1, len(view.history)]
         for seg in view.history:
             values += [int(v) for v in seg]
-        self._values.zero_()
+        self._values[: self._HEAD + 3 * self.MAX_SEGMENTS].zero_()  # the levels stay
         self._values[: len(values)] = torch.tensor(values)
 
     def read(self) -> EpochView | None:
