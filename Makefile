@@ -44,8 +44,11 @@ lab: setup
 	$(PY) -m zarrtorch make-data --size $(SIZE)
 	$(PY) -m jupyter lab notebooks/00_index.ipynb
 
+## every benchmark in one run: the loader table, a plan's and a resume's cost at scale, requests in flight vs latency
 bench: setup
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) benchmarks/scale.py
+	$(PY) benchmarks/remote.py
 
 slides: setup
 	$(PY) slides/build.py
