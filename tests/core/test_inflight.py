@@ -1,9 +1,9 @@
-"""Requests in flight found while reading (zarrtorch._read.inflight.InFlight), on a clock the test moves: a
-far store's reads are waited for and a larger level reads faster, so the level grows up to its most; a
-consumer-bound run waits too but a larger level does not read faster, so it goes back and never tries that
-level again; a fixed setting and a run that never waits keep their level. Then the loader with the adaptive
-default over a slow HTTP server: every row once per epoch, 0 and 2 workers, and the memory budget counts
-the most the level may reach."""
+"""Requests in flight found while reading (zarrtorch._read.inflight.InFlight), on a clock the test moves. A
+far store (every read takes 100 ms, however many are in flight) grows the level up to its most; a store whose
+reads queue (one server: each read waits for the others) stops growing once reads queue; a consumer that is
+the bottleneck shrinks it back to the first level; a fixed setting never moves. Then the loader with the
+adaptive default over a slow HTTP server: every row once per epoch, 0 and 2 workers, and the memory budget
+counts the most the level may reach."""
 
 from __future__ import annotations
 
@@ -23,46 +23,43 @@ class Clock:
         return self.now
 
 
-def run(controller: InFlight, clock: Clock, pieces: int, *, seconds_per_piece, waited) -> list[int]:
-    """Consume ``pieces``; each takes ``seconds_per_piece(level)``; returns the level after each piece."""
+def run(controller: InFlight, clock: Clock, pieces: int, *, rate, latency, waited=lambda n: True) -> list[int]:
+    """Consume ``pieces`` at ``rate(level)`` pieces/s, each read taking ``latency(level)`` s; the level after each."""
     levels = []
     for _ in range(pieces):
-        clock.now += seconds_per_piece(controller.level)
-        controller.consumed(waited=waited(controller.level))
+        clock.now += 1 / rate(controller.level)
+        controller.consumed(waited(controller.level), latency(controller.level))
         levels.append(controller.level)
     return levels
 
 
-def test_a_far_store_grows_the_level_while_it_pays_up_to_its_most():
+def test_a_far_store_grows_the_level_up_to_its_most():
     clock = Clock()
     c = InFlight(8, 64, clock=clock)
-    levels = run(c, clock, 2000, seconds_per_piece=lambda n: 0.1 / n, waited=lambda n: True)  # 100 ms, latency-bound
-    assert levels[0] == 8 and levels[-1] == 62  # 12, 18, 27, 41, 62 paid; 64 (the most) gave only 3 % more
-    assert max(levels) == 64 and levels[-500:].count(64) == 0
+    levels = run(c, clock, 3000, rate=lambda n: n / 0.1, latency=lambda n: 0.1)  # latency-bound: n per 100 ms
+    assert levels[0] == 8 and levels[-1] == 64 and levels == sorted(levels)
+    assert c.base == pytest.approx(0.1)
 
 
-def test_a_consumer_bound_run_goes_back_and_does_not_try_again():
+def test_reads_that_queue_stop_the_growth():
+    """One server doing 100 reads/s: n in flight wait n x 10 ms each, and the rate stays 100/s."""
     clock = Clock()
     c = InFlight(8, 64, clock=clock)
-    levels = run(c, clock, 2000, seconds_per_piece=lambda n: 0.01, waited=lambda n: True)  # the rate never moves
-    assert max(levels) == 12  # tried once (8 x 1.5)...
-    assert levels[-1] == 8 and levels[-500:].count(12) == 0  # ...went back, and stays
+    levels = run(c, clock, 3000, rate=lambda n: 100, latency=lambda n: n * 0.01)
+    assert levels[-1] == 18 and max(levels) == 18  # stops where more than half of the reads in flight queue
 
 
-def test_it_grows_only_as_far_as_it_pays():
+def test_a_consumer_bound_run_shrinks_back_to_the_first_level():
     clock = Clock()
-    c = InFlight(8, 64, clock=clock)
-    levels = run(c, clock, 3000, seconds_per_piece=lambda n: 0.1 / min(n, 20), waited=lambda n: True)
-    assert levels[-1] == 27 and max(levels) == 41  # 12, 18, 27 paid (27 reads 11 % faster than 18), 41 did not
-    assert levels[-1000:].count(41) == 0  # and is not tried again
+    c = InFlight(8, 64, start=40, clock=clock)  # a level found in an earlier epoch
+    levels = run(c, clock, 2000, rate=lambda n: 50, latency=lambda n: 0.01, waited=lambda n: False)
+    assert levels[0] == 40 and levels[-1] == 8 and levels == sorted(levels, reverse=True)
 
 
-def test_no_waits_or_a_fixed_setting_keep_the_level():
+def test_a_fixed_setting_never_moves():
     clock = Clock()
-    never = InFlight(8, 64, clock=clock)
-    assert set(run(never, clock, 500, seconds_per_piece=lambda n: 0.01, waited=lambda n: False)) == {8}
     fixed = InFlight(5, 5, clock=clock)
-    assert set(run(fixed, clock, 500, seconds_per_piece=lambda n: 0.1 / n, waited=lambda n: True)) == {5}
+    assert set(run(fixed, clock, 500, rate=lambda n: n / 0.1, latency=lambda n: 0.1)) == {5}
     assert InFlight(8, 3).most == 8  # never below the first level
 
 
@@ -101,8 +98,8 @@ def test_the_level_found_is_kept_for_the_next_epochs_workers():
     clock = Clock()
     c = InFlight(8, 64, start=state.level(1), on_change=lambda level: state.remember_level(1, level), clock=clock)
     assert c.level == 8
-    run(c, clock, 2000, seconds_per_piece=lambda n: 0.1 / n, waited=lambda n: True)
-    assert state.level(1) == c.level == 62 and state.level(0) == 0
+    run(c, clock, 3000, rate=lambda n: n / 0.1, latency=lambda n: 0.1)
+    assert state.level(1) == c.level == 64 and state.level(0) == 0
     state.publish(EpochView(epoch=1, skip=0, rank=0, world_size=1))  # a new epoch keeps the levels
-    assert InFlight(8, 64, start=state.level(1)).level == 62
+    assert InFlight(8, 64, start=state.level(1)).level == 64
     assert InFlight(8, 40, start=state.level(1)).level == 40 and InFlight(8, 64, start=3).level == 8

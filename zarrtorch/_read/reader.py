@@ -8,6 +8,7 @@ the chunk and the store key. Arrays stored the simple way are decoded by :mod:`z
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -178,14 +179,27 @@ class PieceReader:
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         todo = iter(pieces[len(ready) + len(pending) :])
 
+        timing: dict = {}  # future -> [requested, done] (monotonic seconds), for the requests in flight
+
+        def timed(start: int, stop: int, times: list) -> dict[str, np.ndarray]:
+            data = self.read_piece(start, stop)
+            times[1] = time.monotonic()  # before the future holds the data
+            return data
+
         def read_ahead():
             while len(pending) < self.prefetch and (nxt := next(todo, None)) is not None:
-                pending.append(pool.submit(self.read_piece, nxt[0], nxt[1]))
+                times = [time.monotonic(), None]
+                future = pool.submit(timed, nxt[0], nxt[1], times)
+                timing[future] = times
+                pending.append(future)
 
         def take():
             future = pending.popleft()
-            self.in_flight.consumed(waited=not future.done())  # the consumer waits for this read
-            return future.result()
+            waited = not future.done()  # the consumer waits for this read
+            data = future.result()
+            requested, done = timing.pop(future, (None, None))
+            self.in_flight.consumed(waited, done - requested if done is not None else None)
+            return data
 
         self.in_flight.new_epoch()
         try:
