@@ -42,11 +42,24 @@ class AuditReport:
     duplicates: int  # rows read twice beyond the padding: must be 0
     chunk_diversity: float  # rank 0's batches, 1.0 = as mixed as a perfect shuffle
     order_correlation: float  # rank 0's stream, 1.0 = in row order, ~0 = shuffled
+    loader_bytes_per_rank: int = 0  # zarrtorch.loader_memory(...).total: one rank's loader, workers included
+    ranks_per_node: int = 0  # 0: not asked
+    node_memory_bytes: int = 0  # 0: not given
+
+    @property
+    def loader_bytes_per_node(self) -> int:
+        return self.loader_bytes_per_rank * self.ranks_per_node
+
+    @property
+    def fits(self) -> bool:
+        """The loaders of one node's ranks fit in its memory (true when no node memory was given)."""
+        return not self.node_memory_bytes or self.loader_bytes_per_node < self.node_memory_bytes
 
     @property
     def ok(self) -> bool:
         limit = self.world_size * self.batch_size if self.drop_last else 1
-        return len(set(self.batches_per_rank)) == 1 and self.duplicates == 0 and self.rows_left_out < limit
+        rows_ok = len(set(self.batches_per_rank)) == 1 and self.duplicates == 0 and self.rows_left_out < limit
+        return rows_ok and self.fits
 
     def summary(self) -> str:
         counts = sorted(set(self.batches_per_rank))
@@ -62,9 +75,32 @@ class AuditReport:
             f"  duplicates           {self.duplicates}",
             f"  shuffle (rank 0)     chunk diversity {self.chunk_diversity:.2f}, order correlation "
             f"{self.order_correlation:.2f}",
-            "  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above",
         ]
+        lines += self._memory_lines()
+        lines.append("  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above")
         return "\n".join(lines)
+
+    def _memory_lines(self) -> list[str]:
+        gib = 2**30
+        out = [f"  loader memory        {self.loader_bytes_per_rank / 2**20:,.0f} MiB per rank at most (loader_memory)"]
+        if self.ranks_per_node:
+            out.append(
+                f"  per node             {self.loader_bytes_per_node / gib:,.2f} GiB for {self.ranks_per_node} rank(s)"
+            )
+        if self.ranks_per_node and self.node_memory_bytes:
+            left = self.node_memory_bytes - self.loader_bytes_per_node
+            if self.fits:
+                out.append(
+                    f"  left on the node     {left / gib:,.2f} GiB of {self.node_memory_bytes / gib:,.2f} GiB for the "
+                    "model, PyTorch and everything else in those processes"
+                )
+            else:
+                out.append(
+                    f"  DOES NOT FIT         the loaders alone need {-left / gib:,.2f} GiB more than the node's "
+                    f"{self.node_memory_bytes / gib:,.2f} GiB: fewer workers, a smaller buffer_chunks or "
+                    "requests_in_flight, fewer ranks per node, or shorter chunks"
+                )
+        return out
 
 
 def audit(
@@ -82,11 +118,17 @@ def audit(
     state: dict | None = None,
     variables=None,
     read: ReadOptions | None = None,
+    ranks_per_node: int = 0,
+    node_memory_gib: float = 0.0,
 ) -> AuditReport:
     """Audit one epoch of ``source`` (anything :class:`zarrtorch.ZarrIterableDataset` opens; only metadata is
     read). With ``state`` (a ``ZarrDataLoader.state_dict()``), audit the rest of the saved epoch on this
-    topology: its epoch, batch size, seed and settings are taken from the state."""
+    topology: its epoch, batch size, seed and settings are taken from the state. ``ranks_per_node`` and
+    ``node_memory_gib``: also the loader memory of one node's ranks (every rank's main process and workers,
+    :func:`zarrtorch.loader_memory`) against the node's memory; not fitting makes the report a problem."""
+    from zarrtorch.budget import loader_memory
     from zarrtorch.dataset import ZarrIterableDataset
+    from zarrtorch.loader import ZarrDataLoader
 
     ds = ZarrIterableDataset(
         source,
@@ -140,6 +182,11 @@ def audit(
         duplicates=len(new) - len(np.unique(new)) - padding + int(np.isin(new, old).sum()),
         chunk_diversity=chunk_diversity(first, ds.rows, ds.chunk_rows) if len(first) else float("nan"),
         order_correlation=order_correlation(first) if len(first) else float("nan"),
+        loader_bytes_per_rank=loader_memory(
+            ZarrDataLoader(ds, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
+        ).total,
+        ranks_per_node=int(ranks_per_node),
+        node_memory_bytes=int(node_memory_gib * 2**30),
     )
 
 
@@ -182,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--row-range", type=int, nargs=2, default=None, metavar=("START", "STOP"))
     p.add_argument("--state", default=None, help="a saved loader state (.json) or Lightning checkpoint (.ckpt)")
+    p.add_argument("--ranks-per-node", type=int, default=0, help="also the loaders' memory of one node's ranks")
+    p.add_argument("--node-memory-gib", type=float, default=0.0, help="and against the node's memory (GiB)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     a = p.parse_args(argv)
     if a.batch_size is None and a.state is None:
@@ -199,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
             buffer_chunks=a.buffer_chunks,
             row_range=tuple(a.row_range) if a.row_range else None,
             state=load_state(a.state) if a.state else None,
+            ranks_per_node=a.ranks_per_node,
+            node_memory_gib=a.node_memory_gib,
         )
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"audit: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({**asdict(report), "ok": report.ok}, indent=1) if a.json else report.summary())
+    extra = {"loader_bytes_per_node": report.loader_bytes_per_node, "fits": report.fits, "ok": report.ok}
+    print(json.dumps({**asdict(report), **extra}, indent=1) if a.json else report.summary())
     return 0 if report.ok else 1

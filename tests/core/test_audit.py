@@ -101,3 +101,22 @@ def test_cli(store, tmp_path):
     state.write_text(json.dumps({**loader.state_dict(), "rows": ROWS + 1}))
     bad = subprocess.run(run + ["--world-size", "3", "--state", str(state)], capture_output=True, text=True)
     assert bad.returncode == 2 and "the state was saved on 438 rows" in bad.stderr
+
+
+def test_memory_per_node_is_every_ranks_loader_and_refuses_a_node_too_small(store):
+    """The loader memory of a node's ranks is ranks x loader_memory of one rank's loader (its workers included);
+    a node that cannot hold it makes the report a problem, and the CLI says what to change."""
+    from zarrtorch import loader_memory
+
+    one = loader_memory(ZarrDataLoader(ZarrIterableDataset(store, seed=0), batch_size=16, num_workers=2)).total
+    report = audit(store, world_size=8, batch_size=16, num_workers=2, ranks_per_node=4, node_memory_gib=64)
+    assert report.loader_bytes_per_rank == one and report.loader_bytes_per_node == 4 * one
+    assert report.fits and report.ok and "left on the node" in report.summary()
+    small = audit(store, world_size=8, batch_size=16, num_workers=2, ranks_per_node=4,
+                  node_memory_gib=3 * one / 2**30)  # fmt: skip
+    assert not small.fits and not small.ok and "DOES NOT FIT" in small.summary()
+    run = [sys.executable, "-m", "zarrtorch", "audit", str(store), "--world-size", "8", "--batch-size", "16"]
+    cli = subprocess.run(run + ["--num-workers", "2", "--ranks-per-node", "4", "--node-memory-gib",
+                                f"{3 * one / 2**30}", "--json"], capture_output=True, text=True)  # fmt: skip
+    assert cli.returncode == 1 and json.loads(cli.stdout)["fits"] is False
+    assert audit(store, world_size=2, batch_size=16).fits  # no node given: nothing to refuse
