@@ -316,6 +316,11 @@ class ZarrDataLoader(DataLoader):
     def _position(self, run: EpochRun) -> int:
         """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so."""
         consumed = self.consumed_batches() if self.consumed_batches is not None else None
+        if consumed is not None and int(consumed) < 0:
+            raise ValueError(
+                f"consumed_batches() said {consumed} batches were consumed: it must count the batches of this epoch "
+                "the consumer has finished with (an integer >= 0), or return None"
+            )
         return run.position if consumed is None else min(run.position, int(consumed))
 
     def state_dict(self) -> dict:

@@ -235,6 +235,14 @@ class LoaderCheckpoint:
             )
         values = {n: state[n] for n in names}
         values["history"] = tuple(tuple(int(v) for v in seg) for seg in values["history"])
+        counts = {n: values[n] for n in ("epoch", "batches_seen", "rank", "num_workers")}
+        counts.update({f"history[{i}]": min(seg) for i, seg in enumerate(values["history"])})
+        negative = {n: v for n, v in counts.items() if int(v) < 0}
+        if negative or int(values["world_size"]) < 1:
+            raise ValueError(
+                f"not a position a loader can be at: {negative or {'world_size': values['world_size']}} "
+                "(counts are >= 0, world_size >= 1); the state was altered or written by something else"
+            )
         return cls(**values)
 
     @property

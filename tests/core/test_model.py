@@ -222,7 +222,7 @@ class LoaderMachine(RuleBasedStateMachine):
         ``set_epoch`` with the saved epoch, as Lightning does). ``lag``: the consumer has not trained the last
         batch it took (Lightning fetches one ahead), and says so through ``consumed_batches``."""
         run = self.models[0].run
-        consumed = run.position - lag if run is not None and lag else None
+        consumed = run.position - lag if run is not None and 0 < lag <= run.position else None  # none untrained
         for loader in self.loaders:
             loader.consumed_batches = (lambda c=consumed: c) if consumed is not None else None
         states = [loader.state_dict() for loader in self.loaders]

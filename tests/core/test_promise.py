@@ -352,3 +352,22 @@ def test_state_json_round_trip(store, tmp_path):
     again = ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)
     again.load_state_dict(json.loads(path.read_text()))
     assert again.state_dict() == loader.state_dict()
+
+
+def test_a_negative_position_is_refused_not_resumed(store):
+    """Found by the model-based fuzz run: a consumer that said it had trained -1 batches (lag before the first
+    batch) produced a state with batches_seen=-1, and a loader resumed from it read nothing and gave a negative
+    len(). Both ends now refuse it."""
+    loader = ZarrDataLoader(ZarrIterableDataset(store, seed=3), batch_size=BATCH)
+    iter(loader)
+    loader.consumed_batches = lambda: -1
+    with pytest.raises(ValueError, match=r"consumed_batches\(\) said -1 batches"):
+        loader.state_dict()
+    loader.consumed_batches = None
+    state = loader.state_dict()
+    other = ZarrDataLoader(ZarrIterableDataset(store, seed=3), batch_size=BATCH)
+    with pytest.raises(ValueError, match="not a position a loader can be at"):
+        other.load_state_dict({**state, "batches_seen": -1})
+    with pytest.raises(ValueError, match="not a position a loader can be at"):
+        other.load_state_dict({**state, "history": [[2, 0, -3]]})
+    assert len(other) == len(loader)
