@@ -120,12 +120,14 @@ def audit(
     read: ReadOptions | None = None,
     ranks_per_node: int = 0,
     node_memory_gib: float = 0.0,
+    windows=None,
 ) -> AuditReport:
     """Audit one epoch of ``source`` (anything :class:`zarrtorch.ZarrIterableDataset` opens; only metadata is
     read). With ``state`` (a ``ZarrDataLoader.state_dict()``), audit the rest of the saved epoch on this
     topology: its epoch, batch size, seed and settings are taken from the state. ``ranks_per_node`` and
     ``node_memory_gib``: also the loader memory of one node's ranks (every rank's main process and workers,
-    :func:`zarrtorch.loader_memory`) against the node's memory; not fitting makes the report a problem."""
+    :func:`zarrtorch.loader_memory`) against the node's memory; not fitting makes the report a problem.
+    ``windows`` (:class:`zarrtorch.windows.Windows`): samples are windows; "rows" then counts window starts."""
     from zarrtorch.budget import loader_memory
     from zarrtorch.dataset import ZarrIterableDataset
     from zarrtorch.loader import ZarrDataLoader
@@ -138,6 +140,7 @@ def audit(
         buffer_chunks=buffer_chunks,
         row_range=row_range,
         read=read,
+        windows=windows,
     )
     history: tuple[Segment, ...] = ()
     if state is not None:

@@ -29,11 +29,13 @@ from zarrtorch._util.sizes import held_chunks, row_bytes
 from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng
-from zarrtorch.layout import check_first_axis_layout, restrict_rows
+from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout, restrict_rows
 from zarrtorch.options import ReadOptions, check_settings, deprecated_dataset_arguments
 from zarrtorch.plan import EpochSpec, RankPlan, Topology, resume_roles, shuffles_rows
 from zarrtorch.resume import batches_of, resumed_plan
 from zarrtorch.stream import stream_batches
+from zarrtorch.window_stream import chunk_reads, stream_windows, worker_window_batches
+from zarrtorch.windows import Windows, WindowStarts, no_windows_message
 
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store starts with
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
@@ -75,6 +77,11 @@ class ZarrIterableDataset(IterableDataset):
             changes). Memory, not disk: nothing is written.
         read: how the store is read (:class:`zarrtorch.ReadOptions`: decode threads, requests in flight,
             storage options, retries, chunk checks, shards, CF decoding).
+        windows: make each sample a window of consecutive time steps (:class:`zarrtorch.windows.Windows`:
+            input and target steps, stride, arrays by role, static arrays, gaps). Every guarantee then holds
+            for window starts: each valid start once per epoch, equal batches per rank, resume, ``audit``.
+            ``rows`` and ``chunk_rows`` then count window ids and blocks; ``row_range`` need not fall on chunk
+            boundaries, and keeps every step of every window inside it.
     """
 
     def __init__(
@@ -92,6 +99,7 @@ class ZarrIterableDataset(IterableDataset):
         return_padding: bool = False,
         keep_in_memory: bool = False,
         read: ReadOptions | None = None,
+        windows: Windows | None = None,
         **deprecated,
     ):
         read, renamed = deprecated_dataset_arguments(read, deprecated)
@@ -99,15 +107,23 @@ class ZarrIterableDataset(IterableDataset):
         keep_in_memory = renamed.get("keep_in_memory", keep_in_memory)
         check_settings(seed=seed, buffer_chunks=buffer_chunks)
         self.read = read
+        self.windows = windows
         self.arrays = open_arrays(source, variables, storage_options=read.storage_options, retry=read.retry)
+        self.static: dict[str, np.ndarray] = {}  # windows: the arrays without a time axis, read once
+        if windows is not None and windows.static:
+            self.static = self._static_arrays(source, windows.static, read)
         self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
         self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
         self._in_flight: InFlight | None = None  # per process too
         self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
         self.packings = packings(self.arrays, read.decode_cf)
-        self.stack = check_stack(stack, self.out_columns)
+        self.stack = check_stack(stack, self.decoded_columns)
         self.row_offset = 0
-        if row_range is not None:
+        self.starts: WindowStarts | None = None
+        self.store_chunk_rows = self.layout.chunk_rows
+        if windows is not None:
+            self._use_windows(windows, row_range, stack, keep_in_memory)
+        elif row_range is not None:
             self.row_offset, self.layout = restrict_rows(self.layout, row_range)
         self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
         self.keep_in_memory, self.return_index = bool(keep_in_memory), bool(return_index)
@@ -120,6 +136,29 @@ class ZarrIterableDataset(IterableDataset):
         self._kept_for: int | None = None  # the (logical) worker whose share they are
         self._early: EarlyReads | None = None  # the next epoch's first reads, started as this one ends
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
+
+    def _static_arrays(self, source, names, read: ReadOptions) -> dict[str, np.ndarray]:
+        """The static arrays, whole: taken out of the time arrays if opened with them."""
+        arrays = {n: self.arrays.pop(n) for n in names if n in self.arrays}
+        rest = [n for n in names if n not in arrays]
+        if rest:
+            arrays.update(open_arrays(source, rest, storage_options=read.storage_options, retry=read.retry))
+        return {n: np.asarray(a[...]) for n, a in arrays.items()}
+
+    def _use_windows(self, windows: Windows, row_range, stack, keep_in_memory: bool) -> None:
+        """Plan window ids in blocks instead of rows in chunks (:mod:`zarrtorch.windows`)."""
+        if stack:
+            raise ValueError("stack= is not available with windows=: stack the variables when preparing the store")
+        if keep_in_memory:
+            raise ValueError("keep_in_memory=True is not available with windows=")
+        self.inputs, self.targets = windows.roles(list(self.arrays))
+        self.starts = WindowStarts.of(windows, self.layout.rows, row_range)
+        if self.starts.n == 0:
+            raise ValueError(no_windows_message(windows, self.layout.rows, row_range))
+        self.layout = FirstAxisLayout(
+            rows=self.starts.n, chunk_rows=windows.block_rows(self.store_chunk_rows), sharded=self.layout.sharded
+        )
+        self._store_rows = next(iter(self.arrays.values())).shape[0]
 
     def bind(self, config: LoaderConfig, epoch_state: EpochState, ring: BatchRing | None = None) -> None:
         """Called by :class:`zarrtorch.ZarrDataLoader` each time it starts an epoch, before its workers copy
@@ -161,12 +200,26 @@ class ZarrIterableDataset(IterableDataset):
         return {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
 
     @property
-    def out_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Row shape and dtype of each array in a batch (CF-packed arrays decoded, :mod:`zarrtorch._read.columns`)."""
+    def decoded_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Row shape and dtype of each array once decoded (CF-packed arrays, :mod:`zarrtorch._read.columns`)."""
         return {
             name: (shape, self.packings[name].dtype if name in self.packings else dtype)
             for name, (shape, dtype) in self.columns.items()
         }
+
+    @property
+    def out_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Row shape and dtype of each array in a batch (CF-packed arrays decoded, :mod:`zarrtorch._read.columns`);
+        with ``windows``, each input array ``(history, *row)``, each target ``name_target`` ``(lead, *row)`` and
+        each static array its own shape."""
+        decoded = self.decoded_columns
+        if self.windows is None:
+            return decoded
+        w = self.windows
+        out = {n: ((w.history, *decoded[n][0]), decoded[n][1]) for n in self.inputs}
+        out.update({n + "_target": ((w.lead, *decoded[n][0]), decoded[n][1]) for n in self.targets})
+        out.update({n: (a.shape, a.dtype) for n, a in self.static.items()})
+        return out
 
     @property
     def batch_row_bytes(self) -> int:
@@ -183,7 +236,7 @@ class ZarrIterableDataset(IterableDataset):
             return self.read.requests_in_flight, self.read.requests_in_flight
         if all_local(self.arrays):
             return decode_threads + 1, decode_threads + 1
-        chunk_bytes = max(1, self.chunk_rows * self.row_bytes)
+        chunk_bytes = max(1, self.store_chunk_rows * self.row_bytes)
         return REMOTE_IN_FLIGHT, max(REMOTE_IN_FLIGHT, min(MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes))
 
     def in_flight(self, decode_threads: int) -> int:
@@ -198,10 +251,26 @@ class ZarrIterableDataset(IterableDataset):
         """Decoded data one worker holds at most (:func:`zarrtorch._util.sizes.held_chunks` chunks; no buffer
         without ``shuffle`` or with ``buffer_chunks=0``)."""
         row_shuffle = shuffles_rows(self.shuffle, self.buffer_chunks)
+        if self.windows is not None:
+            return self._window_chunks_held(decode_threads, row_shuffle) * self.store_chunk_rows * self.row_bytes
         held = held_chunks(
             buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads), row_shuffle=row_shuffle
         )
         return held * self.chunk_rows * self.row_bytes
+
+    def _window_chunks_held(self, decode_threads: int, row_shuffle: bool) -> int:
+        """Store chunks one worker holds at most with ``windows`` (:mod:`zarrtorch.window_stream`): those of the
+        pieces with windows in the buffer or the batch (the buffer's slots, or a batch when larger, in blocks, and
+        two pieces partly emitted) and its reads in flight. A piece needs its block's chunks and, for each run of
+        consecutive starts in it, the halo and a chunk boundary at each end."""
+        chunk, block = self.store_chunk_rows, self.chunk_rows
+        runs = self.starts.most_runs(block)
+        per_piece = min(
+            block * self.windows.steps, -(-block // chunk) + runs * (-(-(self.windows.span - 1) // chunk) + 2)
+        )
+        batch = self.config.batch_size if self.config is not None else 1
+        slots = max(self.buffer_rows if row_shuffle else 0, batch)
+        return (-(-slots // block) + 2) * per_piece + self.in_flight(decode_threads)
 
     # -- the plan ------------------------------------------------------------------------------------
     def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:
@@ -216,6 +285,7 @@ class ZarrIterableDataset(IterableDataset):
             buffer_chunks=self.buffer_chunks,
             freeze_partition=self.keep_in_memory,
             row_offset=self.row_offset,
+            windows=self.windows.describe() if self.windows is not None else "",
         )
 
     def fingerprint(self, batch_size: int, drop_last: bool) -> str:
@@ -272,7 +342,11 @@ class ZarrIterableDataset(IterableDataset):
             drop_last=spec.drop_last,
             history=history,
         )
-        return [b + self.row_offset for b in batches_of(spec, plan)]
+        return [self._index_of(b) for b in batches_of(spec, plan)]
+
+    def _index_of(self, ids: np.ndarray) -> np.ndarray:
+        """The store rows plan ids name: rows (``row_offset`` added), or windows' start rows."""
+        return self.starts.start(ids) if self.starts is not None else ids + self.row_offset
 
     def _require_config(self) -> LoaderConfig:
         if self.config is None:
@@ -317,6 +391,8 @@ class ZarrIterableDataset(IterableDataset):
                 start=shared.level(worker) if shared is not None else 0,
                 on_change=partial(shared.remember_level, worker) if shared is not None else None,
             )
+        if self.windows is not None:
+            return self._iter_windows(spec, plan, view, logical, worker, worker_skip, threads, info)
         reader = PieceReader(
             self.arrays,
             self.chunk_rows,
@@ -357,6 +433,50 @@ class ZarrIterableDataset(IterableDataset):
         if writer is not None:  # the batch is in a shared slot: send where (zarrtorch._workers.ring)
             return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
+
+    def _iter_windows(self, spec, plan, view, logical, worker, skip, threads, info):
+        """:meth:`__iter__` with ``windows``: the buffer runs on window ids, the rows are read in chunks
+        (:mod:`zarrtorch.window_stream`)."""
+        share = plan.workers[logical]
+        rng = buffer_rng(spec.seed, view.epoch, view.rank, logical, spec.row_shuffle, plan.segment)
+        batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
+        offsets = self.windows.offsets
+        reads = chunk_reads(batches, share.pieces, self.starts, offsets, self.store_chunk_rows, skip=skip)
+        reader = PieceReader(
+            self.arrays,
+            self.store_chunk_rows,
+            threads=threads,
+            in_flight=self._in_flight,
+            policy=self.read.retry,
+            check_missing=self.read.check_chunks,
+            pools=self._pools,
+            secrets=self._secrets,
+        )
+        self.last_chunk_reads = reads  # what this process read, for tests and benchmarks
+        writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
+        columns = {**INDEX_ONLY, **self.out_columns}
+        if self.return_padding:
+            columns["padding"] = ((), np.dtype(bool))
+        batches_out = stream_windows(
+            reader,
+            batches,
+            reads,
+            self.starts,
+            offsets=offsets,
+            history=self.windows.history,
+            inputs=self.inputs,
+            targets=self.targets,
+            static=self.static,
+            out_columns=columns,
+            rows=self._store_rows,
+            skip=skip,
+            padding=plan.padding if self.return_padding else None,
+            packings=self.packings,
+            out=writer.out if writer is not None else None,
+        )
+        if writer is not None:
+            return (writer.send(batch, self._to_torch) for batch in batches_out)
+        return (self._to_torch(batch) for batch in batches_out)
 
     @staticmethod
     def _with_padding(batch: dict[str, np.ndarray], padding: np.ndarray, writer) -> dict[str, np.ndarray]:

@@ -152,7 +152,7 @@ class ZarrDataLoader(DataLoader):
         prefetch = kwargs.get("prefetch_factor") or 2
         self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport)  # allocated by iter()
         # what receive() keeps of a slot
-        self._ring_keep = None if dataset.return_index else set(dataset.arrays) | {"padding"}
+        self._ring_keep = None if dataset.return_index else set(dataset.out_columns) | {"padding"}
         self._ring_copy = pin_copy if pinned else None
         dataset.bind(self.config, self.epoch_state, self.ring)
         super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)

@@ -61,7 +61,8 @@ class EpochSpec:
     shuffle: bool = True
     buffer_chunks: int = 8
     freeze_partition: bool = False  # keep_in_memory: epoch 0's chunk-to-rank assignment in every epoch
-    row_offset: int = 0  # the window's first row in the store
+    row_offset: int = 0  # the row window's first row in the store
+    windows: str = ""  # samples are windows of time steps (zarrtorch.windows): their settings; rows are window ids
 
     @property
     def row_shuffle(self) -> bool:
@@ -72,7 +73,10 @@ class EpochSpec:
         return self.buffer_chunks * self.chunk_rows
 
     def fingerprint(self) -> str:
-        return plan_fingerprint(**{f.name: getattr(self, f.name) for f in fields(self)})
+        inputs = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.windows:  # rows as samples: the fingerprint of every earlier plan of version 3
+            del inputs["windows"]
+        return plan_fingerprint(**inputs)
 
     def plan(self, epoch: int, topology: Topology, *, stream=None, segment: int = 0) -> RankPlan:
         """:func:`epoch_plan` of this spec for ``epoch`` on ``topology`` (``stream``/``segment``: see there).

@@ -1,7 +1,8 @@
 """The real ZarrDataLoader driven through random sequences of the calls users make, against the reference model
 (``loader_model.py``): every rank of a job (1-3 ranks x 0-2 workers) in lockstep, as DDP runs them.
 
-Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers),
+Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers, and
+samples that are rows or windows of time steps: history, lead, stride, a gap),
 ``set_epoch``, ``iter``, ``next`` k times, break, a second ``iter`` while one runs, ``state_dict`` then a new
 job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end), a state refused for its
 settings, ``len``.
@@ -33,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from loader_model import ModelLoader, Refused, Setup, State
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.windows import Windows
 
 EXAMPLES = int(os.environ.get("ZARRTORCH_FUZZ_EXAMPLES", "25"))
 FUZZING = "ZARRTORCH_FUZZ_EXAMPLES" in os.environ
@@ -111,14 +113,39 @@ class LoaderMachine(RuleBasedStateMachine):
         workers=st.integers(0, 2),
         transport=st.sampled_from([None, "queue"]),
         persistent=st.booleans(),
+        window=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(0, 3), st.integers(1, 2), st.booleans())),
     )
     @deadline
     def build(
-        self, store, batch, drop_last, shuffle, buffer_chunks, cache, seed, world, workers, transport, persistent
+        self,
+        store,
+        batch,
+        drop_last,
+        shuffle,
+        buffer_chunks,
+        cache,
+        seed,
+        world,
+        workers,
+        transport,
+        persistent,
+        window,
     ):
         rows, chunk = store
-        batch = min(batch, rows // 3)  # every rank of up to 3 gets a batch with drop_last
-        self.setup = Setup(rows, chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
+        windows, self.starts = None, None
+        samples, plan_chunk = rows, chunk
+        if window is not None:  # samples are windows: the model plans window ids, numbered here by hand
+            history, lead, stride, gap = window
+            segments = ((0, rows // 2), (rows // 2 + 1, rows)) if gap else ((0, rows),)
+            span = (history + lead - 1) * stride + 1
+            self.starts = [s for a, b in segments for s in range(a, b - span + 1)]
+            self.offsets = [k * stride for k in range(history + lead)]
+            self.history = history
+            windows = Windows(history=history, lead=lead, stride=stride, segments=segments if gap else None)
+            samples, cache = len(self.starts), False
+            plan_chunk = max(1, -(-(span - 1) * 20 // chunk)) * chunk  # blocks: halo <= 1/20 (zarrtorch.windows)
+        batch = min(batch, samples // 3)  # every rank of up to 3 gets a batch with drop_last
+        self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers
         self.transport = transport
         self.dataset = ZarrIterableDataset(
@@ -128,6 +155,7 @@ class LoaderMachine(RuleBasedStateMachine):
             buffer_chunks=buffer_chunks,
             keep_in_memory=cache,
             return_index=True,
+            windows=windows,
         )
         self.make_job(world, workers)
         self.run_before: list[int] = []  # rows of the current iteration's epoch consumed before it started
@@ -176,9 +204,8 @@ class LoaderMachine(RuleBasedStateMachine):
                     ended.append(rank)
                     continue
                 assert batch is not None, f"rank {rank} ended after {taken} of {len(self.expected[rank])} batches"
-                rows = batch["index"].numpy().tolist()
+                rows = self.check_data(batch)
                 assert rows == self.expected[rank][taken], f"rank {rank}, batch {taken}"
-                np.testing.assert_array_equal(batch["x"].numpy()[:, 1], -np.asarray(rows, dtype=np.float32))
                 model.took()
                 self.yielded[rank].append(rows)
             if ended:
@@ -188,6 +215,20 @@ class LoaderMachine(RuleBasedStateMachine):
                 if self.models[0].start is None:
                     self.before, self.worlds = [], [self.world]
                 return
+
+    def check_data(self, batch) -> list[int]:
+        """The batch's sample ids (rows, or window ids) after checking its data against them."""
+        index = batch["index"].numpy()
+        if self.starts is None:
+            np.testing.assert_array_equal(batch["x"].numpy()[:, 1], -index.astype(np.float32))
+            return index.tolist()
+        rows = index[:, None] + np.asarray(self.offsets)[None, :]
+        np.testing.assert_array_equal(batch["x"].numpy()[:, :, 1], -rows[:, : self.history].astype(np.float32))
+        if "x_target" in batch:
+            np.testing.assert_array_equal(batch["x_target"].numpy()[:, :, 1], -rows[:, self.history :])
+        assert batch["x"].shape[1] == self.history
+        assert ("x_target" in batch) == (len(self.offsets) > self.history)
+        return [self.starts.index(s) for s in index.tolist()]
 
     @precondition(lambda self: self.iters is not None)
     @rule()

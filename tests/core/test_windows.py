@@ -1,0 +1,278 @@
+"""Window samples (zarrtorch.windows, zarrtorch.window_stream): every valid window start once per epoch across
+ranks x workers, with its steps' data; gaps and periods respected; each chunk read about once per epoch; memory
+within the bound ``worker_memory_bytes`` counts; resume on another topology; clear refusals.
+
+The store's row ``t`` holds ``x[t] = (t, -t, t / 2)`` and ``y[t] = 10 t``: each step of a window says its row.
+(The model-based test, test_model.py, drives windows through random call sequences too.)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, audit, loader_memory, prepare_zarr
+from zarrtorch._read.reader import ChunkReadError, PieceReader
+from zarrtorch.buffer import buffer_rng
+from zarrtorch.plan import Topology
+from zarrtorch.window_stream import chunk_reads, worker_window_batches
+from zarrtorch.windows import Windows, WindowStarts
+
+ROWS = 240
+
+
+def write(path, rows=ROWS, chunk=1, static=True):
+    t = np.arange(rows, dtype=np.float32)
+    prepare_zarr({"x": np.stack([t, -t, 0.5 * t], axis=1), "y": 10 * t}, path, chunk_rows=chunk, progress=False)
+    if static:
+        group = zarr.open_group(path, mode="a")
+        group.create_array("orography", data=np.arange(6, dtype=np.float32).reshape(2, 3))
+        with warnings.catch_warnings():  # zarr: consolidated metadata is not in the v3 spec (prepare_zarr writes it)
+            warnings.simplefilter("ignore")
+            zarr.consolidate_metadata(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("windows") / "hourly.zarr")
+
+
+def check(batch, w: Windows) -> np.ndarray:
+    """The batch's window starts, after checking each step's rows, the targets and the static field."""
+    start = batch["index"].numpy()
+    rows = start[:, None] + w.offsets[None, :]
+    inputs = w.inputs or ("x", "y")
+    if "x" in inputs:
+        np.testing.assert_array_equal(batch["x"][:, :, 0].numpy(), rows[:, : w.history])
+        np.testing.assert_array_equal(batch["x"][:, :, 1].numpy(), -rows[:, : w.history])
+    if w.lead:
+        for name in w.targets or inputs:
+            got = batch[name + "_target"].numpy()
+            want = rows[:, w.history :] * (10 if name == "y" else 1)
+            np.testing.assert_array_equal(got if name == "y" else got[:, :, 0], want)
+    else:
+        assert not [k for k in batch if k.endswith("_target")]
+    if w.static:
+        np.testing.assert_array_equal(
+            batch["orography"].numpy(), np.broadcast_to(np.arange(6.0).reshape(2, 3), (len(start), 2, 3))
+        )
+    return start
+
+
+def valid_starts(w: Windows, rows: int, row_range=None) -> list[int]:
+    """Every start whose steps all lie in one segment and in the row range, by brute force."""
+    lo, hi = row_range or (0, rows)
+    segments = w.segments or ((0, rows),)
+    return [
+        s for s in range(rows) if any(a <= s and s + w.span <= b for a, b in segments) and lo <= s and s + w.span <= hi
+    ]
+
+
+def run(store, w, *, world=1, workers=0, drop_last=False, epoch=0, batch=16, **kw):
+    out = []
+    for rank in range(world):
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=2, **kw)
+        loader = ZarrDataLoader(
+            ds, batch_size=batch, num_workers=workers, drop_last=drop_last, rank=rank, world_size=world
+        )
+        loader.set_epoch(epoch)
+        out.append([check(b, w) for b in loader])
+    return out
+
+
+@given(
+    history=st.integers(1, 4),
+    lead=st.integers(0, 4),
+    stride=st.integers(1, 3),
+    cuts=st.lists(st.integers(0, ROWS), max_size=4),
+    row_range=st.one_of(st.none(), st.tuples(st.integers(0, 100), st.integers(140, ROWS))),
+)
+@settings(max_examples=200, deadline=None)
+def test_window_ids_number_exactly_the_valid_starts(history, lead, stride, cuts, row_range):
+    edges = sorted({0, ROWS, *cuts})
+    segments = [(a, b) for a, b in zip(edges, edges[1:], strict=False) if b > a + 1]  # each cut drops one row
+    segments = [(a + (a > 0), b) for a, b in segments if b > a + (a > 0)]
+    w = Windows(history=history, lead=lead, stride=stride, segments=segments)
+    starts = WindowStarts.of(w, ROWS, row_range)
+    expected = valid_starts(w, ROWS, row_range)
+    assert starts.n == len(expected)
+    np.testing.assert_array_equal(starts.start(np.arange(starts.n)), expected)
+    ids = starts.id_of(np.arange(ROWS))
+    assert sorted(ids[ids >= 0].tolist()) == list(range(starts.n))
+    assert all(ids[s] == -1 for s in range(ROWS) if s not in set(expected))
+
+
+def test_from_mask_makes_one_segment_per_run_of_valid_rows():
+    valid = np.ones(20, bool)
+    valid[[5, 6, 13]] = False
+    w = Windows.from_mask(valid, history=2, lead=1)
+    assert w.segments == ((0, 5), (7, 13), (14, 20))
+    assert WindowStarts.of(w, 20).start(np.arange(WindowStarts.of(w, 20).n)).tolist() == [
+        0,
+        1,
+        2,
+        7,
+        8,
+        9,
+        10,
+        14,
+        15,
+        16,
+        17,
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_window_start_once_per_epoch_with_equal_batches(store, workers, world, drop_last):
+    w = Windows(history=2, lead=4, static=("orography",))
+    expected = valid_starts(w, ROWS)
+    per_rank = run(store, w, world=world, workers=workers, drop_last=drop_last, epoch=1, buffer_chunks=2)
+    assert len({len(b) for b in per_rank}) == 1, "ranks disagree on the number of batches"
+    got = np.concatenate([b for rank in per_rank for b in rank])
+    if drop_last:
+        assert len(got) == len(set(got.tolist())) and len(expected) - len(got) < world * 16
+        assert set(got.tolist()) <= set(expected)
+    else:
+        assert set(got.tolist()) == set(expected) and len(got) - len(expected) < world
+
+
+def test_stride_roles_and_periods(store):
+    """6-hourly windows of hourly rows, inputs from x, targets from y; training and validation periods whose
+    windows never reach into each other."""
+    w = Windows(history=2, lead=2, stride=6, inputs=("x",), targets=("y",))
+    train = np.concatenate(run(store, w, row_range=(0, 150))[0])
+    val = np.concatenate(run(store, w, row_range=(150, ROWS))[0])
+    assert sorted(train.tolist()) == valid_starts(w, ROWS, (0, 150))
+    assert sorted(val.tolist()) == valid_starts(w, ROWS, (150, ROWS))
+    assert train.max() + w.span <= 150 <= val.min()
+
+
+def test_gaps_are_never_straddled(store):
+    w = Windows(history=3, lead=1, segments=((0, 100), (103, ROWS)))
+    got = np.concatenate(run(store, w, workers=2)[0])
+    assert sorted(got.tolist()) == valid_starts(w, ROWS)
+    assert not ((got < 100) & (got + w.span > 100)).any()
+
+
+def test_output_equals_batch_row_ids_and_audit_counts_windows(store):
+    w = Windows(history=2, lead=3)
+    ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=4)
+    loader = ZarrDataLoader(ds, batch_size=8, num_workers=2, drop_last=True)
+    loader.set_epoch(3)
+    got = [b["index"].numpy() for b in loader]
+    planned = ds.batch_row_ids(epoch=3, num_workers=2, batch_size=8, drop_last=True)
+    assert len(got) == len(planned) and all(np.array_equal(a, b) for a, b in zip(got, planned, strict=True))
+    report = audit(store, windows=w, world_size=2, batch_size=8, seed=4)
+    assert report.ok and report.rows == len(valid_starts(w, ROWS))
+
+
+def count_reads(monkeypatch) -> list:
+    reads = []
+    original = PieceReader.read_piece
+
+    def counted(self, start, stop):
+        reads.append(int(start) // self.chunk_rows)
+        return original(self, start, stop)
+
+    monkeypatch.setattr(PieceReader, "read_piece", counted)
+    return reads
+
+
+def test_each_chunk_read_about_once_per_epoch(tmp_path, monkeypatch):
+    """One time step per chunk, 2 input + 4 target steps: at most 1.1 reads per chunk per epoch over 2 ranks
+    (one window per read: 6), counted at the reader."""
+    path = write(tmp_path / "steps.zarr", rows=2000, static=False)
+    reads = count_reads(monkeypatch)
+    w = Windows(history=2, lead=4)
+    run(path, w, world=2, batch=32)
+    per_chunk = len(reads) / 2000
+    assert per_chunk <= 1.1, per_chunk
+    assert set(reads) == set(range(2000))
+
+
+def test_a_worker_holds_no_more_than_its_memory_bound(store):
+    """The most chunks a worker's schedule holds at once, plus its reads in flight, stay within what
+    worker_memory_bytes (and so loader_memory) counts, for short and long blocks."""
+    for block_chunks in (None, 1, 4, 64):
+        w = Windows(history=2, lead=4, block_chunks=block_chunks)
+        ds = ZarrIterableDataset(store, windows=w, buffer_chunks=3)
+        loader = ZarrDataLoader(ds, batch_size=8, num_workers=2)
+        spec = loader.spec
+        held = 0
+        for epoch in range(3):
+            plan = spec.plan(epoch, Topology(0, 1, 2))
+            for share in plan.workers:
+                rng = buffer_rng(spec.seed, epoch, 0, share.worker, spec.row_shuffle)
+                batches = worker_window_batches(
+                    share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng
+                )
+                reads = chunk_reads(batches, share.pieces, ds.starts, w.offsets, ds.store_chunk_rows)
+                held = max(held, reads.most_held + ds.in_flight(ds.decode_threads(2)))
+        bound = ds.worker_memory_bytes(ds.decode_threads(2)) // (ds.store_chunk_rows * ds.row_bytes)
+        assert held <= bound, (block_chunks, held, bound)
+        assert loader_memory(loader).total >= 2 * bound * ds.row_bytes
+
+
+def test_resume_on_another_topology_reads_every_window_once(store):
+    w = Windows(history=2, lead=2)
+    expected = valid_starts(w, ROWS)
+    first = []
+    states = []
+    for rank in range(2):
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=7)
+        loader = ZarrDataLoader(ds, batch_size=8, num_workers=2, rank=rank, world_size=2)
+        it = iter(loader)
+        first += [check(next(it), w) for _ in range(5)]
+        states.append(loader.state_dict())
+        del it
+    rest = []
+    for rank in range(3):
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=7)
+        loader = ZarrDataLoader(ds, batch_size=8, num_workers=1, rank=rank, world_size=3)
+        loader.load_state_dict(states[0])
+        rest.append([check(b, w) for b in loader])
+    assert len({len(r) for r in rest}) == 1
+    old, new = np.concatenate(first), np.concatenate([b for r in rest for b in r])
+    assert not np.isin(new, old).any()
+    assert set(old.tolist()) | set(new.tolist()) == set(expected)
+    assert len(new) + len(old) - len(expected) < 2 + 3  # padding of each topology
+
+
+def test_rows_and_windows_states_are_not_interchangeable(store):
+    rows = ZarrDataLoader(ZarrIterableDataset(store, variables=["x", "y"]), batch_size=8)
+    windows = ZarrDataLoader(ZarrIterableDataset(store, windows=Windows(history=1, lead=0)), batch_size=8)
+    other = ZarrDataLoader(ZarrIterableDataset(store, windows=Windows(history=1, lead=1)), batch_size=8)
+    assert len({rows.spec.fingerprint(), windows.spec.fingerprint(), other.spec.fingerprint()}) == 3
+    with pytest.raises(ValueError):
+        windows.load_state_dict(rows.state_dict())
+
+
+def test_refusals_name_the_problem(store):
+    with pytest.raises(ValueError, match="no window of 300 rows"):
+        ZarrIterableDataset(store, windows=Windows(history=299, lead=1))
+    with pytest.raises(KeyError, match="not arrays with a time axis"):
+        ZarrIterableDataset(store, windows=Windows(inputs=("z",)))
+    with pytest.raises(ValueError, match="stack="):
+        ZarrIterableDataset(store, variables=["x"], windows=Windows(), stack={"fields": ["x"]})
+    with pytest.raises(ValueError, match="keep_in_memory"):
+        ZarrIterableDataset(store, windows=Windows(), keep_in_memory=True)
+    with pytest.raises(ValueError, match="overlap"):
+        Windows(segments=((0, 10), (5, 20)))
+    with pytest.raises(TypeError, match="list of array names"):
+        Windows(inputs="x")
+
+
+def test_a_missing_chunk_inside_a_window_is_an_error_not_fill(tmp_path):
+    path = write(tmp_path / "holed.zarr", rows=60, chunk=4, static=False)
+    (path / "x" / "c" / "7" / "0").unlink()
+    ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=2))
+    with pytest.raises(ChunkReadError, match="chunk 7"):
+        list(ZarrDataLoader(ds, batch_size=4))

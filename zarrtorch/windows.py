@@ -1,0 +1,191 @@
+"""Samples that are windows of consecutive time steps, for forecast models.
+
+A forecast model learns from ``history`` input steps and the ``lead`` steps that follow them (a multi-step
+"rollout" target), often at a ``stride`` (6-hourly samples from hourly data). A window is named by its first
+row, its *start*; the valid starts are those whose every step lies inside one stretch of rows that has no
+gap (``segments``: missing dates, the boundary between two periods) and inside the rows read (``row_range``:
+a training period, so that no training target falls in the validation period).
+
+The loader does not partition rows then: it partitions **window starts**, numbered ``0 .. n-1`` in time order
+(a window *id*), exactly as it partitions rows otherwise: the same plan, buffer, resume and audit, each
+guarantee now about window starts. The plan's "chunks" are *blocks* of ``block_rows`` consecutive ids, about
+``block_chunks`` of the store's chunks: a worker reads a block's chunks once and cuts every window of the block
+from them; only the few rows a block's last windows reach past its end (the *halo*, ``span - 1`` rows) are read
+a second time, by the worker holding the next block. Longer blocks read less twice; shorter ones mix windows
+from more places in a buffer of the same memory (``benchmarks/windows.py`` measures both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zarrtorch._util.sizes import ceil_div
+
+HALO_PARTS = 20  # the default block's halo is at most 1/20 of its rows: about 1.05 decodes per chunk
+
+
+@dataclass(frozen=True)
+class Windows:
+    """What one sample is: ``history`` input steps and the ``lead`` target steps after them, ``stride`` rows apart.
+
+    Args:
+        history: input steps per sample (at least 1).
+        lead: target steps after the inputs (0: inputs only).
+        stride: rows between two steps (6 for 6-hourly samples of hourly data).
+        inputs: arrays the input steps come from (default: every array with a time axis).
+        targets: arrays the target steps come from (default: ``inputs``). An array may be in both.
+        static: arrays without the time axis (orography, a land-sea mask): read once per process and returned
+            with every sample.
+        segments: ``[(start, stop), ...]`` rows with no gap inside; a window never straddles two. Default: all
+            rows form one segment. ``from_mask`` makes them from a bool per row (False: missing).
+        block_chunks: store chunks per block (the plan's unit, see the module's docstring). Default: the fewest
+            whose halo is at most ``1 / HALO_PARTS`` of the block.
+
+    A batch holds ``name`` ``(batch, history, *row shape)`` for each input array, ``name + "_target"``
+    ``(batch, lead, *row shape)`` for each target array, ``name`` ``(batch, *shape)`` for each static array, and
+    with ``return_index`` the ``"index"``: each window's start row in the store.
+    """
+
+    history: int = 1
+    lead: int = 1
+    stride: int = 1
+    inputs: tuple[str, ...] | None = None
+    targets: tuple[str, ...] | None = None
+    static: tuple[str, ...] = ()
+    segments: tuple[tuple[int, int], ...] | None = None
+    block_chunks: int | None = None
+
+    def __post_init__(self):
+        for name in ("inputs", "targets", "static"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"Windows({name}=...) takes a list of array names, not the string {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, tuple(str(v) for v in value))
+        if self.segments is not None:
+            segs = tuple(sorted((int(a), int(b)) for a, b in self.segments))
+            for (a, b), (c, _) in zip(segs, segs[1:] + ((None, None),), strict=True):
+                if not 0 <= a < b:
+                    raise ValueError(f"segment ({a}, {b}) must satisfy 0 <= start < stop")
+                if c is not None and c < b:
+                    raise ValueError(f"segments ({a}, {b}) and one starting at {c} overlap: give disjoint row ranges")
+            object.__setattr__(self, "segments", segs)
+        if int(self.history) < 1 or int(self.lead) < 0 or int(self.stride) < 1:
+            raise ValueError(
+                f"Windows(history={self.history}, lead={self.lead}, stride={self.stride}): "
+                "history >= 1, lead >= 0 and stride >= 1 are needed"
+            )
+        if self.block_chunks is not None and int(self.block_chunks) < 1:
+            raise ValueError(f"block_chunks={self.block_chunks}: a block holds at least one chunk")
+
+    @classmethod
+    def from_mask(cls, valid_rows, **kwargs) -> Windows:
+        """Windows whose steps all fall on rows where ``valid_rows`` (a bool per row) is True and no False row
+        lies between them: each run of True rows is one segment."""
+        valid = np.asarray(valid_rows, dtype=bool)
+        edges = np.flatnonzero(np.diff(np.concatenate([[False], valid, [False]]).astype(np.int8)))
+        return cls(segments=tuple(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)), **kwargs)
+
+    @property
+    def steps(self) -> int:
+        return int(self.history) + int(self.lead)
+
+    @property
+    def span(self) -> int:
+        """Rows from a window's first step to its last, both included."""
+        return (self.steps - 1) * int(self.stride) + 1
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Each step's row, counted from the window's start."""
+        return np.arange(self.steps, dtype=np.int64) * int(self.stride)
+
+    def roles(self, time_arrays: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(input arrays, target arrays) among ``time_arrays``, checked."""
+        inputs = self.inputs if self.inputs is not None else tuple(time_arrays)
+        targets = self.targets if self.targets is not None else inputs
+        if not self.lead:
+            targets = ()
+        for role, names in (("inputs", inputs), ("targets", targets)):
+            missing = [n for n in names if n not in time_arrays]
+            if missing:
+                raise KeyError(
+                    f"Windows({role}=...) names {missing}, not arrays with a time axis here: {list(time_arrays)}"
+                )
+        if not inputs:
+            raise ValueError("Windows(inputs=()) gives samples without inputs: name at least one array")
+        return tuple(inputs), tuple(targets)
+
+    def block_rows(self, chunk_rows: int) -> int:
+        """Window ids per block: ``block_chunks`` chunks, by default the fewest whose halo (``span - 1`` rows)
+        is at most ``1 / HALO_PARTS`` of the block's rows."""
+        chunks = self.block_chunks or max(1, ceil_div((self.span - 1) * HALO_PARTS, chunk_rows))
+        return int(chunks) * int(chunk_rows)
+
+    def describe(self) -> str:
+        """The settings that change which windows there are and how they are grouped (in the plan's fingerprint)."""
+        return repr((self.history, self.lead, self.stride, self.segments, self.block_chunks))
+
+
+@dataclass(frozen=True)
+class WindowStarts:
+    """The valid window starts of one row range, numbered in time order: id ``i`` <-> start row.
+
+    Stored as runs (first start, count), so it costs the number of segments, not of windows."""
+
+    first: np.ndarray  # first start of each run
+    counts: np.ndarray  # starts in each run
+    _ends: np.ndarray = field(repr=False)  # cumulative counts: run k holds ids [ends[k] - counts[k], ends[k])
+
+    @classmethod
+    def of(cls, windows: Windows, rows: int, row_range: tuple[int, int] | None = None) -> WindowStarts:
+        lo, hi = (0, int(rows)) if row_range is None else (int(row_range[0]), int(row_range[1]))
+        if not 0 <= lo < hi <= rows:
+            raise ValueError(f"row_range {row_range} must satisfy 0 <= start < stop <= {rows} (the rows)")
+        segments = windows.segments if windows.segments is not None else ((0, int(rows)),)
+        first, counts = [], []
+        for a, b in segments:
+            a, b = max(a, lo), min(b, hi)
+            n = b - a - windows.span + 1
+            if n > 0:
+                first.append(a)
+                counts.append(n)
+        first_arr, counts_arr = np.array(first, dtype=np.int64), np.array(counts, dtype=np.int64)
+        return cls(first_arr, counts_arr, np.cumsum(counts_arr))
+
+    @property
+    def n(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def most_runs(self, block_rows: int) -> int:
+        """The most runs (stretches of consecutive starts) one block of ``block_rows`` ids touches."""
+        if len(self._ends) <= 1:
+            return 1
+        new_run = self._ends[:-1]  # ids where a run after a gap begins
+        return 1 + int(np.bincount(new_run // int(block_rows)).max())
+
+    def start(self, ids) -> np.ndarray:
+        """The start row of each window id."""
+        ids = np.asarray(ids, dtype=np.int64)
+        run = np.searchsorted(self._ends, ids, side="right")
+        return self.first[run] + ids - (self._ends[run] - self.counts[run])
+
+    def id_of(self, starts) -> np.ndarray:
+        """The window id of each start row (-1 where no valid window starts there)."""
+        starts = np.asarray(starts, dtype=np.int64)
+        run = np.clip(np.searchsorted(self.first, starts, side="right") - 1, 0, max(0, len(self.first) - 1))
+        if not len(self.first):
+            return np.full(starts.shape, -1, dtype=np.int64)
+        inside = (starts >= self.first[run]) & (starts < self.first[run] + self.counts[run])
+        return np.where(inside, self._ends[run] - self.counts[run] + starts - self.first[run], -1)
+
+
+def no_windows_message(windows: Windows, rows: int, row_range) -> str:
+    return (
+        f"no window of {windows.span} rows ({windows.history} input + {windows.lead} target steps, stride "
+        f"{windows.stride}) fits in the rows {row_range or (0, rows)} and segments given: use fewer steps, a smaller "
+        "stride or a longer period"
+    )
