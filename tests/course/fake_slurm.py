@@ -57,7 +57,8 @@ sys.exit(code or next((c for c in codes if c), 0))
 """
 
 SCONTROL = r"""#!PYTHON
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `scontrol show hostnames | head -n1`: end quietly, as a C tool does
 args = sys.argv[1:]
 if args[:2] == ["show", "hostnames"]:
     print("\n".join(["127.0.0.1"] * int(os.environ.get("SLURM_NNODES", "1"))))
