@@ -44,11 +44,13 @@ lab: setup
 	$(PY) -m zarrtorch make-data --size $(SIZE)
 	$(PY) -m jupyter lab notebooks/00_index.ipynb
 
-## every benchmark in one run: the loader table, a plan's and a resume's cost at scale, requests in flight vs latency
+## every benchmark in one run: the loader table, a plan's and a resume's cost at scale, requests in flight vs latency,
+## forecast windows (reads per chunk, windows/s, block length)
 bench: setup
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/remote.py
+	$(PY) benchmarks/windows.py --figure benchmarks/windows.png
 
 slides: setup
 	$(PY) slides/build.py

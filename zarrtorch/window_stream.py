@@ -162,14 +162,22 @@ def stream_windows(
         data.close()
 
 
+ROW_COPY_BYTES = 1024  # rows at least this large are copied one by one (no temporary); smaller ones per chunk
+
+
 def _gather(held: dict, where: np.ndarray, chunk_rows: int, dest: dict[str, np.ndarray]) -> None:
-    """``dest[name][i, s] = row where[i, s] of name``, from the held chunks, one copy per chunk and array."""
+    """``dest[name][i, s] = row where[i, s] of name``, from the held chunks. Large rows (gridded fields) are
+    copied one at a time, straight into place; small ones with one fancy-indexed copy per chunk and array
+    (which would go through a temporary of the rows)."""
     flat_rows = where.reshape(-1)
     chunk = flat_rows // chunk_rows
-    for c in np.unique(chunk).tolist():
-        sel = np.flatnonzero(chunk == c)
-        local = flat_rows[sel] - c * chunk_rows
-        source = held[c]
-        for name, column in dest.items():
-            flat = column.reshape(-1, *column.shape[2:])  # a view: batch arrays are C-contiguous
-            flat[sel] = source[name][local]
+    local = flat_rows - chunk * chunk_rows
+    for name, column in dest.items():
+        flat = column.reshape(-1, *column.shape[2:])  # a view: batch arrays are C-contiguous
+        if flat[:1].nbytes >= ROW_COPY_BYTES:
+            for i, (c, r) in enumerate(zip(chunk.tolist(), local.tolist(), strict=True)):
+                flat[i] = held[c][name][r]
+            continue
+        for c in np.unique(chunk).tolist():
+            sel = np.flatnonzero(chunk == c)
+            flat[sel] = held[c][name][local[sel]]

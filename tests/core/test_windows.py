@@ -20,7 +20,7 @@ from zarrtorch import ZarrDataLoader, ZarrIterableDataset, audit, loader_memory,
 from zarrtorch._read.reader import ChunkReadError, PieceReader
 from zarrtorch.buffer import buffer_rng
 from zarrtorch.plan import Topology
-from zarrtorch.window_stream import chunk_reads, worker_window_batches
+from zarrtorch.window_stream import ROW_COPY_BYTES, chunk_reads, worker_window_batches
 from zarrtorch.windows import Windows, WindowStarts
 
 ROWS = 240
@@ -268,6 +268,26 @@ def test_refusals_name_the_problem(store):
         Windows(segments=((0, 10), (5, 20)))
     with pytest.raises(TypeError, match="list of array names"):
         Windows(inputs="x")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_large_rows_copied_one_at_a_time_hold_the_same_data(tmp_path, workers):
+    """Rows of at least ROW_COPY_BYTES (gridded fields) take the row-by-row copy; each step is still its row."""
+    rows = 120
+    t = np.arange(rows, dtype=np.float32)[:, None] * np.ones(400, np.float32)  # 1,600 bytes per row
+    path = tmp_path / "wide.zarr"
+    prepare_zarr({"field": t}, path, chunk_rows=7, progress=False)
+    assert t[:1].nbytes >= ROW_COPY_BYTES
+    w = Windows(history=3, lead=2, stride=2)
+    ds = ZarrIterableDataset(path, windows=w, return_index=True, seed=1)
+    seen = []
+    for batch in ZarrDataLoader(ds, batch_size=8, num_workers=workers):
+        start = batch["index"].numpy()
+        steps = start[:, None] + w.offsets[None, :]
+        np.testing.assert_array_equal(batch["field"].numpy(), np.repeat(steps[:, :3, None], 400, axis=2))
+        np.testing.assert_array_equal(batch["field_target"].numpy(), np.repeat(steps[:, 3:, None], 400, axis=2))
+        seen += start.tolist()
+    assert sorted(seen) == valid_starts(w, rows)
 
 
 def test_a_missing_chunk_inside_a_window_is_an_error_not_fill(tmp_path):

@@ -143,3 +143,22 @@ def test_remote_latency_table(tmp_path):
     assert all(v > 0 for row in data["http"].values() for v in row["0"].values())
     chunk_requests = 2 * 6 * 2 * 3  # arrays x chunks x epochs x settings
     assert all(n >= chunk_requests for n in data["requests"].values())
+
+
+@pytest.mark.slow
+def test_windows_benchmark_counts_reads(tmp_path):
+    """benchmarks/windows.py on a small generated store: zarrtorch reads each one-step chunk about once per
+    epoch (counted at the reader), the step-by-step reader once per step of every window, and the block table
+    has the default, the lengths asked for and the perfect shuffle."""
+    out = tmp_path / "windows.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "windows.py"), "--rows", "600", "--chunks", "1", "--repeats", "1"]
+    cmd += ["--blocks", "4", "64", "--step-by-step-batches", "3", "--out", str(out), "--data-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    runs = data["stores"]["1"]
+    assert 1.0 <= runs["zarrtorch 0w"]["decodes_per_chunk"] <= 1.1
+    assert 1.0 <= runs["zarrtorch 2w"]["decodes_per_chunk"] <= 1.1
+    assert runs["step by step 0w"]["decodes_per_chunk"] == 6
+    assert [b["block_chunks"] for b in data["blocks"]] == [100, 4, 64, "perfect"]
+    assert data["blocks"][-1]["diversity"] > 0.9

@@ -1,0 +1,320 @@
+"""Forecast windows (2 input + 4 target steps) from one-step and 16-step chunks, all in one run.
+
+    .venv/bin/python benchmarks/windows.py            # generated stores under data/bench, about 2 minutes
+    .venv/bin/python benchmarks/windows.py --rows 1000 --repeats 1   # a quick look (tests run this)
+
+For each store: the decode limit (every chunk read once, in order, 2 threads: time steps/s) through zarr
+(``arr[a:b]``, L0 as in run.py) and through zarrtorch's own chunk reader (L0r: no windows, no buffer), zarrtorch's
+windows with default settings (0 and 2 workers) and an anemoi-style reader (a map-style dataset reading each
+step of each window on its own, DataLoader ``shuffle=True``), with windows/s, windows/s over L0r's steps/s, and
+chunk decodes per chunk per epoch: counted at the reader with 0 workers, and with workers from the reads each
+worker's plan makes (``zarrtorch.window_stream.chunk_reads``, what the worker runs). Then the block-length
+trade-off on the one-step store, on window ids alone: decodes per chunk and the most chunks a worker holds
+(4 ranks x 2 workers), and shuffle quality of one rank's epoch (1 rank x 2 workers; lesson 03's measures, on
+100-step stretches) against a perfect shuffle of window starts. Figures are medians of ``--repeats`` epochs;
+ratios are from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import zarr  # noqa: E402
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
+from zarrtorch._read.reader import PieceReader  # noqa: E402
+from zarrtorch.buffer import buffer_rng  # noqa: E402
+from zarrtorch.plan import Topology  # noqa: E402
+from zarrtorch.quality import perfect_shuffle_batches, shuffle_quality  # noqa: E402
+from zarrtorch.window_stream import chunk_reads, worker_window_batches  # noqa: E402
+from zarrtorch.windows import Windows  # noqa: E402
+
+WINDOWS = Windows(history=2, lead=4)
+BATCH = 32
+ROW_SHAPE = (8, 32, 32)  # 32 KiB per time step
+
+
+DATA = ROOT / "data" / "bench"
+
+
+def generated_store(rows: int, chunk_rows: int, data_dir: Path = DATA) -> Path:
+    path = Path(data_dir) / f"windows-{rows}x{chunk_rows}.zarr"
+    if not path.exists():
+        t = np.arange(rows, dtype=np.float32)[:, None, None, None]
+        noise = np.random.default_rng(0).standard_normal((rows, *ROW_SHAPE)).astype(np.float32)
+        values = (np.sin(t / 24.0) + 0.1 * noise).round(2)
+        prepare_zarr({"fields": values}, path, chunk_rows=chunk_rows, progress=False)
+    return path
+
+
+def reader_limit(path: Path) -> float:
+    """Time steps/s reading every chunk once, in order, with zarrtorch's chunk reader in 2 threads (L0r)."""
+    ds = ZarrIterableDataset(path)
+    c, rows = ds.chunk_rows, ds.rows
+    pieces = np.array([(a, min(a + c, rows)) for a in range(0, rows, c)], dtype=np.int64)
+    reader = PieceReader(ds.arrays, c, threads=2, prefetch=3)
+    start = time.perf_counter()
+    for _ in reader.iter_pieces(pieces):
+        pass
+    return rows / (time.perf_counter() - start)
+
+
+def decode_limit(path: Path) -> float:
+    """Time steps/s reading every chunk once, in order, in 2 threads through zarr (L0)."""
+    arr = zarr.open_group(path, mode="r")["fields"]
+    c = arr.chunks[0]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda i: arr[i : i + c].shape, range(0, arr.shape[0], c)))
+    return arr.shape[0] / (time.perf_counter() - start)
+
+
+class StepByStep(torch.utils.data.Dataset):
+    """anemoi-style: a window is its dates, each read on its own (one chunk decode per step)."""
+
+    def __init__(self, path: Path, windows: Windows):
+        self.path, self.offsets, self.history = str(path), windows.offsets, windows.history
+        self.n = zarr.open_group(path, mode="r")["fields"].shape[0] - windows.span + 1
+        self.arr = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.arr is None:
+            self.arr = zarr.open_group(self.path, mode="r")["fields"]
+        steps = np.stack([self.arr[i + o] for o in self.offsets])
+        return torch.from_numpy(steps[: self.history]), torch.from_numpy(steps[self.history :])
+
+
+def timed_epochs(make_iter, repeats: int) -> tuple[float, int]:
+    rates, n = [], 0
+    for epoch in range(repeats):
+        start, n = time.perf_counter(), 0
+        for batch in make_iter(epoch):
+            n += len(batch[0] if isinstance(batch, (list, tuple)) else batch["fields"])
+        rates.append(n / (time.perf_counter() - start))
+    return statistics.median(rates), n
+
+
+def zarrtorch_run(path: Path, workers: int, repeats: int) -> dict:
+    ds = ZarrIterableDataset(path, windows=WINDOWS, seed=0)
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
+    reads = []
+    original = PieceReader.read_piece
+
+    def counted(self, start, stop):  # 0 workers: every chunk read, as the reader is asked for it
+        reads.append(start)
+        return original(self, start, stop)
+
+    PieceReader.read_piece = counted
+    peak = PeakRss()
+    try:
+
+        def epoch_iter(epoch):
+            loader.set_epoch(epoch)
+            return loader
+
+        rate, windows = timed_epochs(epoch_iter, repeats)
+    finally:
+        PieceReader.read_piece = original
+        held = peak.stop()
+    n_chunks = -(-ds._store_rows // ds.store_chunk_rows)
+    if workers:  # counted from the reads each worker's plan makes
+        decodes = planned_reads(ds, loader.spec, Topology(0, 1, workers), repeats - 1) / n_chunks
+    else:
+        decodes = len(reads) / repeats / n_chunks
+    return {"windows_s": rate, "windows": windows, "decodes_per_chunk": decodes, "held_mib": held / 2**20}
+
+
+def planned_reads(ds, spec, topology: Topology, epoch: int) -> int:
+    plan = spec.plan(epoch, topology)
+    total = 0
+    for share in plan.workers:
+        rng = buffer_rng(spec.seed, epoch, topology.rank, share.worker, spec.row_shuffle)
+        batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
+        total += len(chunk_reads(batches, share.pieces, ds.starts, WINDOWS.offsets, ds.store_chunk_rows).chunks)
+    return total
+
+
+class PeakRss:
+    """Peak resident memory of this process above its level at the start, sampled every 5 ms."""
+
+    def __init__(self):
+        self.base = self.peak = rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.base
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -> dict:
+    ds = StepByStep(path, WINDOWS)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=BATCH, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(0)
+    )
+
+    def epoch_iter(epoch):
+        for k, batch in enumerate(loader):
+            if k == max_batches:
+                return
+            yield batch
+
+    rate, windows = timed_epochs(epoch_iter, repeats)
+    chunk_rows = zarr.open_group(path, mode="r")["fields"].chunks[0]
+    # every step of every window decodes its chunk: steps x windows reads over windows / chunk_rows chunks
+    return {"windows_s": rate, "windows": windows, "decodes_per_chunk": WINDOWS.steps * chunk_rows}
+
+
+def block_tradeoff(path: Path, blocks: list[int | None], world: int = 4, workers: int = 2) -> list[dict]:
+    out = []
+    for block_chunks in blocks:
+        w = Windows(history=WINDOWS.history, lead=WINDOWS.lead, block_chunks=block_chunks)
+        ds = ZarrIterableDataset(path, windows=w, seed=0)
+        loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=workers)
+        spec = loader.spec
+        reads = held = 0
+        for rank in range(world):
+            plan = spec.plan(1, Topology(rank, world, workers))
+            for share in plan.workers:
+                rng = buffer_rng(spec.seed, 1, rank, share.worker, spec.row_shuffle)
+                batches = worker_window_batches(
+                    share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng
+                )
+                r = chunk_reads(batches, share.pieces, ds.starts, w.offsets, ds.store_chunk_rows)
+                reads, held = reads + len(r.chunks), max(held, r.most_held)
+        one_rank = ds.batch_row_ids(epoch=1, world_size=1, num_workers=workers)  # window starts
+        q = shuffle_quality(one_rank, rows=ds._store_rows, chunk_rows=100)
+        n_chunks = -(-ds._store_rows // ds.store_chunk_rows)
+        out.append(
+            {
+                "block_chunks": ds.chunk_rows // ds.store_chunk_rows,
+                "default": block_chunks is None,
+                "decodes_per_chunk": reads / n_chunks,
+                "most_held_chunks": held,
+                "held_mib": held * ds.store_chunk_rows * ds.row_bytes / 2**20,
+                "diversity": q.chunk_diversity,
+                "order_correlation": q.order_correlation,
+            }
+        )
+    perfect_starts = [ds.starts.start(b) for b in perfect_shuffle_batches(ds.rows, BATCH)]
+    perfect = shuffle_quality(perfect_starts, rows=ds._store_rows, chunk_rows=100)
+    out.append(
+        {
+            "block_chunks": "perfect",
+            "diversity": perfect.chunk_diversity,
+            "order_correlation": perfect.order_correlation,
+        }
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=4000)
+    p.add_argument("--chunks", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--step-by-step-batches", type=int, default=40, help="batches per epoch of the anemoi-style reader")
+    p.add_argument("--blocks", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256])
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "windows.json"))
+    p.add_argument("--figure", default=None, help="write the block-length figure here (png)")
+    p.add_argument("--data-dir", default=str(DATA), help="where the generated stores are kept")
+    args = p.parse_args(argv)
+    result = {"rows": args.rows, "stores": {}, "blocks": None}
+    if 1 not in args.chunks:
+        args.chunks = [1, *args.chunks]  # the block table runs on the one-step store
+    for chunk in args.chunks:
+        path = generated_store(args.rows, chunk, args.data_dir)
+        l0 = statistics.median(decode_limit(path) for _ in range(args.repeats))
+        l0r = statistics.median(reader_limit(path) for _ in range(args.repeats))
+        runs = {"L0 steps/s": l0, "L0r steps/s": l0r}
+        for workers in (0, 2):
+            runs[f"zarrtorch {workers}w"] = zarrtorch_run(path, workers, args.repeats)
+            runs[f"step by step {workers}w"] = step_by_step_run(path, workers, args.repeats, args.step_by_step_batches)
+        result["stores"][chunk] = runs
+        kib = np.prod(ROW_SHAPE) * 4 // 1024
+        print(f"\n{args.rows} time steps of {kib} KiB, {chunk}-step chunks: L0 {l0:,.0f}, L0r {l0r:,.0f} steps/s")
+        print(f"  {'reader':<22}{'windows/s':>11}{'x L0r':>7}{'decodes/chunk':>15}{'held MiB':>10}")
+        for name, r in runs.items():
+            if isinstance(r, dict):
+                held = f"{r['held_mib']:>10.0f}" if "held_mib" in r and name.endswith("0w") else f"{'':>10}"
+                rate, decodes = r["windows_s"], r["decodes_per_chunk"]
+                print(f"  {name:<22}{rate:>11,.0f}{rate / l0r:>7.2f}{decodes:>15.2f}{held}")
+    path = generated_store(args.rows, 1, args.data_dir)
+    result["blocks"] = block_tradeoff(path, [None, *args.blocks])
+    print(
+        "\nblock length (one-step chunks, buffer 8 blocks): decodes and memory on 4 ranks x 2 workers, quality on 1 x 2"
+    )
+    head = ("block chunks", 12), ("decodes/chunk", 15), ("held chunks", 13), ("held MiB", 10), ("diversity", 11)
+    print("  " + "".join(f"{h:>{w}}" for h, w in head) + f"{'order corr':>12}")
+    for b in result["blocks"]:
+        if b["block_chunks"] == "perfect":
+            print(f"  {'perfect':>12}{'':>15}{'':>13}{'':>10}{b['diversity']:>11.2f}{b['order_correlation']:>12.3f}")
+            continue
+        mark = " (default)" if b["default"] else ""
+        print(
+            f"  {b['block_chunks']:>12}{b['decodes_per_chunk']:>15.3f}{b['most_held_chunks']:>13}"
+            f"{b['held_mib']:>10.1f}{b['diversity']:>11.2f}{b['order_correlation']:>12.3f}{mark}"
+        )
+    if args.figure:
+        plot(result["blocks"], args.figure)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def plot(blocks: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [b for b in blocks if b["block_chunks"] != "perfect" and not b["default"]]
+    perfect = next(b for b in blocks if b["block_chunks"] == "perfect")
+    x = [b["block_chunks"] for b in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    axes[0].plot(x, [b["decodes_per_chunk"] for b in rows], "o-")
+    axes[0].axhline(1.1, ls="--", c="grey", label="goal 1.1")
+    axes[0].set(ylabel="chunk decodes per chunk per epoch", title="re-reads (halos)")
+    axes[1].plot(x, [b["held_mib"] for b in rows], "o-")
+    axes[1].set(ylabel="most held by a worker (MiB)", title="memory")
+    axes[2].plot(x, [b["diversity"] for b in rows], "o-", label="zarrtorch")
+    axes[2].axhline(perfect["diversity"], ls="--", c="grey", label="perfect shuffle")
+    axes[2].set(ylabel="chunk diversity (100-step stretches)", title="shuffle quality")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("block length (one-step chunks)")
+    axes[0].legend()
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
