@@ -57,11 +57,15 @@ class _TrainedBatches:
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """Where the time split falls: rows ``[0, split_row)`` fit, ``[split_row, rows)`` validate."""
+    """Where the time split falls: rows ``[0, split_row)`` fit, ``[split_row, rows)`` validate. With windows
+    (``halo``: a window's rows after its start) the fitting period runs ``halo`` rows past the chunk boundary,
+    so that its window starts are the whole chunks ``[0, split_row)`` and the last one's steps stay in it; the
+    validation period starts after them (no row in both)."""
 
     rows: int
     chunk_rows: int
     split_row: int
+    halo: int = 0
 
     @property
     def n_chunks(self) -> int:
@@ -82,15 +86,15 @@ class SplitPlan:
     @property
     def fit_range(self) -> tuple[int, int]:
         """``row_range`` of the fitting rows."""
-        return 0, self.split_row
+        return 0, self.split_row + self.halo
 
     @property
     def val_range(self) -> tuple[int, int]:
         """``row_range`` of the validation rows."""
-        return self.split_row, self.rows
+        return self.split_row + self.halo, self.rows
 
 
-def plan_split(rows: int, chunk_rows: int, val_fraction: float) -> SplitPlan:
+def plan_split(rows: int, chunk_rows: int, val_fraction: float, halo: int = 0) -> SplitPlan:
     """The last ``round(val_fraction * n_chunks)`` chunks (at least one, and at least one left to fit) validate.
 
     Validation on the *last* chunks (the most recent times) is the honest split for data that drift in time:
@@ -103,7 +107,7 @@ def plan_split(rows: int, chunk_rows: int, val_fraction: float) -> SplitPlan:
     if n_chunks < 2:
         raise ValueError(f"the store has {n_chunks} chunk(s): a split by whole chunks needs at least 2")
     val_chunks = min(n_chunks - 1, max(1, int(round(val_fraction * n_chunks))))
-    return SplitPlan(int(rows), int(chunk_rows), (n_chunks - val_chunks) * int(chunk_rows))
+    return SplitPlan(int(rows), int(chunk_rows), (n_chunks - val_chunks) * int(chunk_rows), int(halo))
 
 
 class ZarrDataModule(L.LightningDataModule):
@@ -126,6 +130,8 @@ class ZarrDataModule(L.LightningDataModule):
         pin_memory: pin batches for fast copies to the GPU (default: when the rank trains on a CUDA device).
         read: how the store is read (:class:`zarrtorch.ReadOptions`: ``storage_options`` for a URL, decode
             threads, requests in flight...).
+        windows: samples are windows of time steps (:class:`zarrtorch.windows.Windows`), each inside its period:
+            no training window reaches into the validation period.
     """
 
     def __init__(
@@ -144,9 +150,11 @@ class ZarrDataModule(L.LightningDataModule):
         pin_memory: bool | None = None,
         persistent_workers: bool | None = None,
         read: ReadOptions | None = None,
+        windows=None,
         **deprecated,
     ):
         super().__init__()
+        self.windows = windows
         read, renamed = deprecated_dataset_arguments(read, deprecated)
         variables = renamed.get("variables", variables)
         if shuffle not in SHUFFLE_MODES:
@@ -166,7 +174,8 @@ class ZarrDataModule(L.LightningDataModule):
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else bool(persistent_workers)
         arrays = open_arrays(self.store, self.variables, storage_options=read.storage_options, retry=read.retry)
         layout = check_first_axis_layout(arrays, allow_shards=read.allow_shards)
-        self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction)
+        halo = windows.span - 1 if windows is not None else 0
+        self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction, halo)
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
         self._train_loader: ZarrDataLoader | None = None
@@ -183,6 +192,7 @@ class ZarrDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         shuffle, buffer_chunks = self._dataset_options()
         common = dict(variables=self.variables, seed=self.seed, return_index=self.return_index, read=self.read)
+        common["windows"] = self.windows
         self.train_dataset = ZarrIterableDataset(
             self.store, shuffle=shuffle, buffer_chunks=buffer_chunks, row_range=self.split_plan.fit_range, **common
         )
@@ -245,16 +255,22 @@ class ZarrDataModule(L.LightningDataModule):
         """One paragraph on the split, with dates when the store has a time coordinate."""
         p = self.split_plan
         text = (
-            f"{p.rows} rows in {p.n_chunks} chunks of {p.chunk_rows}: fit on rows [0, {p.split_row}) "
-            f"({p.n_chunks - p.val_chunks} chunks), validate on rows [{p.split_row}, {p.rows}) ({p.val_chunks} chunks)"
+            f"{p.rows} rows in {p.n_chunks} chunks of {p.chunk_rows}: fit on rows [0, {p.fit_range[1]}) "
+            f"({p.n_chunks - p.val_chunks} chunks{f' + {p.halo} rows' if p.halo else ''}), validate on rows "
+            f"[{p.val_range[0]}, {p.rows}) ({p.val_chunks} chunks{f' - {p.halo} rows' if p.halo else ''})"
         )
         try:
             import xarray as xr
 
             ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.read.storage_options)
             t = ds["time"].values
-            day = np.datetime_as_string(t[[0, p.split_row - 1, p.split_row, -1]], unit="D")
+            day = np.datetime_as_string(t[[0, p.fit_range[1] - 1, p.val_range[0], -1]], unit="D")
             text += f"; fit {day[0]} .. {day[1]}, validate {day[2]} .. {day[3]}"
         except (ImportError, KeyError, ValueError, OSError):  # no xarray, or no time coordinate (plain arrays)
             pass
+        if self.windows is not None:
+            from zarrtorch.windows import WindowStarts
+
+            fit, val = (WindowStarts.of(self.windows, p.rows, r).n for r in (p.fit_range, p.val_range))
+            text += f"; windows of {self.windows.span} rows: {fit} to fit on, {val} to validate on"
         return text

@@ -296,3 +296,27 @@ def test_a_missing_chunk_inside_a_window_is_an_error_not_fill(tmp_path):
     ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=2))
     with pytest.raises(ChunkReadError, match="chunk 7"):
         list(ZarrDataLoader(ds, batch_size=4))
+
+
+def test_datamodule_periods_share_no_row_and_fit_whole_chunks_of_starts(tmp_path):
+    """ZarrDataModule(windows=...): the fitting period's window starts are its whole chunks, the last window's
+    steps stay in it, and validation starts after them (no row in both); ForecastModule reads window batches."""
+    pytest.importorskip("lightning")
+    from zarrtorch.course.models import ForecastModule
+    from zarrtorch.lightning import ZarrDataModule
+
+    path = write(tmp_path / "split.zarr", rows=200, chunk=20, static=False)
+    w = Windows(history=2, lead=3)
+    dm = ZarrDataModule(path, batch_size=4, windows=w, return_index=True, val_fraction=0.3)
+    split = dm.split_plan.split_row
+    assert split % 20 == 0 and dm.split_plan.fit_range == (0, split + w.span - 1) == (0, dm.split_plan.val_range[0])
+    fit = np.concatenate([b["index"].numpy() for b in dm.train_dataloader()])
+    val = np.concatenate([b["index"].numpy() for b in dm.val_dataloader()])
+    assert sorted(fit.tolist()) == list(range(split))  # whole chunks of starts (drop_last leaves none out here)
+    assert fit.max() + w.span <= dm.split_plan.val_range[0] <= val.min()
+    stats = {"mean": [0.0, 0.0, 0.0], "std": [1.0, 1.0, 1.0], "tendency_std": 1.0, "persistence_channel": 0}
+    batch = next(iter(dm.val_dataloader()))
+    inputs, target = ForecastModule(stats, hidden=2, depth=1, fields="x").inputs_and_target(batch)
+    start = batch["index"].numpy()
+    np.testing.assert_array_equal(inputs[:, 0].numpy(), start + 1)  # the last input step
+    np.testing.assert_array_equal(target.numpy(), start + 2)  # the next step's channel 0

@@ -34,7 +34,7 @@ def channel_stats(
     source,
     *,
     fields: str = "fields",
-    target: str = "target",
+    target: str | None = "target",
     persistence_channel: int = 0,
     chunks: Sequence[int] | None = None,
     n_chunks: int = 4,
@@ -42,12 +42,13 @@ def channel_stats(
 ) -> dict:
     """Per-channel mean/std of ``fields`` (channel axis 1) and the std of the one-step tendency
     ``target - fields[:, persistence_channel]``, from ``n_chunks`` chunks spread evenly over the rows
-    ``[0, stop_row)`` (default: the whole store), or from the chunk numbers ``chunks``.
+    ``[0, stop_row)`` (default: the whole store), or from the chunk numbers ``chunks``. ``target=None``: a store
+    without a target array (windows of ``fields``): the tendency is that of consecutive rows inside each chunk.
 
     Returns plain lists (JSON- and checkpoint-friendly): ``mean``, ``std``, ``tendency_std``, the chunk
     numbers read and ``persistence_channel``.
     """
-    arrays = open_arrays(source, [fields, target])
+    arrays = open_arrays(source, [fields] + ([target] if target else []))
     layout = check_first_axis_layout(arrays)
     stop = layout.rows if stop_row is None else int(stop_row)
     available = ceil_div(stop, layout.chunk_rows)
@@ -59,13 +60,13 @@ def channel_stats(
     for c in chunks:
         a, b = c * layout.chunk_rows, min(stop, (c + 1) * layout.chunk_rows)
         x = np.asarray(arrays[fields][a:b], dtype=np.float64)
-        y = np.asarray(arrays[target][a:b], dtype=np.float64)
+        y = np.asarray(arrays[target][a:b], dtype=np.float64) if target else None
         axes = (0,) + tuple(range(2, x.ndim))
         n = x.size // x.shape[1]
         s1, s2 = x.sum(axis=axes), (x * x).sum(axis=axes)
         sums = (s1, s2) if sums is None else (sums[0] + s1, sums[1] + s2)
         count += n
-        tend = y - x[:, persistence_channel]
+        tend = y - x[:, persistence_channel] if target else np.diff(x[:, persistence_channel], axis=0)
         tend_sq += float((tend * tend).sum())
         tend_n += tend.size
     mean = sums[0] / count
@@ -138,7 +139,9 @@ class ForecastModule(L.LightningModule):
         hidden, depth: size of :class:`ForecastCNN`.
         lr, weight_decay: AdamW settings.
         schedule: ``"cosine"`` (the learning rate decays to 2% of ``lr`` over the run) or ``"constant"``.
-        fields, target: batch keys of the inputs and of the field to predict.
+        fields, target: batch keys of the inputs and of the field to predict. Batches of windows
+            (``zarrtorch.windows``: ``fields`` ``(batch, history, channel, lat, lon)`` and ``fields_target``) need no
+            target array: the inputs are the last input step, the target its next step's ``persistence_channel``.
         print_epochs: rank 0 prints one line per epoch (:func:`format_epoch`).
     """
 
@@ -182,8 +185,16 @@ class ForecastModule(L.LightningModule):
         x = (fields - self.in_mean) / self.in_std
         return self.persistence(fields) + self.tendency_std * self.net(x)
 
+    def inputs_and_target(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input fields ``(batch, channel, lat, lon)`` and the field to predict, from a batch of rows (with a
+        target array) or of windows of ``fields``."""
+        fields = batch[self.hparams.fields]
+        if self.hparams.fields + "_target" in batch:  # windows: the last input step, the next step's channel
+            return fields[:, -1], batch[self.hparams.fields + "_target"][:, 0, self.persistence_channel]
+        return fields, batch[self.hparams.target]
+
     def _errors(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        fields, target = batch[self.hparams.fields], batch[self.hparams.target]
+        fields, target = self.inputs_and_target(batch)
         return self(fields) - target, self.persistence(fields) - target
 
     # -- training ----------------------------------------------------------------------------------
