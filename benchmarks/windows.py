@@ -9,10 +9,10 @@ windows with default settings (0 and 2 workers) and an anemoi-style reader (a ma
 step of each window on its own, DataLoader ``shuffle=True``), with windows/s, windows/s over L0r's steps/s, and
 chunk decodes per chunk per epoch: counted at the reader with 0 workers, and with workers from the reads each
 worker's plan makes (``zarrtorch.window_stream.chunk_reads``, what the worker runs). Then the block-length
-trade-off on the one-step store, on window ids alone: decodes per chunk and the most chunks a worker holds
-(4 ranks x 2 workers), and shuffle quality of one rank's epoch (1 rank x 2 workers; lesson 03's measures, on
-100-step stretches) against a perfect shuffle of window starts. Figures are medians of ``--repeats`` epochs;
-ratios are from this one run.
+trade-off for ten years of hourly one-step chunks (``--trade-steps``), on window ids alone: decodes per chunk
+and the most chunks a worker holds (4 ranks x 2 workers), and shuffle quality of one rank's epoch (1 rank x 2
+workers; lesson 03's measures, on 100-step stretches) against a perfect shuffle of window starts. Figures are
+medians of ``--repeats`` epochs; ratios are from this one run.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ import zarr  # noqa: E402
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
 from zarrtorch._read.reader import PieceReader  # noqa: E402
 from zarrtorch.buffer import buffer_rng  # noqa: E402
-from zarrtorch.plan import Topology  # noqa: E402
+from zarrtorch.plan import EpochSpec, Topology  # noqa: E402
 from zarrtorch.quality import perfect_shuffle_batches, shuffle_quality  # noqa: E402
+from zarrtorch.resume import batches_of  # noqa: E402
 from zarrtorch.window_stream import chunk_reads, worker_window_batches  # noqa: E402
-from zarrtorch.windows import Windows  # noqa: E402
+from zarrtorch.windows import Windows, WindowStarts  # noqa: E402
 
 WINDOWS = Windows(history=2, lead=4)
 BATCH = 32
@@ -192,13 +193,14 @@ def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -
     return {"windows_s": rate, "windows": windows, "decodes_per_chunk": WINDOWS.steps * chunk_rows}
 
 
-def block_tradeoff(path: Path, blocks: list[int | None], world: int = 4, workers: int = 2) -> list[dict]:
+def block_tradeoff(steps: int, blocks: list[int | None], world: int = 4, workers: int = 2) -> list[dict]:
+    """Decodes per chunk and the most chunks a worker holds (``world`` x ``workers``), and one rank's shuffle
+    quality (1 x ``workers``), for each block length, over ``steps`` one-step chunks: window ids only, no store."""
     out = []
     for block_chunks in blocks:
         w = Windows(history=WINDOWS.history, lead=WINDOWS.lead, block_chunks=block_chunks)
-        ds = ZarrIterableDataset(path, windows=w, seed=0)
-        loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=workers)
-        spec = loader.spec
+        starts = WindowStarts.of(w, steps)
+        spec = EpochSpec(starts.n, w.block_rows(1), BATCH, True, seed=0, windows=w.describe())
         reads = held = 0
         for rank in range(world):
             plan = spec.plan(1, Topology(rank, world, workers))
@@ -207,24 +209,23 @@ def block_tradeoff(path: Path, blocks: list[int | None], world: int = 4, workers
                 batches = worker_window_batches(
                     share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng
                 )
-                r = chunk_reads(batches, share.pieces, ds.starts, w.offsets, ds.store_chunk_rows)
+                r = chunk_reads(batches, share.pieces, starts, w.offsets, 1)
                 reads, held = reads + len(r.chunks), max(held, r.most_held)
-        one_rank = ds.batch_row_ids(epoch=1, world_size=1, num_workers=workers)  # window starts
-        q = shuffle_quality(one_rank, rows=ds._store_rows, chunk_rows=100)
-        n_chunks = -(-ds._store_rows // ds.store_chunk_rows)
+        one_rank = [starts.start(b) for b in batches_of(spec, spec.plan(1, Topology(0, 1, workers)))]
+        q = shuffle_quality(one_rank, rows=steps, chunk_rows=100)
         out.append(
             {
-                "block_chunks": ds.chunk_rows // ds.store_chunk_rows,
+                "block_chunks": spec.chunk_rows,
                 "default": block_chunks is None,
-                "decodes_per_chunk": reads / n_chunks,
+                "decodes_per_chunk": reads / steps,
                 "most_held_chunks": held,
-                "held_mib": held * ds.store_chunk_rows * ds.row_bytes / 2**20,
+                "held_mib": held * int(np.prod(ROW_SHAPE)) * 4 / 2**20,
                 "diversity": q.chunk_diversity,
                 "order_correlation": q.order_correlation,
             }
         )
-    perfect_starts = [ds.starts.start(b) for b in perfect_shuffle_batches(ds.rows, BATCH)]
-    perfect = shuffle_quality(perfect_starts, rows=ds._store_rows, chunk_rows=100)
+    perfect_starts = [starts.start(b) for b in perfect_shuffle_batches(starts.n, BATCH)]
+    perfect = shuffle_quality(perfect_starts, rows=steps, chunk_rows=100)
     out.append(
         {
             "block_chunks": "perfect",
@@ -241,14 +242,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--chunks", type=int, nargs="+", default=[1, 16])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--step-by-step-batches", type=int, default=40, help="batches per epoch of the anemoi-style reader")
-    p.add_argument("--blocks", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256])
+    p.add_argument("--blocks", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256, 1024])
+    p.add_argument("--trade-steps", type=int, default=87_600, help="time steps of the block table (no store)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "windows.json"))
     p.add_argument("--figure", default=None, help="write the block-length figure here (png)")
     p.add_argument("--data-dir", default=str(DATA), help="where the generated stores are kept")
     args = p.parse_args(argv)
     result = {"rows": args.rows, "stores": {}, "blocks": None}
-    if 1 not in args.chunks:
-        args.chunks = [1, *args.chunks]  # the block table runs on the one-step store
     for chunk in args.chunks:
         path = generated_store(args.rows, chunk, args.data_dir)
         l0 = statistics.median(decode_limit(path) for _ in range(args.repeats))
@@ -266,11 +266,10 @@ def main(argv: list[str] | None = None) -> dict:
                 held = f"{r['held_mib']:>10.0f}" if "held_mib" in r and name.endswith("0w") else f"{'':>10}"
                 rate, decodes = r["windows_s"], r["decodes_per_chunk"]
                 print(f"  {name:<22}{rate:>11,.0f}{rate / l0r:>7.2f}{decodes:>15.2f}{held}")
-    path = generated_store(args.rows, 1, args.data_dir)
-    result["blocks"] = block_tradeoff(path, [None, *args.blocks])
-    print(
-        "\nblock length (one-step chunks, buffer 8 blocks): decodes and memory on 4 ranks x 2 workers, quality on 1 x 2"
-    )
+    result["blocks"] = block_tradeoff(args.trade_steps, [None, *args.blocks])
+    kib = np.prod(ROW_SHAPE) * 4 // 1024
+    print(f"\nblock length ({args.trade_steps:,} one-step chunks of {kib} KiB, buffer 8 blocks, window ids only):")
+    print("decodes and memory on 4 ranks x 2 workers, shuffle quality on 1 x 2")
     head = ("block chunks", 12), ("decodes/chunk", 15), ("held chunks", 13), ("held MiB", 10), ("diversity", 11)
     print("  " + "".join(f"{h:>{w}}" for h, w in head) + f"{'order corr':>12}")
     for b in result["blocks"]:

@@ -152,7 +152,8 @@ def test_windows_benchmark_counts_reads(tmp_path):
     has the default, the lengths asked for and the perfect shuffle."""
     out = tmp_path / "windows.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "windows.py"), "--rows", "600", "--chunks", "1", "--repeats", "1"]
-    cmd += ["--blocks", "4", "64", "--step-by-step-batches", "3", "--out", str(out), "--data-dir", str(tmp_path)]
+    cmd += ["--blocks", "4", "64", "--trade-steps", "5000", "--step-by-step-batches", "3", "--out", str(out)]
+    cmd += ["--data-dir", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     data = json.loads(out.read_text())
