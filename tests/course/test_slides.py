@@ -11,6 +11,7 @@ few slides to ``slides/build/screenshots/``. Without a browser it is skipped, sa
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import importlib.util
 import json
@@ -164,8 +165,11 @@ class DevTools:
         self.ws.close()
 
 
-@pytest.fixture
-def browser():
+@contextlib.contextmanager
+def launch_chromium():
+    """Debian's chromium, headless, with a fresh profile: yields a :class:`DevTools` client on its browser
+    websocket and ends the browser's process group afterwards. Skips the calling test, saying why, when there is
+    no browser or it cannot start (``tests/course/test_lab.py`` uses it too)."""
     exe = find_chromium()
     if exe is None:
         pytest.skip(
@@ -193,8 +197,10 @@ def browser():
             time.sleep(0.1)
         port, path = port_file.read_text().splitlines()[:2]
         client = DevTools(f"ws://127.0.0.1:{port}{path}")
-        yield client
-        client.close()
+        try:
+            yield client
+        finally:
+            client.close()
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # the browser's own process group (start_new_session)
@@ -202,6 +208,12 @@ def browser():
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser():
+    with launch_chromium() as client:
+        yield client
 
 
 @pytest.fixture
