@@ -107,3 +107,25 @@ def test_cf_encoded_times_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"array 't' holds CF-encoded times \(units 'days since"):
         ZarrIterableDataset(str(tmp_path / "t.zarr"), variables=["t", "x"])
     assert len(stream(tmp_path / "t.zarr", variables=["x"])["x"]) == 8
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_packed_arrays_stream_decoded_windows(tmp_path, num_workers):
+    """Windows of CF-packed arrays hold the values xarray shows, NaN where the fill was, in inputs and targets."""
+    from zarrtorch.windows import Windows
+
+    shown = packed_store(tmp_path / "p.zarr", 3)
+    w = Windows(history=2, lead=1, inputs=("t2m", "sp"), targets=("t2m",))
+    ds = ZarrIterableDataset(str(tmp_path / "p.zarr"), return_index=True, windows=w)
+    extra = {"multiprocessing_context": "fork"} if num_workers else {}
+    starts = []
+    for batch in ZarrDataLoader(ds, batch_size=4, num_workers=num_workers, **extra):
+        s = batch["index"].numpy()
+        for k, start in enumerate(s.tolist()):
+            want = {n: shown[n].values[start : start + 3] for n in ("t2m", "sp")}
+            np.testing.assert_allclose(batch["t2m"][k].numpy(), want["t2m"][:2], rtol=1e-6)
+            np.testing.assert_allclose(batch["sp"][k].numpy(), want["sp"][:2], rtol=1e-6)
+            np.testing.assert_allclose(batch["t2m_target"][k].numpy(), want["t2m"][2:], rtol=1e-6)
+        assert "sp_target" not in batch
+        starts += s.tolist()
+    assert sorted(starts) == list(range(ROWS - 2))
