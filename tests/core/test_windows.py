@@ -320,3 +320,16 @@ def test_datamodule_periods_share_no_row_and_fit_whole_chunks_of_starts(tmp_path
     start = batch["index"].numpy()
     np.testing.assert_array_equal(inputs[:, 0].numpy(), start + 1)  # the last input step
     np.testing.assert_array_equal(target.numpy(), start + 2)  # the next step's channel 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_padding_marks_exactly_the_repeated_windows(store, workers):
+    """drop_last=False on 3 ranks: the windows not marked as padding are every valid start exactly once."""
+    w = Windows(history=2, lead=1, stride=2)
+    kept = []
+    for rank in range(3):
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, return_padding=True, seed=3)
+        for batch in ZarrDataLoader(ds, batch_size=16, num_workers=workers, drop_last=False, rank=rank, world_size=3):
+            start = check(batch, w)
+            kept += start[~batch["padding"].numpy()].tolist()
+    assert sorted(kept) == valid_starts(w, ROWS)
