@@ -49,6 +49,7 @@ lab: setup
 bench: setup
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 	$(PY) benchmarks/scale.py
+	$(PY) benchmarks/resume_first_batch.py
 	$(PY) benchmarks/remote.py
 	$(PY) benchmarks/windows.py --figure benchmarks/windows.png
 

@@ -163,3 +163,19 @@ def test_windows_benchmark_counts_reads(tmp_path):
     assert runs["step by step 0w"]["decodes_per_chunk"] == 6
     assert [b["block_chunks"] for b in data["blocks"]] == [100, 4, 64, "perfect"]
     assert data["blocks"][-1]["diversity"] > 0.9
+
+
+@pytest.mark.slow
+def test_resume_first_batch_benchmark(tmp_path):
+    """benchmarks/resume_first_batch.py on a small store: a figure for fresh and resumed loaders with 0 and 2
+    workers, and the resumed loader (from a 64 x 4 state, on rank 5 of 48 x 2) really yields a first batch."""
+    out = tmp_path / "resume.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "resume_first_batch.py"), "--rows", "400000"]
+    cmd += ["--chunk-rows", "2000", "--repeats", "1", "--json", str(out), "--data-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    for key in ("fresh 2w", "resumed 2w", "fresh 0w", "resumed 0w"):
+        assert data[key]["seconds"] > 0, key
+        assert data["runs"][key][0]["rows"] == 64, key  # a full first batch
+    assert data["runs"]["resumed 0w"][0]["batches"] == data["runs"]["resumed 2w"][0]["batches"]  # len() per rank
