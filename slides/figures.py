@@ -13,6 +13,10 @@ Nothing here is typed in: every figure and every number the deck shows comes out
   (``ZarrIterableDataset.batch_row_ids`` + ``zarrtorch.quality``), against the buffer's memory.
 - ``chunk_tradeoff.png``: measured read rate against chunk length (the tiny data rewritten at each length)
   next to shuffle quality for the same buffer memory.
+- numbers without a figure: the memory a reading process holds (``worker_memory_bytes``, from disk and by URL),
+  lesson 07's requests in flight and the data requests of an epoch as chunks and as shards (the tiny data served
+  by ``zarrtorch.course.servers.HttpStoreServer``, counted there), appendix A1's batches per rank of
+  zarr-torch-dataset (``reference_rows_per_rank``) against zarrtorch's plan, and the Slurm template's lines.
 - ``throughput.png``: measured loader throughput (row-by-row Dataset vs ZarrDataLoader vs raw decode), taken
   from ``benchmarks/results/latest.json`` when it exists and is readable, else measured here on tiny data.
 
@@ -630,17 +634,112 @@ def slurm_facts(path: Path = SLURM_TEMPLATE) -> dict:
     return {"slurm_excerpt": "\n".join(keep + ["..."] + srun), "slurm_template": str(path.relative_to(REPO))}
 
 
+def _metadata_store(folder: Path, rows: int, chunk_rows: int, row_shape=(32, 64)) -> Path:
+    """A Zarr v3 store on disk with a dataset's shape and chunking, metadata only (consolidated, so that it
+    opens by URL too): what the memory figures need, with no chunk written."""
+    import zarr
+
+    path = Path(folder) / "train.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.create_array("fields", shape=(rows, 4, *row_shape), chunks=(chunk_rows, 4, *row_shape), dtype="float32")
+    group.create_array("target", shape=(rows, *row_shape), chunks=(chunk_rows, *row_shape), dtype="float32")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+        zarr.consolidate_metadata(str(path))
+    return path
+
+
 def memory_facts() -> dict:
-    """Decoded memory one worker holds, from the loader's own formula, for the workshop dataset."""
+    """Decoded memory one reading process holds, from the loader's own ``worker_memory_bytes``, for the workshop
+    dataset's shape with 2 decode threads: read from a file system (requests in flight: decode threads + 1) and
+    by URL (the adaptive default's most requests in flight), served on 127.0.0.1."""
     from zarrtorch import ZarrIterableDataset
+    from zarrtorch.course.servers import HttpStoreServer
     from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
 
     p = PRESETS["workshop"]
-    arrays = _metadata_arrays(p.n_time, TRAIN_CHUNK_ROWS["workshop"], (p.n_lat, p.n_lon))
     v = {}
-    for bc in (2, 8, 32):
-        ds = ZarrIterableDataset(arrays, buffer_chunks=bc)
-        v[f"ws_mem_{bc}"] = f"{ds.worker_memory_bytes(decode_threads=2) / 2**20:,.0f}"
+    with tempfile.TemporaryDirectory(prefix="zarrtorch-slides-") as tmp:
+        path = _metadata_store(Path(tmp), p.n_time, TRAIN_CHUNK_ROWS["workshop"], (p.n_lat, p.n_lon))
+        with HttpStoreServer(tmp) as server:
+            for where, source in (("file", str(path)), ("url", f"{server.url}/{path.name}")):
+                for bc in (2, 8, 32):
+                    ds = ZarrIterableDataset(source, buffer_chunks=bc, variables=["fields", "target"])
+                    v[f"ws_{where}_mem_{bc}"] = f"{ds.worker_memory_bytes(decode_threads=2) / 2**20:,.0f}"
+                v[f"ws_{where}_in_flight"] = str(ds.in_flight(decode_threads=2))
+                v["ws_chunk_mib"] = f"{ds.chunk_rows * ds.row_bytes / 2**20:.0f}"
+    return v
+
+
+def object_storage_facts() -> dict:
+    """Lesson 07 in numbers that do not depend on the machine: requests in flight by URL, the latency bound of
+    one request at a time, and the data requests one epoch sends to a store of chunks and to a copy in shards
+    of 4 chunks (the tiny data, served on 127.0.0.1 and counted by the server)."""
+    import xarray as xr
+
+    from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+    from zarrtorch.course import paths
+    from zarrtorch.course.servers import HttpStoreServer
+
+    store = paths.train_store_path("tiny")
+    v = {}
+    with tempfile.TemporaryDirectory(prefix="zarrtorch-slides-") as tmp:
+        source = xr.open_zarr(store)
+        chunk_rows = source["fields"].encoding["chunks"][0]
+        sharded = Path(tmp) / "sharded.zarr"
+        prepare_zarr(
+            source, sharded, variables=["fields", "target"], chunk_rows=chunk_rows, shard_chunks=4, progress=False
+        )
+        for name, folder, key, shards in (
+            ("chunks", store.parent, store.name, False),
+            ("shards", tmp, sharded.name, True),
+        ):
+            with HttpStoreServer(folder) as server:
+                ds = ZarrIterableDataset(
+                    f"{server.url}/{key}", variables=["fields", "target"], read=ReadOptions(allow_shards=shards)
+                )
+                if name == "chunks":
+                    first, most = ds.in_flight_range(decode_threads=2)
+                    v |= {"os_in_flight_first": str(first), "os_in_flight_most": str(most)}
+                    v["os_chunk_rows"] = str(ds.chunk_rows)
+                    v["os_chunk_mib"] = f"{ds.chunk_rows * ds.row_bytes / 2**20:.1f}"
+                    v["os_bound_1"] = f"{ds.chunk_rows / 0.020:,.0f}"
+                    v["os_rows"] = f"{ds.rows:,}"
+                before = dict(server.requests)
+                for _ in ZarrDataLoader(ds, batch_size=64, drop_last=False):
+                    pass
+                data = sum(n - before.get(k, 0) for k, n in server.requests.items() if "/c/" in k)
+                v[f"os_requests_{name}"] = str(data)
+    return v
+
+
+def appendix_facts() -> dict:
+    """Appendix A1 computed, not run: rows and batches per rank of zarr-torch-dataset 0.0.9 (its dealing of
+    whole chunks, ``reference_rows_per_rank``) against zarrtorch's plan on the tiny data, 2 ranks, batch 32;
+    and the memory a worker holds: its whole partition (2 ranks x 2 workers) against zarrtorch's bound."""
+    from zarrtorch import ZarrIterableDataset
+    from zarrtorch.course.reference_compare import reference_rows_per_rank
+    from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
+    from zarrtorch.plan import epoch_plan
+
+    rows, chunk_rows, batch = PRESETS["tiny"].n_time, TRAIN_CHUNK_ROWS["tiny"], 32
+    ref = reference_rows_per_rank(rows, chunk_rows, 2, seed=0)
+    ours = [
+        epoch_plan(rows, chunk_rows, seed=0, epoch=0, batch_size=batch, drop_last=True, world_size=2, rank=r).batches
+        for r in range(2)
+    ]
+    v = {
+        "a1_ref_rows": " and ".join(map(str, ref)),
+        "a1_ref_batches": " and ".join(str(n // batch) for n in ref),
+        "a1_zt_batches": " and ".join(map(str, ours)),
+    }
+    for size in ("small", "workshop"):
+        p = PRESETS[size]
+        ds = ZarrIterableDataset(_metadata_arrays(p.n_time, TRAIN_CHUNK_ROWS[size], (p.n_lat, p.n_lon)))
+        v[f"a1_{size}_partition_mib"] = f"{p.n_time * ds.row_bytes / 4 / 2**20:,.0f}"
+        v[f"a1_{size}_bound_mib"] = f"{ds.worker_memory_bytes(decode_threads=1) / 2**20:,.0f}"
     return v
 
 
@@ -663,6 +762,8 @@ def make_all(out: Path, *, bench_json: Path | None = BENCH_JSON, log=print) -> d
         ("chunk trade-off (writes 6 stores)", lambda: fig_chunk_tradeoff(out)),
         ("throughput", lambda: fig_throughput(out, bench_json)),
         ("memory", lambda: (None, memory_facts())),
+        ("object storage (serves the tiny data on 127.0.0.1)", lambda: (None, object_storage_facts())),
+        ("appendix A1", lambda: (None, appendix_facts())),
         ("slurm", lambda: (None, slurm_facts())),
     ]
     for label, step in steps:
