@@ -68,8 +68,12 @@ def _environment_check_index() -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """JupyterLab as ``make lab`` starts it, on 127.0.0.1; stopped (with its kernels) by the finalizer."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
     from zarrtorch.course.synthetic import ensure_data
 
+    specs = KernelSpecManager().find_kernel_specs()
+    assert KERNEL in specs, f"no {KERNEL!r} Jupyter kernel (found {sorted(specs)}): make setup installs it"
     ensure_data("tiny")  # make lab runs make-data first
     home = tmp_path_factory.mktemp("lab")
     settings = home / "settings" / "@jupyterlab" / "docmanager-extension"
