@@ -167,17 +167,32 @@ ROW_COPY_BYTES = 1024  # rows at least this large are copied one by one (no temp
 
 def _gather(held: dict, where: np.ndarray, chunk_rows: int, dest: dict[str, np.ndarray]) -> None:
     """``dest[name][i, s] = row where[i, s] of name``, from the held chunks. Large rows (gridded fields) are
-    copied one at a time, straight into place; small ones with one fancy-indexed copy per chunk and array
-    (which would go through a temporary of the rows)."""
+    copied straight into place, a window's consecutive steps in one chunk as one slice; small ones with one
+    fancy-indexed copy per chunk and array (which would go through a temporary of the rows)."""
+    steps = where.shape[1]
     flat_rows = where.reshape(-1)
     chunk = flat_rows // chunk_rows
     local = flat_rows - chunk * chunk_rows
+    runs = None
     for name, column in dest.items():
         flat = column.reshape(-1, *column.shape[2:])  # a view: batch arrays are C-contiguous
         if flat[:1].nbytes >= ROW_COPY_BYTES:
-            for i, (c, r) in enumerate(zip(chunk.tolist(), local.tolist(), strict=True)):
-                flat[i] = held[c][name][r]
+            if runs is None:
+                runs = _runs(chunk, local, steps)
+            for a, b, c, r in runs:
+                flat[a:b] = held[c][name][r : r + b - a]
             continue
         for c in np.unique(chunk).tolist():
             sel = np.flatnonzero(chunk == c)
             flat[sel] = held[c][name][local[sel]]
+
+
+def _runs(chunk: np.ndarray, local: np.ndarray, steps: int) -> list[tuple[int, int, int, int]]:
+    """``(first, stop, chunk, first row)`` of each stretch of a window's steps that are consecutive rows of one
+    chunk (positions counted over the batch's windows x steps)."""
+    new = np.ones(len(chunk), dtype=bool)
+    new[1:] = (chunk[1:] != chunk[:-1]) | (local[1:] != local[:-1] + 1)
+    new[::steps] = True  # a window never continues the one before it
+    first = np.flatnonzero(new)
+    stop = np.append(first[1:], len(chunk))
+    return list(zip(first.tolist(), stop.tolist(), chunk[first].tolist(), local[first].tolist(), strict=True))

@@ -270,15 +270,16 @@ def test_refusals_name_the_problem(store):
         Windows(inputs="x")
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_large_rows_copied_one_at_a_time_hold_the_same_data(tmp_path, workers):
-    """Rows of at least ROW_COPY_BYTES (gridded fields) take the row-by-row copy; each step is still its row."""
+@pytest.mark.parametrize("workers, stride", [(0, 1), (0, 2), (2, 1)])
+def test_large_rows_copied_in_place_hold_the_same_data(tmp_path, workers, stride):
+    """Rows of at least ROW_COPY_BYTES (gridded fields) are copied straight into the batch, a window's consecutive
+    steps inside one chunk as one slice (stride 1, 7-row chunks: runs cut at chunk ends); each step is its row."""
     rows = 120
     t = np.arange(rows, dtype=np.float32)[:, None] * np.ones(400, np.float32)  # 1,600 bytes per row
     path = tmp_path / "wide.zarr"
     prepare_zarr({"field": t}, path, chunk_rows=7, progress=False)
     assert t[:1].nbytes >= ROW_COPY_BYTES
-    w = Windows(history=3, lead=2, stride=2)
+    w = Windows(history=3, lead=2, stride=stride)
     ds = ZarrIterableDataset(path, windows=w, return_index=True, seed=1)
     seen = []
     for batch in ZarrDataLoader(ds, batch_size=8, num_workers=workers):
