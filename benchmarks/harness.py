@@ -26,10 +26,10 @@ import torch
 import zarr
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
 from zarrtorch._util.sizes import ceil_div, row_bytes
 from zarrtorch.course.measure import batch_len
-from zarrtorch.course.memory import MemorySampler, descendants
+from zarrtorch.course.memory import MemorySampler, descendants, held_by_kind, smaps_by_kind
 from zarrtorch.roofline import paced_epoch
 
 SAMPLE_SHAPE = (16, 32, 32)  # float32: 64 KiB per sample
@@ -209,6 +209,47 @@ class ThreadCPU(threading.Thread):
         return out
 
 
+class SmapsPeaks(threading.Thread):
+    """``--smaps``: where the memory lives. Every ``period`` s, ``/proc/<pid>/smaps`` of this process and of each
+    of its descendants by kind of mapping (:func:`zarrtorch.course.memory.smaps_by_kind`); keeps, per process,
+    the snapshot of its largest resident set (this process: also the one at the start)."""
+
+    def __init__(self, period: float = 0.25):
+        super().__init__(name="bench-smaps", daemon=True)
+        self.pid, self.period, self.done = os.getpid(), period, threading.Event()
+        self.ignore = set(descendants(self.pid))
+        self.start_snapshot = smaps_by_kind(self.pid)
+        self.peaks: dict[int, dict] = {}
+        self.start()
+
+    def sample(self) -> None:
+        for pid in [self.pid, *(p for p in descendants(self.pid) if p not in self.ignore)]:
+            snap = smaps_by_kind(pid)
+            total = sum(f["Rss"] for f in snap.values()) if snap else 0
+            if snap and total >= sum(f["Rss"] for f in self.peaks.get(pid, {}).values()):
+                self.peaks[pid] = snap
+
+    def run(self) -> None:
+        while not self.done.wait(self.period):
+            self.sample()
+
+    def stop(self) -> dict:
+        """MiB by kind: the main process at its start and its peak, each worker at its peak (``Rss`` by kind,
+        file pages split into shared and private; and each kind's private bytes)."""
+        self.done.set()
+        self.join()
+
+        def mib(snap: dict) -> dict:
+            rss = {k: round(v / MiB, 1) for k, v in held_by_kind(snap).items() if v}
+            private = {k: round((f["Private_Clean"] + f["Private_Dirty"]) / MiB, 1) for k, f in snap.items()}
+            huge = {k: round(f["AnonHugePages"] / MiB, 1) for k, f in snap.items() if f["AnonHugePages"]}
+            return {"rss": rss, "private": {k: v for k, v in private.items() if v}, "huge_pages": huge}
+
+        main = self.peaks.pop(self.pid, self.start_snapshot)
+        out = {"main_start": mib(self.start_snapshot), "main_peak": mib(main)}
+        return out | {"workers": {str(pid): mib(s) for pid, s in self.peaks.items()}}
+
+
 # --------------------------------------------------------------------------------------------------
 # One measured phase (an epoch), one pass over a loader
 # --------------------------------------------------------------------------------------------------
@@ -225,10 +266,15 @@ def phase(sampler: MemorySampler, out: dict, by_thread: bool = False):
     cpu, per_sample = tree_cpu_s(sampler.pid) - cpu0, 1e6 / max(1, out["samples"])
     out |= {f"threads/{role}": s * per_sample for role, s in (threads.stop() if threads else {}).items()}
     workers = sampler.workers
-    # held: what the main process grew plus each worker's private memory (pages a forked worker shares
-    # with its parent are not counted; those it writes, buffers, decoded chunks, CoW copies, are)
-    held = max(0, sampler.peak_rss_main - sampler.rss_main_start) + sum(w["uss_peak"] or 0 for w in workers.values())
+    # held: what the main process grew in anonymous + shared memory plus each worker's private dirty memory
+    # (pages a forked worker shares with its parent are not counted; those it writes, buffers, decoded
+    # chunks, CoW copies, are); pages of library files are left out of both (benchmarks/README.md)
+    held = sampler.held
+    # the former measure, for comparison: the main process's whole RSS growth + each worker's USS, which
+    # count the library pages a run maps after it was forked
+    rss_uss = max(0, sampler.peak_rss_main - sampler.rss_main_start) + sum(w["uss_peak"] or 0 for w in workers.values())
     out |= {"cpu_s": cpu, "cpu_us_per_sample": cpu * per_sample, "held_mib": held / MiB}
+    out |= {"held_rss_uss_mib": rss_uss / MiB}
     out |= {"rss_main_peak_mib": sampler.peak_rss_main / MiB, "rss_main_start_mib": sampler.rss_main_start / MiB}
     out["rss_worker_peak_mib"] = sampler.peak_rss_per_worker / MiB if workers else None
     out["uss_worker_peak_mib"] = sampler.peak_uss_per_worker / MiB if workers else None
@@ -315,10 +361,17 @@ def run_l0(spec: dict, sampler: MemorySampler) -> dict:
     return {"epochs": [out]}
 
 
+REMOTE_IN_FLIGHT = 8  # kind "remote": requests in flight per reading process, fixed (the adaptive default's start)
+
+
 def zarrtorch_loader(spec: dict, cache: bool = False, **loader_options) -> ZarrDataLoader:
-    """The benchmark's zarrtorch loader: shuffled, seed 0, ``drop_last``, persistent workers if any."""
+    """The benchmark's zarrtorch loader: shuffled, seed 0, ``drop_last``, persistent workers if any; kind
+    ``remote``: the store read over HTTP from ``spec['url']`` with :data:`REMOTE_IN_FLIGHT` requests in flight."""
     w = spec["workers"]
-    ds = ZarrIterableDataset(spec["store"], shuffle=True, seed=0, keep_in_memory=cache)
+    source, read = spec["store"], None
+    if spec.get("kind") == "remote":
+        source, read = spec["url"], ReadOptions(requests_in_flight=REMOTE_IN_FLIGHT)
+    ds = ZarrIterableDataset(source, shuffle=True, seed=0, keep_in_memory=cache, read=read)
     persistent = {"persistent_workers": True} if w > 0 else {}
     return ZarrDataLoader(
         ds, batch_size=spec["batch_size"], num_workers=w, drop_last=True, **persistent, **loader_options
@@ -327,7 +380,7 @@ def zarrtorch_loader(spec: dict, cache: bool = False, **loader_options) -> ZarrD
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers (kind ``cache``: with
-    ``cache=True``); ``spec['variant']``: another ``transport`` (``queue``), or the patch
+    ``cache=True``; kind ``remote``: over HTTP); ``spec['variant']``: another ``transport`` (``queue``), or the patch
     of ``prototypes.PATCHES`` applied first."""
     w, variant = spec["workers"], spec.get("variant")
     receive, kwargs = None, {}
@@ -445,6 +498,7 @@ RUNNERS = {
     "prototype": run_zarrtorch,
     "paced": run_paced,
     "cache": run_zarrtorch,  # cache=True: the rows a process read stay in RAM for the next epochs
+    "remote": run_zarrtorch,  # the store over HTTP (a server in the orchestrator), requests in flight fixed
     "reference": run_reference,
     "naive": run_naive,
     "numpy": run_numpy,
@@ -464,8 +518,11 @@ def run_config(spec: dict) -> dict:
     if spec.get("by_thread"):
         name_threads()  # before anything starts a thread (zarr's event loop and pools start on first use)
     t0 = time.perf_counter()
+    smaps = SmapsPeaks() if spec.get("smaps") else None
     with MemorySampler(every_s=0.01, uss_every_s=spec.get("uss_period", 0.1)) as sampler:
         result = RUNNERS[spec["kind"]](spec, sampler)
+    if smaps is not None:
+        result["smaps"] = smaps.stop()
     return {**result, "wall_s": time.perf_counter() - t0, "pid": os.getpid()}
 
 

@@ -2,18 +2,34 @@
 
 A job's memory per GPU is the loader's data on top of what any PyTorch process holds: the decoded chunks of
 every reading process (:meth:`ZarrIterableDataset.worker_memory_bytes`), with ``keep_in_memory=True`` the rows each
-process keeps, the buffers its reading threads read chunk files into, the ring of batch slots the main
-process shares with its workers (:mod:`zarrtorch._workers.ring`), and the batches waiting in the main process.
-``benchmarks/run.py`` compares this prediction with what it measures.
+process keeps, the stored bytes its reading threads hold (a chunk file read into a thread's buffer, or the
+answer of a remote request in flight), the ring of batch slots the main process shares with its workers
+(:mod:`zarrtorch._workers.ring`), the batches waiting in the main process, and what each process of the loader
+holds besides its data (:data:`MAIN_PROCESS_BYTES`, :data:`WORKER_PROCESS_BYTES`). Pages of library files
+(torch's, numpy's code) are not counted: they are the OS page cache's, shared by every process that maps them.
+``benchmarks/run.py`` compares this prediction with what it measures (``benchmarks/README.md``, "Memory").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from zarrtorch._read.fastpath import read_buffer_bytes
 from zarrtorch._read.reader import reading_threads
+from zarrtorch._read.source import is_local
 from zarrtorch.plan import Topology
+
+MiB = 2**20
+# What a process of the loader holds besides its data, measured by benchmarks/run.py (anonymous and private
+# dirty memory, benchmarks/README.md "Memory"): the main process's reading threads' stacks and the loader's
+# Python objects (1-5 MiB measured); a forked DataLoader worker's own objects and allocator heap, its
+# threads' stacks and the pages it and its parent copy on write after the fork (8-14 MiB measured, the same on
+# 1x and 4x the rows).
+MAIN_PROCESS_BYTES = 6 * MiB
+WORKER_PROCESS_BYTES = 16 * MiB
 
 
 @dataclass(frozen=True)
@@ -29,11 +45,30 @@ class MemoryBudget:
     batch_bytes: int
     kept: int = 0
     read_buffers: int = 0
+    processes: int = 0  # what the main process and the workers hold besides the data
 
     @property
     def total(self) -> int:
         decoded = self.readers * self.per_reader + self.kept
-        return decoded + self.read_buffers + self.ring + self.batches * self.batch_bytes
+        return decoded + self.read_buffers + self.ring + self.batches * self.batch_bytes + self.processes
+
+
+def stored_bytes_bound(arr) -> int:
+    """The most bytes one stored object of ``arr`` (a chunk, or a shard) can take: what a request for it
+    receives. Its decoded size plus what a compressor may add (``ZSTD_COMPRESSBOUND`` and headers)."""
+    shape = getattr(arr, "shards", None) or arr.chunks
+    n = math.prod(shape) * np.dtype(arr.dtype).itemsize
+    return n + (n >> 8) + max(0, (128 << 10) - n) // 2048 + (64 << 10)
+
+
+def fetched_bytes(arrays: dict, threads: int) -> int:
+    """Stored bytes one reading process holds at most in its ``threads`` reading threads: a local array's
+    chunk file in each thread's reusable buffer (:func:`zarrtorch._read.fastpath.read_buffer_bytes`); a remote
+    array's answer to each request in flight, plus one more being copied on the event loop that receives
+    them (the client joins the parts it received, zarr copies the buffer into ``bytes``)."""
+    local = sum(read_buffer_bytes(a) for a in arrays.values() if is_local(a))
+    remote = sum(stored_bytes_bound(a) for a in arrays.values() if not is_local(a))
+    return threads * local + (threads + 1 if remote else 0) * remote
 
 
 def loader_memory(loader) -> MemoryBudget:
@@ -43,13 +78,13 @@ def loader_memory(loader) -> MemoryBudget:
     thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
     also the ``prefetch_factor`` batches each worker may have in flight. With ``keep_in_memory=True`` every piece of
     this rank's (frozen) share stays in its process as the decoded chunk it was cut from, and that is all
-    the decoded data its readers hold (``per_reader`` is 0)."""
+    the decoded data its readers hold (``per_reader`` is 0). A remote store's requests in flight hold their
+    answers (:func:`fetched_bytes`), counted with the most requests in flight the loader may reach."""
     ds, cfg = loader.dataset, loader.config
     workers = cfg.num_workers
     threads = ds.decode_threads(workers)
     per_reader = ds.worker_memory_bytes(decode_threads=threads)
-    per_thread = sum(read_buffer_bytes(a) for a in ds.arrays.values())
-    read_buffers = max(1, workers) * reading_threads(threads, ds.in_flight(threads)) * per_thread
+    read_buffers = max(1, workers) * fetched_bytes(ds.arrays, reading_threads(threads, ds.in_flight(threads)))
     batch_bytes = cfg.batch_size * (ds.batch_row_bytes + 8)  # + the int64 row index
     ring = loader.ring.nbytes if loader.ring is not None else 0
     batches = 0
@@ -62,4 +97,5 @@ def loader_memory(loader) -> MemoryBudget:
         rank, world = loader.topology()
         pieces = sum(len(w.pieces) for w in loader.spec.plan(0, Topology(rank, world, workers)).workers)
         per_reader, kept = 0, pieces * ds.chunk_rows * ds.row_bytes
-    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers)
+    processes = MAIN_PROCESS_BYTES + workers * WORKER_PROCESS_BYTES
+    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers, processes)

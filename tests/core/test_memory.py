@@ -20,6 +20,7 @@ import torch
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fastpath import read_buffer_bytes
 from zarrtorch._read.reader import PieceReader
+from zarrtorch.budget import MAIN_PROCESS_BYTES, WORKER_PROCESS_BYTES
 from zarrtorch.buffer import SlotBuffer
 
 CHUNK, FEATURES = 32, 256  # 32 rows x 1 KiB per chunk of x
@@ -209,7 +210,10 @@ def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monke
     assert budget.ring == 0 and budget.readers == 1
     assert budget.per_reader == ds.worker_memory_bytes(decode_threads=1)
     assert budget.read_buffers == 1 * sum(read_buffer_bytes(a) for a in ds.arrays.values()) > 0  # one thread
-    assert budget.total == budget.per_reader + budget.read_buffers + budget.batches * 16 * (ds.row_bytes + 8)
+    assert budget.processes == MAIN_PROCESS_BYTES  # no workers: the main process alone
+    assert budget.total == (
+        budget.per_reader + budget.read_buffers + budget.batches * 16 * (ds.row_bytes + 8) + budget.processes
+    )
 
 
 def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
@@ -226,7 +230,10 @@ def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
     assert ring.batches == 0 and ring.readers == 2
     queue = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2, transport="queue", prefetch_factor=3))
     assert queue.ring == 0 and queue.batches == 2 + 1 + 2 + 2 * 3
-    assert queue.total == 2 * queue.per_reader + queue.read_buffers + queue.batches * queue.batch_bytes
+    assert queue.processes == ring.processes == MAIN_PROCESS_BYTES + 2 * WORKER_PROCESS_BYTES
+    assert queue.total == (
+        2 * queue.per_reader + queue.read_buffers + queue.batches * queue.batch_bytes + queue.processes
+    )
     assert queue.read_buffers == ring.read_buffers == 2 * sum(read_buffer_bytes(a) for a in ds.arrays.values())
 
 
@@ -306,3 +313,66 @@ def test_workers_are_forked_with_the_parents_objects_frozen(tmp_path):
         assert len(list(loader)) > 0 and gc.get_freeze_count() > mine // 2  # (frozen objects freed leave it)
     finally:
         gc.unfreeze()
+
+
+def test_remote_requests_in_flight_hold_their_answers(tmp_path):
+    """Over HTTP each request in flight holds the stored bytes it received (and one more answer is being
+    copied on the event loop): ``read_buffers`` counts them for the most requests in flight, at the bound of a
+    stored chunk; a local store counts one chunk-file buffer per reading thread instead."""
+    from zarrtorch.budget import loader_memory, stored_bytes_bound
+    from zarrtorch.course.servers import HttpStoreServer
+
+    store = make_store(tmp_path / "d.zarr", 12)
+    read = ReadOptions(decode_threads=1, requests_in_flight=4)
+    local = loader_memory(ZarrDataLoader(ZarrIterableDataset(store, read=read), batch_size=16))
+    with HttpStoreServer(tmp_path) as server:
+        ds = ZarrIterableDataset(f"{server.url}/d.zarr", read=read)
+        remote = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2))
+        threads = 3  # reading_threads(1 decode thread, 4 in flight)
+        per_request = sum(stored_bytes_bound(a) for a in ds.arrays.values())
+        assert per_request > ds.chunk_rows * ds.row_bytes  # a stored chunk may be larger than decoded
+        assert remote.read_buffers == 2 * (threads + 1) * per_request
+        assert remote.per_reader == ds.worker_memory_bytes(decode_threads=1)
+    assert local.read_buffers == threads * sum(read_buffer_bytes(a) for a in ZarrIterableDataset(store).arrays.values())
+
+
+def test_held_memory_leaves_library_pages_out():
+    """The benchmark's measure of what a loader holds: anonymous + shared resident memory grows with what the
+    process allocates and writes, not with pages of library files it maps; smaps by kind says where it lives."""
+    import mmap
+    import subprocess
+    import sys
+
+    from zarrtorch.course.memory import anon_rss, held_by_kind, private_bytes, smaps_by_kind
+
+    pid = os.getpid()
+    before, kinds_before = anon_rss(pid), smaps_by_kind(pid)
+    block = np.ones(32 << 20, np.uint8)  # 32 MiB written: anonymous memory
+    shared = mmap.mmap(-1, 8 << 20)  # 8 MiB of shared memory, written
+    shared.write(b"x" * (8 << 20))
+    grown = anon_rss(pid) - before
+    assert 40 << 20 <= grown <= 48 << 20, grown >> 20
+    kinds = smaps_by_kind(pid)
+    assert kinds["shmem"]["Rss"] - kinds_before["shmem"]["Rss"] >= 8 << 20
+    assert kinds["anon"]["Rss"] + kinds["heap"]["Rss"] + kinds["arena"]["Rss"] >= 32 << 20
+    assert held_by_kind(kinds)["file shared"] + held_by_kind(kinds)["file private"] > 0  # this process's libraries
+    # a library file read through a mapping: resident, but neither anonymous nor private dirty
+    import numpy._core._multiarray_umath as compiled  # numpy's compiled module: a library file of some MiB
+
+    with open(compiled.__file__, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        start = anon_rss(pid)
+        dirty = private_bytes(pid)[1]
+        assert sum(mapped[i] for i in range(0, len(mapped), 4096)) >= 0  # every page touched
+        assert abs(anon_rss(pid) - start) < 2 << 20
+        assert private_bytes(pid)[1] - dirty < 2 << 20
+    del block, shared
+    assert private_bytes(-1) is None and anon_rss(-1) is None and smaps_by_kind(-1) is None
+    # a forked child holds privately (dirty) only what it writes; what it inherited stays shared
+    code = "import numpy as np, sys; a = np.ones(16 << 20, np.uint8); print(a.sum()); sys.stdout.flush(); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        assert private_bytes(child.pid)[1] >= 16 << 20
+    finally:
+        child.stdin.close()
+        child.wait(30)
