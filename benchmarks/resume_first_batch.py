@@ -6,8 +6,8 @@
 A state saved half-way through epoch 2 by a job of 64 ranks x 4 workers is loaded by rank 5 of 48 ranks x
 2 workers; the same rank without a state is the fresh loader. Each figure comes from a fresh interpreter (no
 plan cached): seconds from ``iter(loader)`` to the first batch (the workers' start, their plans and first reads
-included) and the peak of the main process's resident memory above its level before ``iter`` (sampled every
-5 ms), with 2 workers and with none (then the main process plans, so its memory is the plan's). Median of
+included) and the memory held meanwhile (``zarrtorch.course.memory.MemorySampler.held``, sampled every 5 ms: the
+main process's growth and each worker's private memory, library pages left out), with 2 workers and with none. Median of
 ``--repeats`` runs; the resumed/fresh difference is what elastic resume costs.
 """
 
@@ -18,7 +18,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -44,6 +43,7 @@ def generated_store(rows: int, chunk_rows: int, data_dir: Path) -> Path:
 
 def child(store: str, resumed: bool, workers_now: int) -> dict:
     from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+    from zarrtorch.course.memory import MemorySampler
 
     world, workers = SAVED
     saver = ZarrDataLoader(ZarrIterableDataset(store, seed=1), batch_size=BATCH, world_size=world, rank=0)
@@ -58,33 +58,12 @@ def child(store: str, resumed: bool, workers_now: int) -> dict:
         loader.load_state_dict(state)
     else:
         loader.set_epoch(2)
-    peak = PeakRss()
-    start = time.perf_counter()
-    batch = next(iter(loader))
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "rss_mib": peak.stop() / 2**20, "rows": len(batch["x"]), "batches": len(loader)}
-
-
-class PeakRss:
-    def __init__(self):
-        self.base = self.peak = rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, rss())
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak - self.base
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+    with MemorySampler(every_s=0.005) as sampler:
+        start = time.perf_counter()
+        batch = next(iter(loader))
+        seconds = time.perf_counter() - start
+    held = sampler.held / 2**20
+    return {"seconds": seconds, "rss_mib": held, "rows": len(batch["x"]), "batches": len(loader)}
 
 
 def main(argv=None) -> dict:
@@ -117,7 +96,7 @@ def main(argv=None) -> dict:
         for kind in ("fresh", "resumed"):
             r = med[kind, w]
             seconds, mib = r["seconds"], r["rss_mib"]
-            print(f"  {w} workers, {kind:>7}: first batch after {seconds:.2f} s, main process +{mib:.0f} MiB")
+            print(f"  {w} workers, {kind:>7}: first batch after {seconds:.2f} s, held +{mib:.0f} MiB")
         extra = med["resumed", w]["seconds"] - med["fresh", w]["seconds"]
         more = med["resumed", w]["rss_mib"] - med["fresh", w]["rss_mib"]
         print(f"  {w} workers: resume costs {extra:+.2f} s and {more:+.0f} MiB over the fresh loader")

@@ -21,7 +21,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +36,7 @@ import zarr  # noqa: E402
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
 from zarrtorch._read.reader import PieceReader  # noqa: E402
 from zarrtorch.buffer import buffer_rng  # noqa: E402
+from zarrtorch.course.memory import MemorySampler  # noqa: E402
 from zarrtorch.plan import EpochSpec, Topology  # noqa: E402
 from zarrtorch.quality import perfect_shuffle_batches, shuffle_quality  # noqa: E402
 from zarrtorch.resume import batches_of  # noqa: E402
@@ -122,17 +122,17 @@ def zarrtorch_run(path: Path, workers: int, repeats: int) -> dict:
         return original(self, start, stop)
 
     PieceReader.read_piece = counted
-    peak = PeakRss()
     try:
 
         def epoch_iter(epoch):
             loader.set_epoch(epoch)
             return loader
 
-        rate, windows = timed_epochs(epoch_iter, repeats)
+        with MemorySampler(every_s=0.005) as sampler:
+            rate, windows = timed_epochs(epoch_iter, repeats)
     finally:
         PieceReader.read_piece = original
-        held = peak.stop()
+    held = sampler.held
     n_chunks = -(-ds._store_rows // ds.store_chunk_rows)
     if workers:  # counted from the reads each worker's plan makes
         decodes = planned_reads(ds, loader.spec, Topology(0, 1, workers), repeats - 1) / n_chunks
@@ -149,30 +149,6 @@ def planned_reads(ds, spec, topology: Topology, epoch: int) -> int:
         batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
         total += len(chunk_reads(batches, share.pieces, ds.starts, WINDOWS.offsets, ds.store_chunk_rows).chunks)
     return total
-
-
-class PeakRss:
-    """Peak resident memory of this process above its level at the start, sampled every 5 ms."""
-
-    def __init__(self):
-        self.base = self.peak = rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, rss())
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak - self.base
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
 
 
 def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -> dict:
