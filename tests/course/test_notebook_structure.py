@@ -108,6 +108,10 @@ def test_exercises_have_an_answer_cell_and_a_hidden_solution(path):
         assert solution["metadata"].get("jupyter", {}).get("source_hidden") is True, (
             f"{path.name}: {title!r}: the solution is not hidden (metadata jupyter.source_hidden)"
         )
+        assert solution["metadata"].get("jupyter", {}).get("outputs_hidden") is True, (
+            f"{path.name}: {title!r}: the solution's printed answer shows under its collapsed code "
+            "(metadata jupyter.outputs_hidden)"
+        )
         for cell in (answer, solution):  # nbval runs both: they must have run when the notebook was saved
             assert cell.get("execution_count") is not None, f"{path.name}: {title!r}: a cell was not executed"
             assert not any(o.get("output_type") == "error" for o in cell.get("outputs", [])), title
@@ -130,7 +134,7 @@ def test_structure_check_notices_a_visible_solution(tmp_path):
             },
             {
                 "cell_type": "code",
-                "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": hidden}},
+                "metadata": {"tags": ["solution"], "jupyter": {"source_hidden": hidden, "outputs_hidden": hidden}},
                 "source": "",
                 "execution_count": 2,
                 "outputs": [],
