@@ -197,5 +197,8 @@ def test_quoted_gloo_errors_are_in_the_notebooks_outputs():
         for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
             for out in cell.get("outputs", []):
                 outputs += "".join(out.get("text", "")) + json.dumps(out.get("data", {}))
-    missing = [q for q in quoted if q not in outputs]
-    assert not missing, f"gloo messages the deck quotes that no notebook output shows: {missing}"
+    # which side notices a dead peer first decides between "closed" and "reset": the deck quotes both, and each
+    # re-execution of the notebooks may show either, so every quote must be one of them and one must be shown
+    unknown = [q for q in quoted if not re.fullmatch(r"Connection (closed|reset) by peer", q)]
+    assert not unknown, f"gloo messages the deck quotes that gloo does not print: {unknown}"
+    assert any(q in outputs for q in quoted), f"none of the gloo messages the deck quotes is in an output: {quoted}"
