@@ -100,7 +100,7 @@ def _sample_dim(ds, variables: list[str] | None, dim: str | None):
             f"data variables {others or names[:1]} do not have {dim!r} as their first dimension: every array "
             "written for training needs the sample dimension first. Pass dim='...' (the variables are then "
             "transposed), select variables with variables=[...], or turn static fields into coordinates "
-            "(ds.set_coords(...))."
+            "(ds.set_coords(...): they are written whole, and Windows(static=[...]) returns them with every window)."
         )
     dated = [d for d in ds[names[0]].dims if d != dim and d in ds.coords and np.issubdtype(ds[d].dtype, np.datetime64)]
     if dated:
