@@ -393,23 +393,17 @@ class ZarrIterableDataset(IterableDataset):
             )
         if self.windows is not None:
             return self._iter_windows(spec, plan, view, logical, worker, worker_skip, threads, info)
-        reader = PieceReader(
-            self.arrays,
+        reader = self._reader(
             self.chunk_rows,
-            threads=threads,
-            in_flight=self._in_flight,
-            policy=self.read.retry,
-            check_missing=self.read.check_chunks,
+            threads,
             cache=self._kept if self.keep_in_memory else None,
-            pools=self._pools,
             early=self._early,
             first=None if worker_skip else plan.workers[logical].pieces + self.row_offset,
-            secrets=self._secrets,
         )
         if reads_early(self.arrays, cache=self.keep_in_memory, lives_on=info is None or cfg.persistent_workers):
             reader.after_last = lambda submit: self._read_next_epoch_early(submit, reader, view, worker, n_workers)
         rng = buffer_rng(spec.seed, view.epoch, view.rank, logical, spec.row_shuffle, plan.segment)  # None: in order
-        writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
+        writer = self._writer(worker, info)
         batch_columns = {**INDEX_ONLY, **self.out_columns}
         out = writer.out if writer is not None else self._pools.batches(spec.batch_size, batch_columns)
         batches = stream_batches(
@@ -430,7 +424,30 @@ class ZarrIterableDataset(IterableDataset):
         if self.return_padding:
             padding = plan.padding + self.row_offset
             batches = (self._with_padding(batch, padding, writer) for batch in batches)
-        if writer is not None:  # the batch is in a shared slot: send where (zarrtorch._workers.ring)
+        return self._delivered(batches, writer)
+
+    def _reader(self, chunk_rows: int, threads: int, **options) -> PieceReader:
+        """This process's chunk reader for one epoch (its requests in flight, retries, checks and pools)."""
+        return PieceReader(
+            self.arrays,
+            chunk_rows,
+            threads=threads,
+            in_flight=self._in_flight,
+            policy=self.read.retry,
+            check_missing=self.read.check_chunks,
+            pools=self._pools,
+            secrets=self._secrets,
+            **options,
+        )
+
+    def _writer(self, worker: int, info):
+        """The ring's writer for this worker's batches, or ``None`` (no ring, or the main process reads)."""
+        return self.ring.writer(worker) if self.ring is not None and info is not None else None
+
+    def _delivered(self, batches, writer):
+        """Batches as the DataLoader passes them on: where a shared slot holds one, only where it is
+        (:mod:`zarrtorch._workers.ring`); otherwise as tensors."""
+        if writer is not None:
             return (writer.send(batch, self._to_torch) for batch in batches)
         return (self._to_torch(batch) for batch in batches)
 
@@ -442,18 +459,8 @@ class ZarrIterableDataset(IterableDataset):
         batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
         offsets = self.windows.offsets
         reads = chunk_reads(batches, share.pieces, self.starts, offsets, self.store_chunk_rows, skip=skip)
-        reader = PieceReader(
-            self.arrays,
-            self.store_chunk_rows,
-            threads=threads,
-            in_flight=self._in_flight,
-            policy=self.read.retry,
-            check_missing=self.read.check_chunks,
-            pools=self._pools,
-            secrets=self._secrets,
-        )
-        self.last_chunk_reads = reads  # what this process read, for tests and benchmarks
-        writer = self.ring.writer(worker) if self.ring is not None and info is not None else None
+        reader = self._reader(self.store_chunk_rows, threads)
+        writer = self._writer(worker, info)
         columns = {**INDEX_ONLY, **self.out_columns}
         if self.return_padding:
             columns["padding"] = ((), np.dtype(bool))
@@ -474,9 +481,7 @@ class ZarrIterableDataset(IterableDataset):
             packings=self.packings,
             out=writer.out if writer is not None else None,
         )
-        if writer is not None:
-            return (writer.send(batch, self._to_torch) for batch in batches_out)
-        return (self._to_torch(batch) for batch in batches_out)
+        return self._delivered(batches_out, writer)
 
     @staticmethod
     def _with_padding(batch: dict[str, np.ndarray], padding: np.ndarray, writer) -> dict[str, np.ndarray]:
