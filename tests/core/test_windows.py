@@ -334,3 +334,60 @@ def test_padding_marks_exactly_the_repeated_windows(store, workers):
             start = check(batch, w)
             kept += start[~batch["padding"].numpy()].tolist()
     assert sorted(kept) == valid_starts(w, ROWS)
+
+
+def test_torchrun_environment_splits_windows_across_ranks(store, monkeypatch):
+    """No rank= or world_size=: the loader takes them from torchrun's environment (RANK, WORLD_SIZE), as DDP runs."""
+    w = Windows(history=2, lead=2)
+    per_rank = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=5)
+        loader = ZarrDataLoader(ds, batch_size=8, drop_last=False)
+        assert loader.topology() == (rank, 3)
+        per_rank.append([check(b, w) for b in loader])
+    assert len({len(r) for r in per_rank}) == 1
+    got = np.concatenate([b for r in per_rank for b in r])
+    assert set(got.tolist()) == set(valid_starts(w, ROWS)) and len(got) - len(valid_starts(w, ROWS)) < 3
+
+
+def test_interrupted_epoch_then_resume_then_next_epoch(store):
+    """A user breaks out of an epoch, a new job resumes from the saved state and finishes it, then trains the
+    next epoch: the resumed epoch holds every window once, and the next epoch is the uninterrupted one."""
+    w = Windows(history=1, lead=3, stride=2)
+
+    def loader():
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=9)
+        return ZarrDataLoader(ds, batch_size=8, num_workers=2, drop_last=False)
+
+    first = loader()
+    first.set_epoch(1)
+    taken = []
+    for k, batch in enumerate(first):
+        taken.append(check(batch, w))
+        if k == 6:
+            break  # Ctrl-C in the training loop: the iterator is dropped mid-epoch
+    state = first.state_dict()
+    second = loader()
+    second.load_state_dict(state)
+    rest = [check(b, w) for b in second]
+    seen = np.concatenate(taken[: state["batches_seen"]] + rest)
+    assert sorted(seen.tolist()) == valid_starts(w, ROWS)
+    second.set_epoch(2)
+    fresh = loader()
+    fresh.set_epoch(2)
+    assert all(
+        np.array_equal(a, b) for a, b in zip([check(b, w) for b in second], [check(b, w) for b in fresh], strict=True)
+    )
+
+
+def test_damaged_chunk_bytes_inside_a_window_are_an_error(tmp_path):
+    """A chunk file cut short (a half-copied store) raises ChunkReadError naming the chunk; no window is filled."""
+    path = write(tmp_path / "cut.zarr", rows=60, chunk=4, static=False)
+    chunk = path / "x" / "c" / "5" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-7])
+    ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=2))
+    with pytest.raises(ChunkReadError, match="chunk 5"):
+        list(ZarrDataLoader(ds, batch_size=4))
