@@ -459,6 +459,7 @@ class ZarrIterableDataset(IterableDataset):
         batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
         offsets = self.windows.offsets
         reads = chunk_reads(batches, share.pieces, self.starts, offsets, self.store_chunk_rows, skip=skip)
+        self.last_chunk_reads = reads  # this process's chunk reads for the epoch: lesson 08 counts its decodes
         reader = self._reader(self.store_chunk_rows, threads)
         writer = self._writer(worker, info)
         columns = {**INDEX_ONLY, **self.out_columns}

@@ -198,6 +198,18 @@ def test_each_chunk_read_about_once_per_epoch(tmp_path, monkeypatch):
     assert set(reads) == set(range(2000))
 
 
+def test_the_dataset_says_which_chunks_its_epoch_read(tmp_path, monkeypatch):
+    """``last_chunk_reads`` (lesson 08 counts its decodes) lists exactly the chunks the reader was asked for."""
+    path = write(tmp_path / "steps.zarr", rows=600, static=False)
+    reads = count_reads(monkeypatch)
+    ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=4), return_index=True, seed=2)
+    loader = ZarrDataLoader(ds, batch_size=16)
+    loader.set_epoch(0)
+    for _ in loader:
+        pass
+    assert sorted(int(c) for c in ds.last_chunk_reads.chunks) == sorted(reads)
+
+
 def test_a_worker_holds_no_more_than_its_memory_bound(store):
     """The most chunks a worker's schedule holds at once, plus its reads in flight, stay within what
     worker_memory_bytes (and so loader_memory) counts, for short and long blocks."""
