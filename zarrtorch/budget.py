@@ -23,11 +23,10 @@ from zarrtorch._read.source import is_local
 from zarrtorch.plan import Topology
 
 MiB = 2**20
-# What a process of the loader holds besides its data, measured by benchmarks/run.py (anonymous and private
-# dirty memory, benchmarks/README.md "Memory"): the main process's reading threads' stacks and the loader's
-# Python objects (1-5 MiB measured); a forked DataLoader worker's own objects and allocator heap, its
-# threads' stacks and the pages it and its parent copy on write after the fork (8-14 MiB measured, the same on
-# 1x and 4x the rows).
+# What a process of the loader holds besides its data (anonymous and private dirty memory): the main process's
+# reading threads' stacks and the loader's Python objects; a forked DataLoader worker's own objects and
+# allocator heap, its threads' stacks and the pages it and its parent copy on write after the fork. Both are
+# measured by benchmarks/run.py; the figures behind these margins are in benchmarks/README.md ("Memory").
 MAIN_PROCESS_BYTES = 6 * MiB
 WORKER_PROCESS_BYTES = 16 * MiB
 

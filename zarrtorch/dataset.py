@@ -25,7 +25,7 @@ from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
-from zarrtorch._util.sizes import held_chunks, row_bytes
+from zarrtorch._util.sizes import ceil_div, held_chunks, row_bytes
 from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng
@@ -265,12 +265,11 @@ class ZarrIterableDataset(IterableDataset):
         consecutive starts in it, the halo and a chunk boundary at each end."""
         chunk, block = self.store_chunk_rows, self.chunk_rows
         runs = self.starts.most_runs(block)
-        per_piece = min(
-            block * self.windows.steps, -(-block // chunk) + runs * (-(-(self.windows.span - 1) // chunk) + 2)
-        )
+        halo = ceil_div(self.windows.span - 1, chunk)
+        per_piece = min(block * self.windows.steps, ceil_div(block, chunk) + runs * (halo + 2))
         batch = self.config.batch_size if self.config is not None else 1
         slots = max(self.buffer_rows if row_shuffle else 0, batch)
-        return (-(-slots // block) + 2) * per_piece + self.in_flight(decode_threads)
+        return (ceil_div(slots, block) + 2) * per_piece + self.in_flight(decode_threads)
 
     # -- the plan ------------------------------------------------------------------------------------
     def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:

@@ -112,11 +112,11 @@ def test_memory_per_node_is_every_ranks_loader_and_refuses_a_node_too_small(stor
     report = audit(store, world_size=8, batch_size=16, num_workers=2, ranks_per_node=4, node_memory_gib=64)
     assert report.loader_bytes_per_rank == one and report.loader_bytes_per_node == 4 * one
     assert report.fits and report.ok and "left on the node" in report.summary()
-    small = audit(store, world_size=8, batch_size=16, num_workers=2, ranks_per_node=4,
-                  node_memory_gib=3 * one / 2**30)  # fmt: skip
+    too_small_gib = 3 * one / 2**30
+    small = audit(store, world_size=8, batch_size=16, num_workers=2, ranks_per_node=4, node_memory_gib=too_small_gib)
     assert not small.fits and not small.ok and "DOES NOT FIT" in small.summary()
     run = [sys.executable, "-m", "zarrtorch", "audit", str(store), "--world-size", "8", "--batch-size", "16"]
-    cli = subprocess.run(run + ["--num-workers", "2", "--ranks-per-node", "4", "--node-memory-gib",
-                                f"{3 * one / 2**30}", "--json"], capture_output=True, text=True)  # fmt: skip
+    run += ["--num-workers", "2", "--ranks-per-node", "4", "--node-memory-gib", f"{too_small_gib}", "--json"]
+    cli = subprocess.run(run, capture_output=True, text=True)
     assert cli.returncode == 1 and json.loads(cli.stdout)["fits"] is False
     assert audit(store, world_size=2, batch_size=16).fits  # no node given: nothing to refuse

@@ -35,6 +35,18 @@ OPTIONAL = {"xarray", "dask", "lightning", "matplotlib", "tqdm", "h5py", "psutil
 NEEDS_LIGHTNING = {"lightning.py"}  # the DataModule module needs the `lightning` extra, by name
 
 
+def absolute(node: ast.ImportFrom, path: Path) -> str:
+    """The module a ``from ... import`` names, with a relative one (``from ._util import x``) resolved against
+    the file's package, so that no import escapes the layer checks by being relative."""
+    if node.level == 0:
+        return node.module
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports(path: Path) -> list[tuple[str, bool]]:
     """(module imported, at module level?) for every import statement of a file."""
     tree = ast.parse(path.read_text())
@@ -43,9 +55,21 @@ def imports(path: Path) -> list[tuple[str, bool]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(a.name, id(node) in top) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out += [(node.module, id(node) in top)] + [(f"{node.module}.{a.name}", id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module, at_top = absolute(node, path), id(node) in top
+            out += [(module, at_top)] + [(f"{module}.{a.name}", at_top) for a in node.names]
     return out
+
+
+def test_relative_imports_are_resolved(tmp_path):
+    """A relative import counts as the module it names (so ``from .._read import x`` in ``_util`` is seen)."""
+    target = PACKAGE / "_util" / "sizes.py"
+    tree = ast.parse("from .._read import reader\nfrom . import pool\nfrom .process import cpu_share\n")
+    assert [absolute(node, target) for node in tree.body] == [
+        "zarrtorch._read",
+        "zarrtorch._util",
+        "zarrtorch._util.process",
+    ]
 
 
 def test_core_never_imports_course_code():

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "slurm" / "README.md",
-        ROOT / "slides" / "workshop.md", *sorted((ROOT / "notebooks").glob("*.ipynb"))]  # fmt: skip
+GUIDES = ["README.md", "benchmarks/README.md", "data/README.md", "slides/workshop.md"]
+GUIDES += [f"slurm/{name}" for name in ("README.md", "CHECKLIST.md", "WALKTHROUGH.md")]
+DOCS = [ROOT / name for name in GUIDES] + sorted((ROOT / "notebooks").glob("*.ipynb"))
 NOT_MODULES = {"zarrtorch.commands"}  # the entry-point group the course registers its commands under
 DOTTED = re.compile(r"\bzarrtorch(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+COURSE = re.compile(r"`(course(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")  # `course.layouts`: the course package's modules
 FILES = re.compile(r"\bzarrtorch/[A-Za-z0-9_/]+\.py\b")
 
 
@@ -32,6 +34,8 @@ def mentioned() -> dict[str, str]:
     for where, text in texts():
         for name in DOTTED.findall(text):
             found.setdefault(name.rstrip("."), where)
+        for name in COURSE.findall(text):
+            found.setdefault("zarrtorch." + name.rstrip("."), where)
         for path in FILES.findall(text):
             found.setdefault(path, where)
     return found
@@ -65,3 +69,13 @@ def test_the_guides_mention_modules():
 @pytest.mark.parametrize("name", sorted(set(NAMES) - NOT_MODULES))
 def test_a_mentioned_module_or_name_exists(name):
     assert resolves(name), f"{NAMES[name]} names {name}, which does not exist"
+
+
+def test_the_readme_layout_names_every_module():
+    """The README's tree of the repository names every module of the package (a module added later is listed)."""
+    readme = (ROOT / "README.md").read_text()
+    tree = readme.split("## Repository layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    listed = set(re.findall(r"\b([A-Za-z0-9_]+\.py)\b", tree))
+    package = ROOT / "zarrtorch"
+    missing = sorted(str(p.relative_to(ROOT)) for p in package.rglob("*.py") if p.name not in listed)
+    assert not missing, f"README.md's repository layout does not name {missing}"
