@@ -2,7 +2,10 @@
 
     .venv/bin/python benchmarks/scale.py                  # the table (about a minute)
     .venv/bin/python benchmarks/scale.py --plot scale.png # and the log-log figure of benchmarks/README.md
-    .venv/bin/python benchmarks/scale.py --quick          # a few points (the test's mode)
+    .venv/bin/python benchmarks/scale.py --quick          # a few points (a quick look)
+
+A second table varies the DataLoader workers per rank (1, 4, 16) at 1,024 ranks: a plan computes every
+worker's pieces, a resume continues on that many workers.
 
 Plan: one rank in the middle of ``world`` ranks x 16 workers computes every worker's pieces for an epoch
 (what its workers then read), in 100-row chunks. Resume: a state saved half-way through an epoch on
@@ -46,11 +49,11 @@ def plan_cost(rows: int, world: int, workers: int = 16) -> None:
         w.pieces  # noqa: B018  computed on first use
 
 
-def resume_cost(rows: int, world: int) -> None:
+def resume_cost(rows: int, world: int, workers: int = 2) -> None:
     spec = EpochSpec(rows=rows, chunk_rows=CHUNK, batch_size=BATCH, drop_last=True, seed=1, buffer_chunks=8)
     half = rows // (world * BATCH) // 2
     after = max(1, math.ceil(3 * world / 4))
-    plan = resumed_plan(spec, 2, (Segment(world, 4, half),), Topology(after // 2, after, 2))
+    plan = resumed_plan(spec, 2, (Segment(world, 4, half),), Topology(after // 2, after, workers))
     for w in plan.workers:
         w.pieces  # noqa: B018
 
@@ -96,6 +99,7 @@ def main(argv=None) -> int:
                 dict(rows=rows, world=world, plan_s=plan_s, plan_mib=plan_mib, resume_s=resume_s, resume_mib=resume_mib)
             )
             print(f"{rows:>8.0e} {world:>6} | {plan_s:>8.4f} {plan_mib:>9.1f} | {resume_s:>9.4f} {resume_mib:>10.1f}")
+    points += workers_table(sizes[-2:] if args.quick else [10**8, 10**9], world=256 if args.quick else 1024)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(points, f, indent=1)
@@ -104,7 +108,33 @@ def main(argv=None) -> int:
     return 0
 
 
+def workers_table(sizes: list[int], world: int) -> list[dict]:
+    """Plan and resume cost against the workers per rank, at ``world`` ranks: a rank computes each worker's
+    pieces, so the cost may grow with the workers even where it does not with the ranks."""
+    print(f"\nworkers per rank, {world:,} ranks")
+    print(f"{'rows':>8} {'workers':>7} | {'plan s':>8} {'plan MiB':>9} | {'resume s':>9} {'resume MiB':>10}")
+    points = []
+    for rows in sizes:
+        for workers in (1, 4, 16):
+            plan_s, plan_mib = measure(plan_cost, rows, world, workers)
+            resume_s, resume_mib = measure(resume_cost, rows, world, workers)
+            points.append(
+                dict(
+                    rows=rows,
+                    world=world,
+                    workers=workers,
+                    plan_s=plan_s,
+                    plan_mib=plan_mib,
+                    resume_s=resume_s,
+                    resume_mib=resume_mib,
+                )
+            )
+            print(f"{rows:>8.0e} {workers:>7} | {plan_s:>8.4f} {plan_mib:>9.1f} | {resume_s:>9.4f} {resume_mib:>10.1f}")
+    return points
+
+
 def plot(points: list[dict], path: str) -> None:
+    points = [p for p in points if "workers" not in p]  # the figure: ranks at 16 (plan) and 2 (resume) workers
     import matplotlib
 
     matplotlib.use("Agg")
