@@ -163,10 +163,12 @@ def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -
                 return
             yield batch
 
-    rate, windows = timed_epochs(epoch_iter, repeats)
+    with MemorySampler(every_s=0.005) as sampler:
+        rate, windows = timed_epochs(epoch_iter, repeats)
     chunk_rows = zarr.open_group(path, mode="r")["fields"].chunks[0]
     # every step of every window decodes its chunk: steps x windows reads over windows / chunk_rows chunks
-    return {"windows_s": rate, "windows": windows, "decodes_per_chunk": WINDOWS.steps * chunk_rows}
+    decodes = WINDOWS.steps * chunk_rows
+    return {"windows_s": rate, "windows": windows, "decodes_per_chunk": decodes, "held_mib": sampler.held / 2**20}
 
 
 def block_tradeoff(steps: int, blocks: list[int | None], world: int = 4, workers: int = 2) -> list[dict]:
@@ -236,12 +238,11 @@ def main(argv: list[str] | None = None) -> dict:
         result["stores"][chunk] = runs
         kib = np.prod(ROW_SHAPE) * 4 // 1024
         print(f"\n{args.rows} time steps of {kib} KiB, {chunk}-step chunks: L0 {l0:,.0f}, L0r {l0r:,.0f} steps/s")
-        print(f"  {'reader':<22}{'windows/s':>11}{'x L0r':>7}{'decodes/chunk':>15}{'held MiB':>10}")
+        print(f"  {'reader':<22}{'windows/s':>11}{'x L0':>7}{'x L0r':>7}{'decodes/chunk':>15}{'held MiB':>10}")
         for name, r in runs.items():
             if isinstance(r, dict):
-                held = f"{r['held_mib']:>10.0f}" if "held_mib" in r and name.endswith("0w") else f"{'':>10}"
-                rate, decodes = r["windows_s"], r["decodes_per_chunk"]
-                print(f"  {name:<22}{rate:>11,.0f}{rate / l0r:>7.2f}{decodes:>15.2f}{held}")
+                rate, decodes, held = r["windows_s"], r["decodes_per_chunk"], r["held_mib"]
+                print(f"  {name:<22}{rate:>11,.0f}{rate / l0:>7.2f}{rate / l0r:>7.2f}{decodes:>15.2f}{held:>10.0f}")
     result["blocks"] = block_tradeoff(args.trade_steps, [None, *args.blocks])
     kib = np.prod(ROW_SHAPE) * 4 // 1024
     print(f"\nblock length ({args.trade_steps:,} one-step chunks of {kib} KiB, buffer 8 blocks, window ids only):")

@@ -161,6 +161,7 @@ def test_windows_benchmark_counts_reads(tmp_path):
     assert 1.0 <= runs["zarrtorch 0w"]["decodes_per_chunk"] <= 1.1
     assert 1.0 <= runs["zarrtorch 2w"]["decodes_per_chunk"] <= 1.1
     assert runs["step by step 0w"]["decodes_per_chunk"] == 6
+    assert all(runs[name]["held_mib"] > 0 for name in runs if isinstance(runs[name], dict))  # every reader's memory
     assert [b["block_chunks"] for b in data["blocks"]] == [100, 4, 64, "perfect"]
     assert data["blocks"][-1]["diversity"] > 0.9
 
