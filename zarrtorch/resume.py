@@ -43,11 +43,13 @@ def batches_of(spec: EpochSpec, plan: RankPlan) -> list[np.ndarray]:
     )
 
 
-def rows_to_runs(rows: np.ndarray) -> np.ndarray:
-    """Row ids in order as ``(k, 2)`` half-open ranges of consecutive ids."""
+def rows_to_runs(rows: np.ndarray, chunk_rows: int) -> np.ndarray:
+    """Row ids in order as ``(k, 2)`` half-open ranges of consecutive ids, each inside one chunk of
+    ``chunk_rows``: a piece is read from one chunk (:mod:`zarrtorch._read.reader`), and leftovers of two chunks
+    that follow each other in the stream can be consecutive ids across their boundary."""
     if not len(rows):
         return np.zeros((0, 2), dtype=np.int64)
-    breaks = np.nonzero(np.diff(rows) != 1)[0] + 1
+    breaks = np.nonzero((np.diff(rows) != 1) | (rows[1:] % chunk_rows == 0))[0] + 1
     starts = np.concatenate([[0], breaks])
     stops = np.concatenate([breaks, [len(rows)]])
     return np.stack([rows[starts], rows[stops - 1] + 1], axis=1).astype(np.int64)
@@ -143,7 +145,9 @@ class RemainderStream:
             if self._involved(i):
                 left = left[~np.isin(left, self._padding_consumed())]
             rest = self.parent.pieces(start + len(rows_read), stop_in) if start + len(rows_read) < stop_in else None
-            self._cache[i] = np.concatenate([rows_to_runs(left)] + ([rest] if rest is not None else []))
+            self._cache[i] = np.concatenate(
+                [rows_to_runs(left, self.spec.chunk_rows)] + ([rest] if rest is not None else [])
+            )
         return self._cache[i]
 
     def pieces(self, start: int, stop: int) -> np.ndarray:

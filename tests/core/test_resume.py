@@ -269,3 +269,57 @@ def test_a_rank_plans_and_resumes_in_what_it_reads():
         assert tracemalloc.get_traced_memory()[1] < 64 * 2**20
     finally:
         tracemalloc.stop()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunks=st.integers(2, 12),
+    chunk_rows=st.sampled_from([16, 100, 128]),
+    saved_workers=st.integers(0, 3),
+    buffer_chunks=st.integers(0, 8),
+    batches=st.integers(1, 6),
+    new_workers=st.integers(0, 3),
+)
+@example(chunks=8, chunk_rows=128, saved_workers=1, buffer_chunks=8, batches=4, new_workers=0)  # found by bench-peers
+def test_a_resumed_piece_lies_in_one_chunk(chunks, chunk_rows, saved_workers, buffer_chunks, batches, new_workers):
+    """The leftovers of two chunks that follow each other in the stream can be consecutive row ids across
+    their boundary; a piece is read from one chunk, so the resumed plan cuts them there (it once made one
+    piece of rows 249-256 of 128-row chunks, and the resumed loader failed to broadcast the rows it got)."""
+    rows = chunks * chunk_rows
+    spec = EpochSpec(
+        rows=rows, chunk_rows=chunk_rows, batch_size=16, drop_last=True, seed=0, buffer_chunks=buffer_chunks
+    )
+    per_rank = spec.plan(0, Topology(0, 1, saved_workers)).workers
+    if batches > sum(len(w.batch_sizes) for w in per_rank):
+        return
+    plan = resumed_plan(spec, 0, (Segment(1, saved_workers, batches),), Topology(0, 1, new_workers))
+    for worker in plan.workers:
+        crossing = [(a, b) for a, b in worker.pieces.tolist() if a // chunk_rows != (b - 1) // chunk_rows]
+        assert not crossing, crossing
+
+
+@pytest.mark.parametrize("saved_workers", [1, 2])
+def test_resuming_with_no_workers_reads_every_row_once(tmp_path, saved_workers):
+    """The case bench-peers ran into: 8 chunks of 128 rows, a full 8-chunk buffer, stopped after 4 batches
+    with workers, continued in the main process: every row once, each with its own values."""
+    path = tmp_path / "s.zarr"
+    prepare_zarr({"x": np.arange(1024, dtype=np.float32)[:, None]}, path, chunk_rows=128, progress=False)
+
+    def loader(workers):
+        return ZarrDataLoader(
+            ZarrIterableDataset(path, seed=0, return_index=True), batch_size=64, num_workers=workers, drop_last=True
+        )
+
+    first = loader(saved_workers)
+    first.set_epoch(0)
+    it = iter(first)
+    before = [next(it) for _ in range(4)]
+    state = first.state_dict()
+    del it, first
+    rest = loader(0)
+    rest.load_state_dict(state)
+    rest.set_epoch(0)
+    batches = before + list(rest)
+    index = np.concatenate([b["index"].numpy() for b in batches])
+    assert np.array_equal(np.sort(index), np.arange(1024))
+    assert all(np.array_equal(b["x"][:, 0].numpy(), b["index"].numpy()) for b in batches)
