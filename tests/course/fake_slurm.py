@@ -1,7 +1,9 @@
 """Stand-ins for Slurm on one machine, so that the batch scripts' own lines run as they would in a job.
 
 ``srun`` starts ``SLURM_NNODES x SLURM_NTASKS_PER_NODE`` tasks of its command with the variables Slurm gives a
-task (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``...), records their pids, and with
+task (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``...), binds each with ``sched_setaffinity`` to the
+CPUs it would get (``--cpus-per-task`` or ``SRUN_CPUS_PER_TASK``, else 1 CPU as since Slurm 22.05, at most
+this machine's CPUs; ``SLURM_CPUS_PER_TASK`` keeps the job's value then), records their pids, and with
 ``--kill-on-bad-exit=1`` ends the others when one exits with an error (as Slurm does); ``scontrol show
 hostnames`` answers 127.0.0.1 for every node, ``scontrol requeue`` is recorded; ``module`` does nothing.
 What is Slurm's documented behaviour is imitated, nothing more: the tests check the scripts and the training
@@ -28,14 +30,21 @@ while args and args[0].startswith("-"):
 log = os.environ["FAKE_SLURM_DIR"]
 nodes, per_node = int(os.environ["SLURM_NNODES"]), int(os.environ["SLURM_NTASKS_PER_NODE"])
 cpus = cpus or os.environ.get("SRUN_CPUS_PER_TASK")  # since Slurm 22.05 srun does not take the job's
-tasks = []
+here = sorted(os.sched_getaffinity(0))  # this machine's CPUs: every "node" is this machine
+bound = min(int(cpus or 1), len(here))  # 1 CPU per task when srun was not told
+tasks, cpu_sets = [], []
 for rank in range(nodes * per_node):
     env = dict(os.environ, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank % per_node),
                SLURM_NODEID=str(rank // per_node), SLURM_NTASKS=str(nodes * per_node), SLURM_STEP_ID="0")
-    env["SLURM_CPUS_PER_TASK"] = cpus or "1"  # what the task is bound to (1 CPU when srun was not told)
-    tasks.append(subprocess.Popen(args, env=env))
+    if cpus:  # srun told: the variable says it; else the job's SLURM_CPUS_PER_TASK stays, as on a real cluster
+        env["SLURM_CPUS_PER_TASK"] = cpus
+    start = (rank % per_node) * bound  # the tasks of a node on different CPUs where there are enough
+    cpu_set = {here[(start + i) % len(here)] for i in range(bound)}
+    cpu_sets.append(sorted(cpu_set))
+    tasks.append(subprocess.Popen(args, env=env, preexec_fn=lambda s=cpu_set: os.sched_setaffinity(0, s)))
 with open(os.path.join(log, "tasks.json"), "w") as f:
-    json.dump({"pids": [t.pid for t in tasks], "kill_on_bad_exit": kill_on_bad_exit, "cpus_per_task": cpus}, f)
+    json.dump({"pids": [t.pid for t in tasks], "kill_on_bad_exit": kill_on_bad_exit, "cpus_per_task": cpus,
+               "cpu_sets": cpu_sets}, f)
 code = 0
 while None in [t.poll() for t in tasks]:  # every task polled (a list, not any(): that stops at the first alive)
     bad = [t.returncode for t in tasks if t.returncode not in (None, 0)]

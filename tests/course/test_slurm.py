@@ -170,3 +170,76 @@ def test_the_check_catches_a_wrong_option(tmp_path):
     assert argv == ["--data", PLAUSIBLE["DATA"], "--gpus-per-rank", "4", "--epochs", "2"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)
+
+
+HUB_KERNEL = r"""
+import json, os, re, sys
+import lightning as L, torch
+from lightning.pytorch.plugins.environments import LightningEnvironment
+
+notebook, out = sys.argv[1:]
+cells = ["".join(c["source"]) for c in json.load(open(notebook))["cells"] if c["cell_type"] == "code"]
+source = next(c for c in cells if "def make_trainer(" in c)
+exec(re.search(r"^def make_trainer\(.*?(?=^\S)", source, flags=re.S | re.M).group(), globals())
+ACCELERATOR, EPOCHS, BATCH, EPOCH_ROWS = "cpu", 1, 2, 8  # 2 batches per rank
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 2)), batch_size=BATCH)
+
+
+class Rank(L.Callback):
+    def on_train_start(self, trainer, pl_module):
+        with open(os.path.join(out, f"rank-{os.getpid()}"), "w") as f:
+            json.dump({"rank": trainer.global_rank, "world_size": trainer.world_size}, f)
+
+
+plain = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_notebook", logger=False)
+print("without the plugin:", type(plain.strategy.cluster_environment).__name__, flush=True)
+trainer = make_trainer(2, [Rank()])
+print("lesson 06:", type(trainer.strategy.cluster_environment).__name__, flush=True)
+trainer.fit(Tiny())
+"""
+
+
+def test_lesson_06_ranks_are_its_own_inside_a_slurm_job(tmp_path):
+    """A hub whose kernels run inside a Slurm job (batchspawner, Jupyter-JSC) gives the kernel Slurm's
+    variables: Lightning would then take Slurm's environment for ``ddp_notebook`` and both forked ranks would be
+    rank 0 of a world of 1 (they collide on the rendezvous port). Lesson 06's own ``make_trainer`` must give
+    ranks 0 and 1 of 2."""
+    import json
+    import os
+    import sys
+
+    notebook = SLURM.parent / "notebooks" / "06_ddp.ipynb"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
+    env.update(SLURM_JOB_ID="77001", SLURM_JOB_NAME="spawner-jupyterhub", SLURM_NTASKS="1",
+               SLURM_NTASKS_PER_NODE="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_NNODES="1",
+               SLURM_NODELIST="localhost", SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS="1")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", HUB_KERNEL, str(notebook), str(tmp_path)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "without the plugin: SLURMEnvironment" in proc.stdout, "the variables must be those that mislead Lightning"
+    assert "lesson 06: LightningEnvironment" in proc.stdout
+    ranks = sorted(json.loads(p.read_text())["rank"] for p in tmp_path.glob("rank-*"))
+    assert ranks == [0, 1], proc.stderr[-3000:]
+    assert {json.loads(p.read_text())["world_size"] for p in tmp_path.glob("rank-*")} == {2}
+
+
+def test_one_rule_for_workers_in_the_cluster_pages():
+    """The course teaches one rule (lesson 04, CHECKLIST step 2): ``--workers 0`` and C - 1 decode threads. No
+    page or script here may suggest other workers as the remedy."""
+    for path in sorted(SLURM.iterdir()):
+        text = path.read_text()
+        assert not re.search(r"`--workers`|--workers [1-9]|--workers \$", text), path.name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -72,6 +73,8 @@ class Job:
         while sum(line.count(needle) for line in self.lines) < count:  # two ranks' lines may share one
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self._reader.join(2)
+                if sum(line.count(needle) for line in self.lines) >= count:  # came with the job's last lines
+                    return
                 pytest.fail(f"no {count} x {needle!r} in the job's output:\n" + "".join(self.lines[-60:]))
             time.sleep(0.05)
 
@@ -111,6 +114,36 @@ def trained_rows(out: Path) -> list[list[int]]:
     return epoch["rows"]
 
 
+RANK_CPUS = (
+    "import os; from zarrtorch.course.train import cpus_per_process, launcher_topology as t; "
+    "print('rank', os.environ['SLURM_PROCID'], 'mask', sorted(os.sched_getaffinity(0)), 'uses', "
+    "cpus_per_process(t(), 1), flush=True)"
+)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to bind two tasks apart")
+@pytest.mark.parametrize("told", [False, True])
+def test_srun_binds_each_task_and_the_rank_believes_the_binding(tmp_path, told):
+    """As srun since Slurm 22.05: without SRUN_CPUS_PER_TASK each task is bound to 1 CPU while
+    SLURM_CPUS_PER_TASK still says 2; the rank uses 1 and says why, with the fix. Told, each task has 2."""
+    env = job_environment(tmp_path, nodes=1, tasks_per_node=2, cpus_per_task=2)
+    if told:
+        env["SRUN_CPUS_PER_TASK"] = env["SLURM_CPUS_PER_TASK"]  # what the scripts export
+    proc = subprocess.run(["srun", "--kill-on-bad-exit=1", sys.executable, "-c", RANK_CPUS], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    here = sorted(os.sched_getaffinity(0))
+    if told:  # 2 CPUs each: apart where this machine has 4, the same 2 (as on two nodes) where it has 2
+        second = here[2:4] if len(here) >= 4 else here[:2]
+        assert lines == [f"rank 0 mask {here[:2]} uses 2", f"rank 1 mask {second} uses 2"], proc.stdout
+        assert "SRUN_CPUS_PER_TASK" not in proc.stderr
+    else:
+        assert lines == [f"rank 0 mask [{here[0]}] uses 1", f"rank 1 mask [{here[1]}] uses 1"], proc.stdout
+        assert proc.stderr.count("SLURM_CPUS_PER_TASK=2 but this task is bound to 1 CPU(s)") == 2, proc.stderr
+        assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["jean_zay.sbatch", "hal.sbatch"])
 def test_a_site_script_trains_with_one_process_per_task(site, tmp_path, script):
@@ -134,13 +167,26 @@ def test_a_site_script_trains_with_one_process_per_task(site, tmp_path, script):
 
 @pytest.mark.slow
 def test_requeue_at_different_steps_then_the_rest_of_the_epoch(site, tmp_path):
+    """Rank 1 is signalled while training; rank 3 only once every rank has passed the step they agreed on (in
+    lockstep DDP a later step for one rank means after that agreement: any rank's signal stops all at the next
+    batch end). Each rank says in the log when it was signalled: the steps differ, the checkpoint step is one."""
     first = Job("generic_multinode.sbatch", site, tmp_path)
     first.wait_for("SIGUSR1 -> checkpoint and requeue", count=4)
     pids = first.pids()
-    os.kill(pids[1], signal.SIGUSR1)  # rank 1 first ...
-    time.sleep(1.0)
-    os.kill(pids[3], signal.SIGUSR1)  # ... rank 3 later, maybe at another step; the others never
+    time.sleep(0.5)
+    os.kill(pids[1], signal.SIGUSR1)  # rank 1 first, while training ...
+    first.wait_for("stops at the agreed step", count=4)
+    with contextlib.suppress(ProcessLookupError):  # ... rank 3 after the agreed step, while saving or ending
+        os.kill(pids[3], signal.SIGUSR1)
     assert first.finish() == 0, first.output[-4000:]
+    said = dict(re.findall(r"zarrtorch: rank (\d): (.*); stops at the agreed step", first.output))
+    agreed = {int(s) for s in re.findall(r"stops at the agreed step (\d+)", first.output)}
+    assert len(said) == 4 and len(agreed) == 1, first.output[-4000:]  # one step, the same on every rank
+    (step,) = agreed
+    signalled = re.fullmatch(r"signal \d+ received after step (\d+)", said["1"])
+    assert signalled and step - int(signalled.group(1)) in (0, 1), said  # rank 1: at the next batch end
+    assert said["0"] == said["2"] == said["3"] == "no signal of its own", said  # rank 3: not before that step
+    assert step > 0 and f"checkpoint at step {step} saved" in first.output
     assert (tmp_path / "requeue.log").read_text().split() == ["requeue", first.env["SLURM_JOB_ID"]]
     out = first.out_dir()
     checkpoint = out / "checkpoints" / "requeue.ckpt"

@@ -272,8 +272,69 @@ def test_one_rule_for_the_cpus_of_a_process(monkeypatch):
     from zarrtorch.course.train import cpus_per_process, decode_threads_for
 
     slurm = {"launcher": "slurm", "devices": 4, "nodes": 2, "world_size": 8}
+    monkeypatch.setattr("zarrtorch.available_cpus", lambda: 8)
     assert cpus_per_process(slurm, 4, env={"SLURM_CPUS_PER_TASK": "8"}) == 8
     monkeypatch.setattr("zarrtorch.available_cpus", lambda: 16)
     torchrun = {"launcher": "torchrun", "devices": 4, "nodes": 1, "world_size": 4}
     assert cpus_per_process(torchrun, 4, env={}) == 4
     assert decode_threads_for(8, 0) == 7 and decode_threads_for(8, 4) == 2 and decode_threads_for(1, 0) == 1
+
+
+def test_a_task_bound_to_fewer_cpus_than_slurm_says_uses_its_mask(monkeypatch, capsys):
+    """srun since Slurm 22.05, without SRUN_CPUS_PER_TASK, binds each task to 1 CPU while SLURM_CPUS_PER_TASK
+    still says 8: 8 threads would share 1 core. The affinity mask is what the task has; the rank says so, with
+    the fix."""
+    from zarrtorch.course.train import cpus_per_process
+
+    slurm = {"launcher": "slurm", "devices": 4, "nodes": 2, "world_size": 8}
+    monkeypatch.setattr("zarrtorch.available_cpus", lambda: 1)
+    assert cpus_per_process(slurm, 4, env={"SLURM_CPUS_PER_TASK": "8"}) == 1
+    err = capsys.readouterr().err
+    assert "SLURM_CPUS_PER_TASK=8" in err and "1 CPU(s)" in err and "export SRUN_CPUS_PER_TASK" in err
+    monkeypatch.setattr("zarrtorch.available_cpus", lambda: 8)
+    assert cpus_per_process(slurm, 4, env={"SLURM_CPUS_PER_TASK": "8"}) == 8
+    assert capsys.readouterr().err == ""  # they agree: nothing to say
+
+
+def test_a_requeue_without_its_checkpoint_resumes_from_last(store, tmp_path):
+    """A node failure requeues the job without ``requeue.ckpt``: ``--resume auto`` continues from ``last.ckpt``
+    (the last epoch end) and trains only the epochs after it, each whole."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu", "--out",
+           str(out), "--record-rows", "--batch-size", "8", "--hidden", "4", "--depth", "2", "--threads", "1",
+           "--resume", "auto"]  # fmt: skip
+    env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()))
+    first = run([*cmd, "--epochs", "1"], cwd=tmp_path, env=env)  # the job, until the node fails after epoch 0
+    assert "resuming from" not in first.stdout
+    (out / "checkpoints" / "requeue.ckpt").unlink(missing_ok=True)  # none: no signal came before the failure
+    saved = audit_state(out / "checkpoints" / "last.ckpt")  # the loader's position: the end of epoch 0
+    again = run([*cmd, "--epochs", "2"], cwd=tmp_path, env=env)
+    assert f"resuming from {out / 'checkpoints' / 'last.ckpt'}" in again.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [1], "epoch 0 is not trained again"
+    ds = ZarrIterableDataset(store, seed=0, row_range=(0, metrics["data"]["fit_rows"]))
+    (epoch,) = metrics["rows_per_rank"]
+    assert epoch["epoch"] == 1
+    planned = np.concatenate(ds.batch_row_ids(epoch=1, batch_size=8, drop_last=True))
+    got = np.asarray(epoch["rows"][0], dtype=np.int64)
+    assert got.tolist() == planned.tolist(), f"saved {saved}, {len(got)} rows trained of {len(planned)} planned"
+
+
+def test_resume_auto_takes_the_newer_checkpoint(tmp_path):
+    """requeue.ckpt when it is the newer (a requeue mid-epoch), last.ckpt when it is (an old requeue, later
+    epochs, then a node failure), either alone, nothing when neither exists."""
+    from zarrtorch.course.requeue import resume_path
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    assert resume_path(tmp_path) is None
+    last, requeue = folder / "last.ckpt", folder / "requeue.ckpt"
+    last.write_bytes(b"x")
+    assert resume_path(tmp_path) == last
+    requeue.write_bytes(b"x")
+    os.utime(last, ns=(1_000_000_000, 1_000_000_000))
+    assert resume_path(tmp_path) == requeue
+    os.utime(requeue, ns=(500_000_000, 500_000_000))
+    assert resume_path(tmp_path) == last
+    last.unlink()
+    assert resume_path(tmp_path) == requeue

@@ -9,7 +9,8 @@ until Slurm kills it (Lightning issue #21406), never requeued.
 
 1. the signal handler only sets a flag (nothing else is safe there);
 2. at the end of every training batch the ranks agree on the flag: one all-reduce (MAX) of one number, so
-   every rank learns at the same step that one of them was signalled;
+   every rank learns at the same step that one of them was signalled (each rank then prints whether and
+   after which step it was signalled itself, and the agreed step);
 3. every rank then saves the checkpoint at that same step (Lightning's save is collective): written to a
    temporary file and renamed, so a kill while writing never leaves a truncated newest checkpoint;
 4. rank 0 runs ``scontrol requeue $SLURM_JOB_ID``, and every rank stops there, by raising :class:`Requeued` at
@@ -46,11 +47,15 @@ class AgreedRequeue(L.Callback):
         self.signum = signum
         self.requeue = requeue  # default: scontrol requeue $SLURM_JOB_ID (when in a Slurm job)
         self.asked = False
+        self.asked_after: int | None = None  # the steps this rank had done when its signal came
         self.saved_at: int | None = None  # the global step of the checkpoint, once saved
+        self._steps = 0  # steps done by this rank, as of its last batch end
         self._previous = None
 
     def _on_signal(self, signum, frame) -> None:
-        self.asked = True  # a flag only: the agreement and the save happen at the next batch end
+        if not self.asked:  # flags only: the agreement and the save happen at the next batch end
+            self.asked_after = self._steps
+        self.asked = True
 
     def listen(self) -> None:
         """Take the signal from now on (before the Trainer exists, the default action would end the process)."""
@@ -60,6 +65,9 @@ class AgreedRequeue(L.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
             self.listen()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._steps = trainer.global_step  # a resumed run starts at its checkpoint's step
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._previous is not None:
@@ -74,8 +82,17 @@ class AgreedRequeue(L.Callback):
         return bool(flag.item() > 0)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.saved_at is not None or not self.agreed(trainer, pl_module.device):
+        if self.saved_at is not None:
             return
+        self._steps = trainer.global_step
+        if not self.agreed(trainer, pl_module.device):
+            return
+        own = f"signal {self.signum} received after step {self.asked_after}" if self.asked else "no signal of its own"
+        print(
+            f"zarrtorch: rank {trainer.global_rank}: {own}; stops at the agreed step {trainer.global_step}",
+            file=sys.stderr,
+            flush=True,
+        )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
         trainer.save_checkpoint(partial)  # every rank calls it (it ends in a barrier); rank 0 writes

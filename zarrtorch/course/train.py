@@ -213,14 +213,32 @@ def _local_processes(devices, topo) -> int:
 
 
 def cpus_per_process(topo: dict, local_processes: int, env: dict | None = None) -> int:
-    """The CPUs each training process has: ``SLURM_CPUS_PER_TASK`` in a Slurm job (srun binds each task to
-    them), else this process's affinity mask shared by the training processes of this machine (torchrun and
+    """The CPUs each training process has. In a Slurm job: ``SLURM_CPUS_PER_TASK``, but never more than the
+    task's affinity mask, because srun since Slurm 22.05 binds a task to 1 CPU unless told
+    (``SRUN_CPUS_PER_TASK``) while the variable still says what the job asked for; a disagreement is printed.
+    Elsewhere: this process's mask shared by the training processes of this machine (torchrun and
     ``ddp_notebook`` do not bind)."""
     from zarrtorch import available_cpus
 
     env = os.environ if env is None else env
     if topo["launcher"] == "slurm" and env.get("SLURM_CPUS_PER_TASK"):
-        return max(1, _first_int(env["SLURM_CPUS_PER_TASK"]) or 1)
+        asked, mask = max(1, _first_int(env["SLURM_CPUS_PER_TASK"]) or 1), available_cpus()
+        if mask < asked:
+            print(
+                f"zarrtorch: SLURM_CPUS_PER_TASK={asked} but this task is bound to {mask} CPU(s) (its affinity "
+                f"mask): using {mask}. srun (Slurm 22.05 and newer) does not take --cpus-per-task from the batch "
+                "script: `export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK` before srun",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif mask > asked:  # srun did not bind the task (no task/affinity plugin): the job's share is the rule
+            print(
+                f"zarrtorch: SLURM_CPUS_PER_TASK={asked}, affinity mask {mask} CPU(s) (the task is not bound): "
+                f"using {asked}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return min(asked, mask)
     return max(1, available_cpus() // max(1, local_processes))
 
 
