@@ -3,7 +3,7 @@ SIZE ?= small
 PY := $(shell bash scripts/python.sh)
 export ZARRTORCH_SIZE := $(SIZE)
 
-.PHONY: setup data course test test-fast fuzz lint fmt lab bench slides clean-data
+.PHONY: setup data course test test-fast fuzz lint fmt lab bench bench-peers slides clean-data
 
 setup:
 	@bash scripts/setup.sh
@@ -52,6 +52,11 @@ bench: setup
 	$(PY) benchmarks/resume_first_batch.py
 	$(PY) benchmarks/remote.py
 	$(PY) benchmarks/windows.py --figure benchmarks/windows.png
+
+## zarrtorch against the loaders its users would pick instead (LitData, MosaicML Streaming, xbatcher, torchdata,
+## Grain, anemoi-datasets, zarr-torch-dataset): each peer in its own environment under .peers/, built on first use
+bench-peers: setup
+	$(PY) benchmarks/peers/run.py --md benchmarks/peers.md $(PEERS_ARGS)
 
 slides: setup
 	$(PY) slides/build.py

@@ -1,0 +1,238 @@
+"""What every peer script runs, inside that peer's own environment and a fresh process.
+
+A peer script defines a :class:`Peer` (how its library opens, iterates, saves and restores a loader, written
+from that library's documentation) and calls :func:`main`. One process does one job: ``convert`` (the
+peer's own format, timed, with its size on disk), ``throughput`` (one rank, epochs 1 and 2: rows/s, time to
+first batch, held memory) or ``guarantees`` (2 simulated ranks run in turn, and three resumes), and prints
+one ``PEER-RESULT {json}`` line. Only numpy, torch and the standard library are assumed here; memory is read
+with the project's own sampler (``zarrtorch/course/memory.py``, stdlib only), loaded by path so that the
+peer's environment needs no zarrtorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import checks
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("zarrtorch_memory", ROOT / "zarrtorch" / "course" / "memory.py")
+memory = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(memory)
+MiB = 2**20
+
+
+class NoAPI(Exception):
+    """The peer offers no way to do this (reported as ``no API``, not as a failure)."""
+
+
+@dataclass
+class Ctx:
+    """What a peer needs to open a loader: the store, its converted copy, the common settings."""
+
+    store: str
+    work: Path  # the peer's folder for its converted copy and scratch state
+    rows: int
+    chunk_rows: int
+    batch_size: int
+    seed: int = 0
+
+    @property
+    def converted(self) -> Path:
+        return self.work / "converted"
+
+
+class Peer:
+    """A loader library used the way its documentation says. Override what the library supports."""
+
+    name = "?"
+    recipe = "?"  # where the recipe comes from (URL or repository path)
+    converts = False  # needs its own format (``convert``)
+    drop_last = True  # rows a rank may drop at the end of an epoch (fewer than world * batch size)
+
+    def convert(self, ctx: Ctx) -> None:
+        raise NotImplementedError
+
+    def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
+        raise NotImplementedError
+
+    def epoch(self, loader, epoch: int):
+        """An iterator over epoch ``epoch`` (0-based) of ``loader``; called for epochs 0, 1... in order."""
+        return iter(loader)
+
+    def rows_of(self, batch) -> list[int]:
+        """The row numbers (read from the store's ``idx``) of a batch."""
+        return [int(i) for i in batch["idx"]]
+
+    def state(self, loader, iterator):
+        raise NoAPI
+
+    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
+        """A new loader that continues from ``state``; :meth:`epoch` is then called with the same epoch."""
+        raise NoAPI
+
+
+# ----------------------------------------------------------------------------------------------------------
+def collect(peer: Peer, iterator, limit: int | None = None) -> list[list[int]]:
+    out = []
+    for batch in iterator:
+        out.append(peer.rows_of(batch))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def timed_epoch(peer: Peer, loader, epoch: int, sampler) -> dict:
+    """Rows/s from ``iter()`` to the last batch, time to first batch, memory held (as ``make bench``)."""
+    sampler.reset()
+    sampler.sample(with_uss=False)
+    t0 = time.perf_counter()
+    rows = batches = 0
+    ttfb = None
+    for batch in peer.epoch(loader, epoch):
+        if ttfb is None:
+            ttfb = time.perf_counter() - t0
+            sampler.sample()  # see the workers even if the epoch ends before the sampler's next look
+        rows += len(peer.rows_of(batch))
+        batches += 1
+        del batch
+    seconds = time.perf_counter() - t0
+    sampler.sample()
+    return {
+        "epoch": epoch + 1,
+        "rows": rows,
+        "batches": batches,
+        "seconds": seconds,
+        "rows_per_s": rows / seconds if seconds else None,
+        "ttfb_s": ttfb,
+        "held_mib": sampler.held / MiB,
+        "rss_main_peak_mib": sampler.peak_rss_main / MiB,
+    }
+
+
+def throughput(peer: Peer, ctx: Ctx, workers: int) -> dict:
+    with memory.MemorySampler(every_s=0.01, uss_every_s=0.1) as sampler:
+        t0 = time.perf_counter()
+        loader = peer.open(ctx, rank=0, world=1, workers=workers)
+        open_s = time.perf_counter() - t0
+        epochs = [timed_epoch(peer, loader, e, sampler) for e in range(2)]
+        del loader
+    return {"workers": workers, "open_s": open_s, "epochs": epochs}
+
+
+def _verdict(fn) -> str:
+    """Run one resume check: its verdict, ``no API``, or ``refused: <error>`` when the library raised."""
+    try:
+        return fn()
+    except NoAPI:
+        return "no API"
+    except Exception as e:  # the library refused the state (or broke on it): say what it said
+        traceback.print_exc(file=sys.stderr)
+        return f"refused: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+
+
+def guarantees(peer: Peer, ctx: Ctx, workers: int) -> dict:
+    """Two simulated ranks (world size 2) run in turn for epochs 1 and 2, then the three resumes."""
+    world, may_drop = 2, (2 * ctx.batch_size - 1 if peer.drop_last else 0)
+    t0 = time.perf_counter()
+    per_epoch: list[list] = [[], []]
+    for rank in range(world):
+        loader = peer.open(ctx, rank=rank, world=world, workers=workers)
+        for e in range(2):
+            per_epoch[e].append(collect(peer, peer.epoch(loader, e)))
+        del loader
+    out = {"workers": workers, "batches_per_rank": [len(b) for b in per_epoch[0]]}
+    once = [checks.every_row_once(per_epoch[e], ctx.rows, may_drop) for e in range(2)]
+    out["every_row_once"] = next((v for v in once if not v.startswith("yes")), once[0])
+    out["equal_batches"] = checks.equal_batches(per_epoch[0])
+    out["reshuffled"] = checks.reshuffled_across_ranks(per_epoch[0], per_epoch[1])
+    k = max(1, min(len(b) for b in per_epoch[0]) // 2)
+
+    def resume_same() -> str:  # rank 0 of 2, epoch 1, state after k batches, a new loader
+        loader = peer.open(ctx, rank=0, world=world, workers=workers)
+        it = peer.epoch(loader, 0)
+        before = collect(peer, it, k)
+        state = peer.state(loader, it)
+        del it, loader
+        after = collect(peer, peer.epoch(peer.restore(ctx, state, rank=0, world=world, workers=workers), 0))
+        return checks.resume_exact(per_epoch[0][0], before, after)
+
+    def resume_world() -> str:  # both ranks of 2 stop after k batches; one rank goes on alone
+        befores, states = [], []
+        for rank in range(world):
+            loader = peer.open(ctx, rank=rank, world=world, workers=workers)
+            it = peer.epoch(loader, 0)
+            befores.append(collect(peer, it, k))
+            states.append(peer.state(loader, it))
+            del it, loader
+        after = collect(peer, peer.epoch(peer.restore(ctx, states[0], rank=0, world=1, workers=workers), 0))
+        return checks.resume_elsewhere(befores, [after], ctx.rows, ctx.batch_size - 1 if peer.drop_last else 0)
+
+    def resume_workers() -> str:  # one rank, state after k batches with ``workers``, resumed with another count
+        other = 0 if workers else 2
+        loader = peer.open(ctx, rank=0, world=1, workers=workers)
+        it = peer.epoch(loader, 0)
+        before = collect(peer, it, k)
+        state = peer.state(loader, it)
+        del it, loader
+        after = collect(peer, peer.epoch(peer.restore(ctx, state, rank=0, world=1, workers=other), 0))
+        return checks.resume_elsewhere([before], [after], ctx.rows, ctx.batch_size - 1 if peer.drop_last else 0)
+
+    out["resume_exact"] = _verdict(resume_same)
+    out["resume_other_world"] = _verdict(resume_world)
+    out["resume_other_workers"] = _verdict(resume_workers)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def convert(peer: Peer, ctx: Ctx) -> dict:
+    """The peer's own copy of the store, made once per store (``done.json`` marks a finished one)."""
+    done = ctx.work / "done.json"
+    if done.exists():
+        return json.loads(done.read_text()) | {"cached": True}
+    shutil.rmtree(ctx.converted, ignore_errors=True)
+    ctx.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    peer.convert(ctx)
+    seconds = time.perf_counter() - t0
+    disk = sum(f.stat().st_size for f in ctx.converted.rglob("*") if f.is_file())
+    result = {"conversion_s": seconds, "disk_bytes": disk}
+    done.write_text(json.dumps(result))
+    return result | {"cached": False}
+
+
+def main(peer: Peer) -> None:
+    p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {peer.name}")
+    p.add_argument("job", choices=["convert", "throughput", "guarantees"])
+    p.add_argument("--store", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--chunk-rows", type=int, required=True)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=0)
+    a = p.parse_args()
+    ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
+    import multiprocessing
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    with contextlib.suppress(RuntimeError):
+        multiprocessing.set_start_method("fork")  # DataLoader workers forked, as in an ordinary Linux script
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    if a.job == "convert":
+        result = convert(peer, ctx)
+    elif a.job == "throughput":
+        result = throughput(peer, ctx, a.workers)
+    else:
+        result = guarantees(peer, ctx, a.workers)
+    print("PEER-RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,61 @@
+"""LitData 0.2.76: ``optimize`` the store into LitData chunks once, then ``StreamingDataset`` +
+``StreamingDataLoader``.
+
+Recipe: github.com/Lightning-AI/litData README.md, "Speed up model training" (``ld.optimize(fn, inputs,
+output_dir, num_workers, chunk_bytes="64MB")``, then ``StreamingDataset(dir, shuffle=True, drop_last=True,
+seed=...)`` in a ``StreamingDataLoader``; resume with ``loader.state_dict()`` / ``load_state_dict()``) and
+src/litdata/utilities/env.py (``_DistributedEnv.detect``: ``WORLD_SIZE`` and ``GLOBAL_RANK`` set the rank
+without a process group, which is how the simulated ranks are given). ``fn`` reads one Zarr chunk per input
+and yields its rows (each a dict with the row number ``idx`` and the sample ``x``), so the conversion decodes
+every chunk once. An epoch is one more ``iter(loader)``: the loader counts the epochs itself.
+"""
+
+import os
+
+import numpy as np
+import zarr
+from common import Ctx, Peer, main
+from litdata import StreamingDataLoader, StreamingDataset, optimize
+
+
+def chunk_rows_of(args):
+    """optimize's ``fn``: one Zarr chunk in, its rows out."""
+    store, start, stop = args
+    group = zarr.open_group(store, mode="r")
+    x, idx = group["x"][start:stop], group["idx"][start:stop]
+    for i in range(stop - start):
+        yield {"idx": int(idx[i]), "x": np.ascontiguousarray(x[i])}
+
+
+class LitData(Peer):
+    name = "LitData"
+    recipe = "github.com/Lightning-AI/litData README.md (optimize, StreamingDataset, StreamingDataLoader)"
+    converts = True
+
+    def convert(self, ctx: Ctx) -> None:
+        inputs = [(ctx.store, s, min(s + ctx.chunk_rows, ctx.rows)) for s in range(0, ctx.rows, ctx.chunk_rows)]
+        optimize(
+            fn=chunk_rows_of,
+            inputs=inputs,
+            output_dir=str(ctx.converted),
+            num_workers=2,
+            chunk_bytes="64MB",
+            verbose=False,
+        )
+
+    def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
+        os.environ["WORLD_SIZE"], os.environ["GLOBAL_RANK"] = str(world), str(rank)
+        dataset = StreamingDataset(str(ctx.converted), shuffle=True, drop_last=True, seed=ctx.seed)
+        return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers)
+
+    def state(self, loader, iterator):
+        return loader.state_dict()
+
+    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
+        loader = self.open(ctx, rank=rank, world=world, workers=workers)
+        loader.load_state_dict(state)
+        return loader
+
+
+if __name__ == "__main__":
+    main(LitData())

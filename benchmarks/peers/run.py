@@ -1,0 +1,156 @@
+"""``make bench-peers``: zarrtorch and the loaders its users would pick instead, on one generated store.
+
+Each loader runs in a fresh process of its own environment (``envs.py``): zarrtorch and zarr-torch-dataset in
+the project's, every other peer in one built under ``.peers/``. Per loader: its conversion (if it needs its
+own format; timed once per store, cached), one rank with 0 and 2 workers for epochs 1 and 2 (rows/s, time
+to first batch, held memory), then the guarantees with 2 workers on 2 simulated ranks (``common.py``).
+Prints the table, writes the JSON (``--out``) and, with ``--md``, the markdown page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+import envs  # noqa: E402
+import table  # noqa: E402
+
+# (name in the table, script, environment: None = the project's own, converts to its own format)
+PEERS = [
+    ("zarrtorch", "zarrtorch_peer.py", None, False),
+    ("zarr-torch-dataset 0.0.9", "zarrdataset_peer.py", None, False),
+    ("torchdata StatefulDataLoader", "torchdata_peer.py", "torchdata", False),
+    ("xbatcher", "xbatcher_peer.py", "xbatcher", False),
+    ("LitData", "litdata_peer.py", "litdata", True),
+    ("Grain", "grain_peer.py", "grain", False),
+    ("MosaicML Streaming", "mosaicml_peer.py", "mosaicml", True),
+    ("anemoi-datasets", None, "anemoi", True),
+]
+# a peer whose environment builds but that has no script here, and why
+NOT_RUN = {
+    "anemoi-datasets": "not run: its loader reads only datasets built by `anemoi-datasets create` from a recipe "
+    "over GRIB/NetCDF fields (dates x variables x grid points); writing these samples as such NetCDF fields and "
+    "building that dataset (its own env: zarr<=2.18.7, earthkit-data) did not fit this pass's time budget"
+}
+
+
+def job(python: str, script: str, args: list[str], timeout: float, log) -> dict:
+    """One fresh process; its ``PEER-RESULT`` line, or ``{"error": ...}`` with the last line it printed."""
+    cmd = [python, str(HERE / script), *args]
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    env = os.environ | {"PYTHONWARNINGS": "ignore", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    log.write(done.stderr[-20000:])
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("PEER-RESULT "):
+            return json.loads(line[len("PEER-RESULT ") :])
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": f"exit {done.returncode}: {last[:200]}"}
+
+
+def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
+    out: dict = {"name": name, "status": "ok"}
+    python = sys.executable
+    if script is None:  # nothing to run: say why without spending minutes on its environment
+        return out | {"status": "not run", "reason": NOT_RUN[name]}
+    if env_name is not None:
+        env = envs.ensure_env(env_name, rebuild=a.rebuild)
+        out["environment"] = env
+        if not env["ok"]:
+            return out | {"status": "not installable", "reason": f"not installable: {env['reason']}"}
+        python = env["python"]
+    work = ROOT / ".peers" / (env_name or script.removesuffix(".py")) / "work" / Path(store["path"]).stem
+    common = ["--store", store["path"], "--work", str(work), "--rows", str(a.rows), "--chunk-rows", str(a.chunk_rows)]
+    common += ["--batch-size", str(a.batch_size)]
+    if converts:
+        out["conversion"] = job(python, script, ["convert", *common], a.timeout, log)
+        if "error" in out["conversion"]:
+            return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}
+    out["throughput"] = {}
+    for w in a.workers:
+        print(f"  {name}: {w} workers", flush=True)
+        out["throughput"][str(w)] = job(python, script, ["throughput", "--workers", str(w), *common], a.timeout, log)
+    print(f"  {name}: guarantees", flush=True)
+    out["guarantees"] = job(python, script, ["guarantees", "--workers", "2", *common], a.timeout, log)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=2048, help="rows of the store (64 KiB each; whole chunks)")
+    p.add_argument("--chunk-rows", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 2])
+    p.add_argument("--only", default="", help="comma-separated names (as in the table, case-insensitive prefix)")
+    p.add_argument("--rebuild", action="store_true", help="rebuild the peers' environments (a failed one too)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    p.add_argument("--data-dir", default=str(ROOT / "data" / "bench"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
+    p.add_argument("--md", default=None, help="also write the table with the machine and date (benchmarks/peers.md)")
+    a = p.parse_args()
+    t0 = time.perf_counter()
+    import harness
+    from store import ensure_peer_store
+
+    store = ensure_peer_store(a.data_dir, a.rows, a.chunk_rows)
+    harness.prepare_cache(store["path"], "warm")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    log_path = Path(a.out).with_suffix(".log")
+    results = {"store": store, "settings": {k: v for k, v in vars(a).items() if k not in ("out", "md")}, "peers": []}
+    with log_path.open("w") as log:
+        print("L0 (raw decode)", flush=True)
+        results["l0"] = job(sys.executable, "l0.py", ["--store", store["path"]], a.timeout, log)
+        wanted = [w.strip().lower() for w in a.only.split(",") if w.strip()]
+        for name, script, env_name, converts in PEERS:
+            if wanted and not any(name.lower().startswith(w) for w in wanted):
+                continue
+            print(name, flush=True)
+            results["peers"].append(run_peer(name, script, env_name, converts, store, a, log))
+    results["wall_s"] = time.perf_counter() - t0
+    results["machine"] = (
+        f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
+    )
+    results["date"] = datetime.datetime.now().isoformat(timespec="minutes")
+    Path(a.out).write_text(json.dumps(results, indent=1))
+    text = table.markdown(results)
+    print(text)
+    print(
+        f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
+        f"JSON: {a.out}; processes' stderr: {log_path}"
+    )
+    if a.md:
+        Path(a.md).write_text(page(results, text, a))
+
+
+def page(results: dict, text: str, a) -> str:
+    store = results["store"]
+    built = sum(p["environment"]["build_s"] for p in results["peers"] if (p.get("environment") or {}).get("built_now"))
+    head = f"""# zarrtorch and the alternatives: the measured table
+
+Written by `make bench-peers` (`benchmarks/peers/run.py --md benchmarks/peers.md`) on {results["date"]}:
+{results["machine"]}. Store: {a.rows} rows x 64 KiB float32 ({store["decoded_bytes"] / 2**20:.0f} MiB decoded,
+{store["stored_bytes"] / 2**20:.0f} MiB stored, zstd level 3), chunks of {a.chunk_rows} rows, batch size {a.batch_size},
+warm page cache. Whole run: {results["wall_s"]:.0f} s, of which {built:.0f} s building peer environments.
+What the columns mean, and each recipe's source: benchmarks/README.md, "Peers".
+
+"""
+    return head + text + "\n"
+
+
+if __name__ == "__main__":
+    main()

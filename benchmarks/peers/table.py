@@ -1,0 +1,72 @@
+"""The peers' results as one markdown table (pure: a dict in, text out; the test feeds it made-up results)."""
+
+from __future__ import annotations
+
+MiB = 2**20
+GUARANTEES = [  # (column, key in a guarantees result)
+    ("every row once (2 ranks)", "every_row_once"),
+    ("equal batches per rank", "equal_batches"),
+    ("reshuffled across ranks", "reshuffled"),
+    ("mid-epoch resume exact", "resume_exact"),
+    ("resume on 1 rank (saved on 2)", "resume_other_world"),
+    ("resume on other worker count", "resume_other_workers"),
+]
+HEAD = ["loader", "workers", "rows/s ep1", "rows/s ep2", "x L0", "x zarrtorch", "TTFB s", "held MiB", "conversion"]
+
+
+def rate(run: dict | None) -> float | None:
+    """Rows/s over epochs 1 and 2 together: start-up and a warm second epoch both count."""
+    if not run or "epochs" not in run:
+        return None
+    rows, seconds = sum(e["rows"] for e in run["epochs"]), sum(e["seconds"] for e in run["epochs"])
+    return rows / seconds if seconds else None
+
+
+def _num(v: float | None, digits: int = 0) -> str:
+    return "" if v is None else f"{v:,.{digits}f}"
+
+
+def _conversion(conv: dict | None) -> str:
+    if not conv or conv.get("conversion_s") is None:
+        return "none"
+    return f"{conv['conversion_s']:.0f} s, {conv['disk_bytes'] / MiB:.0f} MiB"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
+def markdown(results: dict) -> str:
+    """``results``: ``{"l0": {"rows_per_s"}, "peers": [{"name", "status", "reason"?, "conversion"?,
+    "throughput": {workers: run}, "guarantees": {...}}]}``; a peer whose status is not ``ok`` gets one row
+    that says why (``not installable: ...``, ``not run: ...``)."""
+    l0 = (results.get("l0") or {}).get("rows_per_s")
+    ours = next((p for p in results["peers"] if p["name"] == "zarrtorch"), {})
+    head = HEAD + [c for c, _ in GUARANTEES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if l0:
+        cells = ["L0: raw decode, every chunk in order, 2 threads", "", _num(l0), "", "1.00"] + [""] * (len(head) - 5)
+        lines.append("| " + " | ".join(cells) + " |")
+    for peer in results["peers"]:
+        if peer.get("status") != "ok":
+            note = _cell(peer.get("reason") or peer.get("status") or "?")
+            lines.append(f"| {peer['name']} | | {note} |" + " |" * (len(head) - 3))
+            continue
+        g = peer.get("guarantees") or {}
+        for workers, run in sorted(peer.get("throughput", {}).items(), key=lambda kv: int(kv[0])):
+            if "error" in run:
+                lines.append(f"| {peer['name']} | {workers} | failed: {_cell(run['error'])} |" + " |" * (len(head) - 3))
+                continue
+            eps = run["epochs"]
+            r, base = rate(run), rate((ours.get("throughput") or {}).get(workers))
+            cells = [peer["name"], str(workers), _num(eps[0]["rows_per_s"]), _num(eps[1]["rows_per_s"])]
+            cells += [_num(r / l0, 2) if r and l0 else "", _num(r / base, 2) if r and base else ""]
+            cells += [_num(eps[0]["ttfb_s"], 2), _num(max(e["held_mib"] for e in eps))]
+            cells.append(_conversion(peer.get("conversion")))
+            shown = str(g.get("workers")) == str(workers)  # the checks ran with this worker count
+            if "error" in g and shown:
+                cells += [f"failed: {_cell(g['error'])}"] + [""] * (len(GUARANTEES) - 1)
+            else:
+                cells += [_cell(g.get(key, "")) if shown else "" for _, key in GUARANTEES]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""zarrtorch itself, as ``make bench`` runs it: ``ZarrDataLoader(ZarrIterableDataset(store))``, shuffled, seed 0,
+``drop_last=True``, persistent workers; simulated ranks through ``rank=``/``world_size=``.
+
+Recipe: this repository, README.md and benchmarks/harness.py (``zarrtorch_loader``).
+"""
+
+from common import Ctx, Peer, main
+
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+
+
+class Zarrtorch(Peer):
+    name = "zarrtorch"
+    recipe = "this repository: benchmarks/harness.py zarrtorch_loader"
+
+    def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
+        ds = ZarrIterableDataset(ctx.store, shuffle=True, seed=ctx.seed)
+        persistent = {"persistent_workers": True} if workers else {}
+        return ZarrDataLoader(
+            ds,
+            batch_size=ctx.batch_size,
+            num_workers=workers,
+            drop_last=True,
+            rank=rank,
+            world_size=world,
+            **persistent,
+        )
+
+    def epoch(self, loader, epoch: int):
+        loader.set_epoch(epoch)
+        return iter(loader)
+
+    def state(self, loader, iterator):
+        return loader.state_dict()
+
+    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
+        loader = self.open(ctx, rank=rank, world=world, workers=workers)
+        loader.load_state_dict(state)
+        return loader
+
+
+if __name__ == "__main__":
+    main(Zarrtorch())
