@@ -83,8 +83,9 @@ def break_even(copy_s: float, in_place_s: float, from_copy_s: float) -> float | 
     return copy_s / saved if saved > 0 else "never"
 
 
-def measure(source: Path, dest_dir: Path, *, batch_size: int = 32, decode_threads: int | None = None,
-            repeats: int = 3) -> dict:  # fmt: skip
+def measure(
+    source: Path, dest_dir: Path, *, batch_size: int = 32, decode_threads: int | None = None, repeats: int = 3
+) -> dict:
     """Copy ``source`` into ``dest_dir`` and time epochs read in place and from the copy, cold and warm."""
     from zarrtorch import available_cpus
 
@@ -171,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no {source}: python -m zarrtorch make-data --size {args.size}", file=sys.stderr)
             return 2
     with tempfile.TemporaryDirectory(prefix="zarrtorch-staging-", dir=args.dest) as dest:
-        result = measure(source, Path(dest), batch_size=args.batch_size, decode_threads=args.decode_threads,
-                         repeats=args.repeats)  # fmt: skip
+        result = measure(
+            source, Path(dest), batch_size=args.batch_size, decode_threads=args.decode_threads, repeats=args.repeats
+        )
     print(
         f"{result['source']}: {result['files']} files, {result['bytes'] / 2**20:.1f} MiB, copied to "
         f"{Path(result['dest']).parent} ({'the same' if result['same_device'] else 'another'} device); one epoch = "

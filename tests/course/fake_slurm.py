@@ -105,11 +105,15 @@ def job_id_with_a_free_port(base: int = 15000, span: int = 15000) -> int:
     raise RuntimeError("no free port for the rendezvous")
 
 
-def job_environment(folder: Path, *, nodes: int = 2, tasks_per_node: int = 2, cpus_per_task: int = 1,
-                    name: str = "zarrtorch-ddp") -> dict:  # fmt: skip
+def job_environment(
+    folder: Path, *, nodes: int = 2, tasks_per_node: int = 2, cpus_per_task: int = 1, name: str = "zarrtorch-ddp"
+) -> dict:
     """The variables a batch script sees (sbatch's), plus PATH with the stand-ins first."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SRUN_", "MASTER_", "RANK",
-                                                                     "WORLD_SIZE", "LOCAL_RANK"))}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SRUN_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    }
     env.update(
         PATH=f"{install(folder)}{os.pathsep}{env['PATH']}",
         FAKE_SLURM_DIR=str(folder),

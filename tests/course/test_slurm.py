@@ -224,11 +224,27 @@ def test_lesson_06_ranks_are_its_own_inside_a_slurm_job(tmp_path):
 
     notebook = SLURM.parent / "notebooks" / "06_ddp.ipynb"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
-    env.update(SLURM_JOB_ID="77001", SLURM_JOB_NAME="spawner-jupyterhub", SLURM_NTASKS="1",
-               SLURM_NTASKS_PER_NODE="1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_NNODES="1",
-               SLURM_NODELIST="localhost", SLURM_JOB_NODELIST="localhost", OMP_NUM_THREADS="1")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", HUB_KERNEL, str(notebook), str(tmp_path)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    env.update(
+        SLURM_JOB_ID="77001",
+        SLURM_JOB_NAME="spawner-jupyterhub",
+        SLURM_NTASKS="1",
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_PROCID="0",
+        SLURM_LOCALID="0",
+        SLURM_NODEID="0",
+        SLURM_NNODES="1",
+        SLURM_NODELIST="localhost",
+        SLURM_JOB_NODELIST="localhost",
+        OMP_NUM_THREADS="1",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_KERNEL, str(notebook), str(tmp_path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "without the plugin: SLURMEnvironment" in proc.stdout, "the variables must be those that mislead Lightning"
     assert "lesson 06: LightningEnvironment" in proc.stdout

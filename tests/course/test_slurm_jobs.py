@@ -24,8 +24,23 @@ from fake_slurm import job_environment
 from zarrtorch import ZarrIterableDataset
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN_OPTIONS = ["--accelerator", "cpu", "--epochs", "1", "--batch-size", "4", "--hidden", "8", "--depth", "2",
-                 "--limit-train-batches", "30", "--limit-val-batches", "1", "--record-rows"]  # fmt: skip
+TRAIN_OPTIONS = [
+    "--accelerator",
+    "cpu",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "4",
+    "--hidden",
+    "8",
+    "--depth",
+    "2",
+    "--limit-train-batches",
+    "30",
+    "--limit-val-batches",
+    "1",
+    "--record-rows",
+]
 TIMEOUT_S = 300
 
 
@@ -55,11 +70,23 @@ class Job:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         env = job_environment(folder, name=name, cpus_per_task=2)
-        env.update(VENV=str(site / "venv"), WORK=str(site / "work"), HOME=str(site / "home"), SCRATCH=str(folder),
-                   JOBSCRATCH=str(folder), ZARRTORCH_DATA_DIR=str(site / "data"))  # fmt: skip
+        env.update(
+            VENV=str(site / "venv"),
+            WORK=str(site / "work"),
+            HOME=str(site / "home"),
+            SCRATCH=str(folder),
+            JOBSCRATCH=str(folder),
+            ZARRTORCH_DATA_DIR=str(site / "data"),
+        )
         self.env = env
-        self.proc = subprocess.Popen(["bash", str(ROOT / "slurm" / script), *TRAIN_OPTIONS, *extra], cwd=folder,
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            ["bash", str(ROOT / "slurm" / script), *TRAIN_OPTIONS, *extra],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -91,8 +118,12 @@ class Job:
             for pid in self.pids():  # no rank left training after the test
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            pytest.fail(f"the job did not end within {timeout_s} s: stuck\n" + "".join(self.lines[-60:])
-                        + "processes:\n" + "\n".join(alive))  # fmt: skip
+            pytest.fail(
+                f"the job did not end within {timeout_s} s: stuck\n"
+                + "".join(self.lines[-60:])
+                + "processes:\n"
+                + "\n".join(alive)
+            )
         self._reader.join(5)
         return code
 
@@ -129,8 +160,14 @@ def test_srun_binds_each_task_and_the_rank_believes_the_binding(tmp_path, told):
     env = job_environment(tmp_path, nodes=1, tasks_per_node=2, cpus_per_task=2)
     if told:
         env["SRUN_CPUS_PER_TASK"] = env["SLURM_CPUS_PER_TASK"]  # what the scripts export
-    proc = subprocess.run(["srun", "--kill-on-bad-exit=1", sys.executable, "-c", RANK_CPUS], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        ["srun", "--kill-on-bad-exit=1", sys.executable, "-c", RANK_CPUS],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
     here = sorted(os.sched_getaffinity(0))
@@ -196,8 +233,14 @@ def test_requeue_at_different_steps_then_the_rest_of_the_epoch(site, tmp_path):
     assert len({len(r) for r in before}) == 1, "every rank stopped at the same step"
     # Slurm runs the same script again (same job id, same OUT); --resume auto continues from the checkpoint
     (tmp_path / "tasks.json").unlink()
-    again = subprocess.run(["bash", str(ROOT / "slurm" / "generic_multinode.sbatch"), *TRAIN_OPTIONS], cwd=tmp_path,
-                           env=first.env, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    again = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "generic_multinode.sbatch"), *TRAIN_OPTIONS],
+        cwd=tmp_path,
+        env=first.env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
     assert f"resuming from {out / 'checkpoints'}" in again.stdout  # the newer of requeue.ckpt and last.ckpt
     after = trained_rows(out)

@@ -300,9 +300,29 @@ def test_a_requeue_without_its_checkpoint_resumes_from_last(store, tmp_path):
     """A node failure requeues the job without ``requeue.ckpt``: ``--resume auto`` continues from ``last.ckpt``
     (the last epoch end) and trains only the epochs after it, each whole."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu", "--out",
-           str(out), "--record-rows", "--batch-size", "8", "--hidden", "4", "--depth", "2", "--threads", "1",
-           "--resume", "auto"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "zarrtorch",
+        "train",
+        "--data",
+        str(store),
+        "--accelerator",
+        "cpu",
+        "--out",
+        str(out),
+        "--record-rows",
+        "--batch-size",
+        "8",
+        "--hidden",
+        "4",
+        "--depth",
+        "2",
+        "--threads",
+        "1",
+        "--resume",
+        "auto",
+    ]
     env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()))
     first = run([*cmd, "--epochs", "1"], cwd=tmp_path, env=env)  # the job, until the node fails after epoch 0
     assert "resuming from" not in first.stdout
