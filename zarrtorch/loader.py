@@ -314,14 +314,16 @@ class ZarrDataLoader(DataLoader):
         return checkpoint_of(self.spec, self.config.num_workers, epoch, seen, rank, world, history)
 
     def _position(self, run: EpochRun) -> int:
-        """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so."""
+        """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so, but never
+        fewer than where ``run`` began (those were trained before it, in an earlier run or job): a state saved
+        below that point would describe a segment of negative length, which no loader can resume."""
         consumed = self.consumed_batches() if self.consumed_batches is not None else None
         if consumed is not None and int(consumed) < 0:
             raise ValueError(
                 f"consumed_batches() said {consumed} batches were consumed: it must count the batches of this epoch "
                 "the consumer has finished with (an integer >= 0), or return None"
             )
-        return run.position if consumed is None else min(run.position, int(consumed))
+        return run.position if consumed is None else max(run.start, min(run.position, int(consumed)))
 
     def state_dict(self) -> dict:
         """Where this rank is (epoch, batches already yielded), the topology and the set-up, as a plain dict

@@ -154,7 +154,7 @@ def prepare_zarr(
         sources = list(source.values())
     else:
         raise TypeError(f"prepare_zarr takes an xarray.Dataset or a mapping name -> array, got {type(source).__name__}")
-    with target_store(store, storage_options, overwrite, sources) as out:
+    with target_store(store, storage_options, overwrite, [source, *sources]) as out:
         if _is_xarray_dataset(source):
             _prepare_xarray(ds, dim, out, Path(str(store)).name, *args)
         else:
@@ -344,10 +344,11 @@ def target_store(store: str | os.PathLike, storage_options: dict | None, overwri
     if exists:
         if not overwrite:
             raise FileExistsError(f"{store} exists: pass overwrite=True to replace it, or choose another URL")
-        if any(_reads_from(a, path) for a in sources):
+        if any(_reads_from(location, fs, path) for location in _stored_at(sources)):
             raise ValueError(
-                f"the arrays to write are read from {store}, which overwrite=True would delete first: write to "
-                "another URL (object storage cannot move a store into place afterwards)"
+                f"the data to write is read from {store}, which overwrite=True would delete first (object "
+                "storage cannot write a new store beside it and move it into place): write to another URL, "
+                "then copy or move it over this one (e.g. `aws s3 sync`, or fsspec's fs.copy), or use the new URL"
             )
         zarr.core.sync.sync(remote.delete_dir(""))
     yield remote
@@ -367,11 +368,67 @@ def _replace_when_done(path: Path):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _reads_from(array, path: str) -> bool:
-    """Whether ``array`` (a zarr array) is stored under the remote ``path``."""
-    store_path = getattr(array, "store_path", None)
-    root = getattr(getattr(store_path, "store", None), "path", None)
-    return isinstance(root, str) and root.rstrip("/").startswith(path.rstrip("/"))
+def _stored_at(sources) -> list[tuple[tuple[str, ...] | str, str]]:
+    """Where the data of ``sources`` is read from: ``(protocols, path)`` for each zarr array behind them,
+    directly or inside an xarray dataset or variable (its lazy wrappers, or its dask graph), and ``(url,
+    "")`` for a dataset's ``encoding["source"]`` (what ``xarray.open_zarr`` records)."""
+    found: list = []
+    seen: set[int] = set()
+
+    def walk(obj, depth: int) -> None:
+        if obj is None or depth > 12 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, np.ndarray)):
+            return
+        seen.add(id(obj))
+        store_path = getattr(obj, "store_path", None)
+        if store_path is not None:
+            store = store_path.store
+            fs = getattr(store, "fs", None)
+            if fs is not None:
+                protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+                found.append((protocols, f"{store.path.rstrip('/')}/{store_path.path}".rstrip("/")))
+            elif isinstance(store, zarr.storage.LocalStore):
+                found.append((("file", "local"), f"{store.root.as_posix()}/{store_path.path}".rstrip("/")))
+            return
+        source = getattr(obj, "encoding", None)
+        if isinstance(source, Mapping) and isinstance(source.get("source"), str):
+            found.append((source["source"], ""))
+        if _is_xarray_dataset(obj):
+            for v in obj.variables.values():
+                walk(v, depth + 1)
+            return
+        graph = getattr(obj, "__dask_graph__", None)
+        if callable(graph) and type(obj).__module__.startswith("dask"):
+            for task in dict(graph()).values():
+                walk(task, depth + 1)
+            return
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, depth + 1)
+            return
+        # xarray's lazy wrappers (.array, ._array, ._data, .variable) and dask's tasks (.args, .value)
+        for name in ("variable", "_data", "array", "_array", "args", "value"):
+            walk(getattr(obj, name, None), depth + 1)
+
+    for source in sources:
+        walk(source, 0)
+    return found
+
+
+def _reads_from(location, fs, path: str) -> bool:
+    """Whether ``location`` (from :func:`_stored_at`) lies in the store at ``path`` on the file system ``fs``."""
+    import fsspec.core
+
+    where, inner = location
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if isinstance(where, str):  # a URL
+        protocol, _ = fsspec.core.split_protocol(where)
+        if protocol not in protocols:
+            return False
+        inner = fs._strip_protocol(where)
+    elif not set(where) & set(protocols):
+        return False
+    inner, path = inner.rstrip("/"), path.rstrip("/")
+    return inner == path or inner.startswith(f"{path}/")
 
 
 def shard_shape(chunk_rows: int, shard_chunks: int | None, rows: int) -> int | None:

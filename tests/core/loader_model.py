@@ -267,7 +267,9 @@ class ModelLoader:
     def state(self, consumed: int | None = None) -> State:
         """``consumed``: batches the consumer has finished with, if it says (a trainer that prefetches)."""
         run = self.run
-        position = None if run is None else (run.position if consumed is None else min(run.position, consumed))
+        position = None if run is None else run.position
+        if run is not None and consumed is not None:  # never before where the run began: trained before it
+            position = max(run.start, min(run.position, consumed))
         if run is not None and position < run.length:
             return State(run.epoch, position, self.world, self.workers, run.history)
         if run is not None and not self.set_since_run:

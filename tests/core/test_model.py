@@ -4,8 +4,8 @@
 Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers, and
 samples that are rows or windows of time steps: history, lead, stride, a gap),
 ``set_epoch``, ``iter``, ``next`` k times, break, a second ``iter`` while one runs, ``state_dict`` then a new
-job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end), a state refused for its
-settings, ``len``.
+job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end), the same in Lightning's
+order (``iter`` before ``set_epoch``), a state refused for its settings, ``len``.
 
 Invariants after every step: each batch equals the model's, row for row, with its data; ``len()`` equals
 the model's on every rank, and every rank's is the same; a state equals the model's; an iteration that ran
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -270,7 +271,7 @@ class LoaderMachine(RuleBasedStateMachine):
         for loader in self.loaders:
             loader.consumed_batches = None
         expected = self.models[0].state(consumed)
-        self.lagged = lag if consumed is not None else 0
+        self.lagged = min(lag, run.seen) if consumed is not None else 0  # none before the run began
         for rank, state in enumerate(states):
             assert (state["epoch"], state["batches_seen"]) == (expected.epoch, expected.position), f"rank {rank}"
             assert [tuple(h) for h in state["history"]] == list(expected.history)
@@ -295,6 +296,22 @@ class LoaderMachine(RuleBasedStateMachine):
             self.restore_job(old)
             return
         self.before, self.worlds = carried, worlds + [world]
+
+    @rule(world=st.integers(1, 3), workers=st.integers(0, 2), lag=st.integers(0, 1))
+    @deadline
+    def lightning_order(self, world, workers, lag):
+        """A resume in Lightning's order: ``load_state_dict``, then ``iter`` (its fetcher takes a batch at once),
+        then ``set_epoch`` with the saved epoch. The iteration goes on from the saved position (the next epoch's
+        start for a state saved at an epoch's end), and nothing is said about the late ``set_epoch``."""
+        self.save_and_resume(world, workers, again=False, lag=lag)
+        epoch = self.models[0].epoch
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.start_iteration()
+            self.take(1)
+            self.set_epoch(epoch)
+        late = [str(w.message) for w in caught if "came after the iteration" in str(w.message)]
+        assert not late, late
 
     def saved_mid_run(self, state: State) -> bool:
         run = self.models[0].run
@@ -377,3 +394,58 @@ class TestLoaderModel(LoaderMachine.TestCase):
         warnings.filterwarnings("ignore", message=".*starts again with the same order")
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         warnings.filterwarnings("ignore", message=".*came after the iteration over epoch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_at,lag", [("mid-epoch", 1), ("epoch-end", 0), ("epoch-end", 1)])
+def test_a_resume_in_lightnings_order(saved_at, lag):
+    """Lightning's order (load_state_dict, iter, set_epoch of the saved epoch) on another topology, every time:
+    the rule above runs only where the random sequences reach it. ``lag``: the last batch taken is not trained."""
+    machine = LoaderMachine()
+    machine.build(
+        store=(64, 8),
+        batch=4,
+        drop_last=False,
+        shuffle=True,
+        buffer_chunks=1,
+        cache=False,
+        seed=1,
+        world=2,
+        workers=0,
+        transport=None,
+        persistent=False,
+        window=None,
+    )
+    machine.next_epoch()
+    if saved_at == "epoch-end":
+        machine.finish()
+    else:
+        machine.take(3)
+    machine.lightning_order(world=3, workers=1, lag=lag)
+    # an epoch whose last batch was trained is saved as the next one's start; one batch short, as itself
+    assert machine.models[0].run.epoch == (2 if saved_at == "epoch-end" and not lag else 1)
+    machine.lengths_agree()
+    machine.finish()
+    machine.teardown()
+
+
+def test_a_consumer_count_below_the_resume_point_keeps_that_point():
+    """A trainer's count of consumed batches that starts again at 0 after a resume once made ``state_dict`` save
+    a position before the resume point: the rows trained before it were trained again on the same topology, and
+    on another one the state described a segment of -3 batches, which ``load_state_dict`` refused (lightning_order
+    found it)."""
+    ds = ZarrIterableDataset(store_path(64, 8), seed=1, buffer_chunks=1, return_index=True)
+    first = ZarrDataLoader(ds, batch_size=4, rank=0, world_size=2)
+    it = iter(first)
+    trained = [next(it)["index"] for _ in range(3)]
+    second = ZarrDataLoader(ds, batch_size=4, rank=0, world_size=1)
+    second.load_state_dict(first.state_dict())
+    iter(second)
+    second.consumed_batches = lambda: 0  # nothing of this run trained yet, counted from the resume
+    saved = second.state_dict()
+    assert saved["batches_seen"] == 3
+    third = ZarrDataLoader(ds, batch_size=4, rank=0, world_size=2)
+    third.load_state_dict(saved)
+    rest = [b["index"] for b in third]
+    assert len(rest) == len(third) - 3
+    assert not set(torch.cat(trained).tolist()) & set(torch.cat(rest).tolist())

@@ -114,3 +114,38 @@ def test_dates_on_another_dimension_are_not_guessed_away(tmp_path):
         prepare_zarr(ds, tmp_path / "b.zarr", dim="level", progress=False)
     with pytest.raises(ValueError, match="apply to an xarray.Dataset"):
         prepare_zarr({"x": np.zeros((3, 2))}, tmp_path / "c.zarr", dim="row", progress=False)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from zarrtorch.course.servers import S3Server
+
+    with S3Server() as server:
+        server.create_bucket("prepare-in-place")  # moto keeps buckets across servers in one process: a name of its own
+        yield server
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opened_with", ["zarr", "xarray", "xarray-derived", "xarray-unchunked"])
+def test_rewriting_a_remote_store_from_itself_is_refused(s3, opened_with):
+    """``prepare_zarr(xr.open_zarr(url), url, overwrite=True)`` once deleted the store, then wrote NaN from
+    it and returned normally; a store on object storage cannot be written beside and moved into place."""
+    url, options = f"s3://prepare-in-place/{opened_with}.zarr", s3.storage_options
+    x = np.arange(ROWS * 3, dtype=np.float32).reshape(ROWS, 3)
+    prepare_zarr(xr.Dataset({"x": (("time", "c"), x)}), url, chunk_rows=10, progress=False, storage_options=options)
+    if opened_with == "zarr":
+        source = {"x": zarr.open_group(url, mode="r", storage_options=options)["x"]}
+    else:
+        chunks = None if opened_with == "xarray-unchunked" else {}
+        source = xr.open_zarr(url, storage_options=options, chunks=chunks)
+        if opened_with == "xarray-derived":  # a derived dataset: no encoding["source"] left to tell
+            source = xr.Dataset({"x": source["x"] * 1})
+    with pytest.raises(ValueError, match=rf"read from {url}.*another URL") as err:
+        prepare_zarr(source, url, chunk_rows=30, overwrite=True, progress=False, storage_options=options)
+    assert "move" in str(err.value) or "copy" in str(err.value)
+    np.testing.assert_array_equal(zarr.open_group(url, mode="r", storage_options=options)["x"][:], x)
+    # another URL in the same bucket is not the target: writing there works
+    out = prepare_zarr(source, f"{url}-rechunked", chunk_rows=30, progress=False, storage_options=options)
+    np.testing.assert_array_equal(out["x"][:], x)

@@ -200,28 +200,44 @@ except SystemExit as exc:
 
 
 # 7 -------------------------------------------------------------------------------------------------------
+SHARD_CHUNKS = 4  # inner chunks per shard in the sharded store
+
+
 @pytest.fixture(scope="module")
-def blosc_store(tmp_path_factory):
-    """A store the direct zstd path does not decode (Blosc), so reads go through zarr's codecs."""
-    root = tmp_path_factory.mktemp("blosc")
-    g = zarr.open_group(str(root / "b.zarr"), mode="w", zarr_format=3)
-    a = g.create_array("x", shape=(ROWS, 4), dtype="f4", chunks=(CHUNK, 4), compressors=[zarr.codecs.BloscCodec()])
-    a[:] = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
-    zarr.consolidate_metadata(str(root / "b.zarr"))  # HTTP cannot list a directory
+def through_zarr(tmp_path_factory):
+    """Stores the direct zstd path does not decode, so reads go through zarr's codecs: Blosc, Zarr v3 shards
+    (of zstd chunks) and Zarr v2 (Blosc)."""
+    root = tmp_path_factory.mktemp("through-zarr")
+    data = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
+    layouts = {
+        "blosc": dict(zarr_format=3, chunks=(CHUNK, 4), compressors=[zarr.codecs.BloscCodec()]),
+        "sharded": dict(zarr_format=3, chunks=(CHUNK, 4), shards=(CHUNK * SHARD_CHUNKS, 4)),
+        "v2": dict(zarr_format=2, chunks=(CHUNK, 4)),
+    }
+    for name, kwargs in layouts.items():
+        fmt = kwargs.pop("zarr_format")
+        g = zarr.open_group(str(root / f"{name}.zarr"), mode="w", zarr_format=fmt)
+        g.create_array("x", shape=(ROWS, 4), dtype="f4", **kwargs)[:] = data
+        zarr.consolidate_metadata(str(root / f"{name}.zarr"))  # HTTP cannot list a directory
     return root
 
 
-def test_reads_through_zarr_have_a_deadline_and_one_request_per_chunk(blosc_store):
-    """A Blosc array over HTTP: one request per chunk (an existence check once doubled them), and a server
-    that stops answering ends in a ChunkReadError after the retries (it once waited forever)."""
+METADATA = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+
+@pytest.mark.parametrize("layout", ["blosc", "sharded", "v2"])
+def test_reads_through_zarr_have_a_deadline_and_one_request_per_chunk(through_zarr, layout):
+    """An array read through zarr's codecs over HTTP: one request per chunk or shard (an existence check once
+    doubled them), and a server that stops answering ends in a ChunkReadError after the retries (it once
+    waited forever)."""
     policy = RetryPolicy(timeout_s=1.0, retries=1, backoff_s=0.05)
-    with HttpStoreServer(blosc_store) as server:
-        ds = ZarrIterableDataset(
-            f"{server.url}/b.zarr", shuffle=False, return_index=True, read=ReadOptions(retry=policy)
-        )
+    read = ReadOptions(retry=policy, allow_shards=layout == "sharded")
+    with HttpStoreServer(through_zarr) as server:
+        ds = ZarrIterableDataset(f"{server.url}/{layout}.zarr", shuffle=False, return_index=True, read=read)
         np.testing.assert_array_equal(rows_of(ZarrDataLoader(ds, batch_size=BATCH)), np.arange(ROWS))
-        chunk_requests = {k: n for k, n in server.requests.items() if "/c/" in k}
-        assert len(chunk_requests) == ROWS // CHUNK and set(chunk_requests.values()) == {1}
+        data_requests = {k: n for k, n in server.requests.items() if not k.endswith(METADATA)}
+        objects = ROWS // CHUNK // (SHARD_CHUNKS if layout == "sharded" else 1)
+        assert len(data_requests) == objects and set(data_requests.values()) == {1}, data_requests
         server.hang()
         start = time.monotonic()
         with pytest.raises(ChunkReadError, match=r"(?s)cannot read chunk \d+ .*2 attempts failed \(timeout 1 s"):

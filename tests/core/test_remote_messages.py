@@ -5,6 +5,8 @@ that exists. Real servers on 127.0.0.1, started and stopped here."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 import traceback
 
@@ -130,3 +132,54 @@ def test_the_datamodule_takes_storage_options(served):
         dm = ZarrDataModule("s3://datamodule/s.zarr", batch_size=8, read=read)
         dm.setup("fit")
         assert sum(len(b["x"]) for b in dm.val_dataloader()) == 20
+
+
+# Run in a fresh interpreter: what matters is printed at its exit, once zarr's event loop is closed.
+_TIMEOUTS_THEN_EXIT = r"""
+import socket, sys, threading
+from zarrtorch import ReadOptions, ZarrIterableDataset
+from zarrtorch._read.fetch import RetryPolicy
+
+def endpoint(answer):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    held = []  # connections accepted and never answered
+    if answer == "accept":
+        threading.Thread(target=lambda: [held.append(s.accept()[0]) for _ in iter(int, 1)], daemon=True).start()
+    return s, held, f"http://127.0.0.1:{s.getsockname()[1]}"
+
+kept = []
+for scheme in sys.argv[1:]:
+    for answer in ("listen", "accept"):
+        s, held, base = endpoint(answer)
+        kept.append((s, held))
+        if scheme == "s3":
+            url, options = "s3://bucket/x.zarr", {"endpoint_url": base, "key": "k", "secret": "s"}
+        else:
+            url, options = f"{base}/x.zarr", None
+        read = ReadOptions(storage_options=options, retry=RetryPolicy(timeout_s=0.5, retries=0))
+        try:
+            ZarrIterableDataset(url, read=read)
+        except TimeoutError as exc:
+            print("TimeoutError:", exc, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_a_timeout_leaves_nothing_to_print_at_exit(scheme):
+    """An open that timed out was once abandoned on zarr's event loop, still waiting: at exit it printed
+    "Exception ignored in: <coroutine object FsspecStore.get>" tracebacks, or the loop could not close."""
+    if scheme == "s3":
+        pytest.importorskip("s3fs")
+    done = subprocess.run(
+        [sys.executable, "-c", _TIMEOUTS_THEN_EXIT, scheme, scheme],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("TimeoutError: no answer from") == 4, done.stdout + done.stderr
+    for noise in ("Exception ignored", "was never awaited", "Task was destroyed", "Traceback"):
+        assert noise not in done.stderr, done.stderr

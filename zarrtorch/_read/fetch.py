@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import zarr
 from zarr.core.buffer import Buffer, default_buffer_prototype
@@ -90,6 +90,14 @@ async def get_buffer(store: zarr.abc.store.Store, key: str, policy: RetryPolicy 
                 raise _exhausted(policy, exc) from exc
             await asyncio.sleep(policy.backoff_s * 2**n)
     raise AssertionError("unreachable")
+
+
+def within(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Run ``coro`` on zarr's event loop for ``timeout_s`` at most. On expiry it is cancelled there and waited
+    for (``TimeoutError``), not abandoned: an abandoned request goes on holding a connection, and at exit
+    prints "Exception ignored in <coroutine ...>" tracebacks (or stops the loop from closing). The outer bound
+    only matters for a request that ignores its cancellation: never stuck, even then."""
+    return sync(asyncio.wait_for(coro, timeout_s), timeout=timeout_s + 10)
 
 
 async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import zarr
 import zarr.api.asynchronous
-from zarr.core.sync import sync
 
-from zarrtorch._read.fetch import RetriesExhausted, RetryPolicy, with_retries
+from zarrtorch._read.fetch import RetriesExhausted, RetryPolicy, with_retries, within
 
 
 def is_url(store) -> bool:
@@ -70,9 +69,8 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
 
     def attempt():
         try:
-            return sync(
-                zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options),
-                timeout=policy.timeout_s,
+            return within(
+                zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options), policy.timeout_s
             )
         except ImportError as exc:
             raise ImportError(
