@@ -4,11 +4,13 @@ fixed delay per request (a stand-in for object-storage latency), all in one run.
     .venv/bin/python benchmarks/remote.py                 # a generated store, delays 0, 20 and 100 ms
     .venv/bin/python benchmarks/remote.py --store data/tiny/train.zarr --delay-ms 0 20 --in-flight 1 4 16
 
-Every figure is the median of ``--repeats`` epochs through ``ZarrDataLoader`` (0 and 2 workers, shuffling on,
-batch 64), with the default requests in flight (adaptive for a remote store: ``zarrtorch._read.inflight``)
-and with fixed numbers; each delay's row is also printed as a ratio to the same setting without delay.
-The default store is generated once under ``data/bench`` (20,000 rows of 8 x 32 float32, 64-row chunks:
-313 chunks), enough pieces per epoch for the requests in flight to settle.
+Each figure is one fresh ``ZarrDataLoader`` (0 and 2 workers, shuffling on, batch 64) run for ``--epochs``
+epochs, the median of them (the first one learns the requests in flight), repeated ``--repeats`` times; the
+table gives the median of the repeats and their spread. The default requests in flight (adaptive for a remote
+store: ``zarrtorch._read.inflight``) run besides fixed numbers. A repeat measures every row in turn, so a
+machine that slows down for a while slows every column alike; a delay's ratio to the same setting without delay
+is taken within each repeat. The default store is generated once under ``data/bench`` (20,000 rows of 8 x 32
+float32, 64-row chunks: 313 chunks), enough pieces per epoch for the requests in flight to settle.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
-from zarrtorch.course.servers import HttpStoreServer  # noqa: E402
+from zarrtorch.course import servers  # noqa: E402
 
 
 def generated_store(rows: int = 20_000, chunk_rows: int = 64) -> Path:
@@ -39,13 +42,14 @@ def generated_store(rows: int = 20_000, chunk_rows: int = 64) -> Path:
 
 
 def rows_per_second(
-    source: str, in_flight: int | None, *, workers: int, repeats: int, batch_size: int, threads: int
+    source: str, in_flight: int | None, *, workers: int, epochs: int, batch_size: int, threads: int
 ) -> float:
+    """Median rows/s over ``epochs`` epochs of one fresh loader."""
     read = ReadOptions(requests_in_flight=in_flight, decode_threads=threads)
     ds = ZarrIterableDataset(source, seed=0, read=read)
     loader = ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers)
     rates = []
-    for epoch in range(repeats):
+    for epoch in range(epochs):
         loader.set_epoch(epoch)
         start, rows = time.perf_counter(), 0
         for batch in loader:
@@ -54,13 +58,21 @@ def rows_per_second(
     return statistics.median(rates)
 
 
+def summary(values: list[float], digits: int = 0) -> str:
+    """Median and spread (lowest-highest) of the repeats."""
+    if len(values) == 1:
+        return f"{values[0]:,.{digits}f}"
+    return f"{statistics.median(values):,.{digits}f} [{min(values):,.{digits}f}-{max(values):,.{digits}f}]"
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", help="a first-axis-chunked store (default: generated, see above)")
     p.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 20.0, 100.0])
     p.add_argument("--in-flight", type=int, nargs="*", default=[8, 32], help="fixed settings besides the default")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="epochs per loader (the median is taken)")
+    p.add_argument("--repeats", type=int, default=3, help="fresh loaders per figure (median and spread)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="decode threads")
     p.add_argument("--json", help="also write the results here")
@@ -70,35 +82,36 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"no store at {store}")
     settings = [None, *args.in_flight]
     label = {None: "default"} | {n: f"{n} fixed" for n in args.in_flight}
-    kw = dict(repeats=args.repeats, batch_size=args.batch_size, threads=args.threads)
-    results: dict = {"store": str(store), "local": {}, "http": {}}
-    for workers in args.workers:
-        results["local"][workers] = {label[n]: rows_per_second(str(store), n, workers=workers, **kw) for n in settings}
-    for delay in args.delay_ms:
-        with HttpStoreServer(store.parent, delay_ms=delay) as server:
-            url = f"{server.url}/{store.name}"
-            results["http"][delay] = {
-                workers: {label[n]: rows_per_second(url, n, workers=workers, **kw) for n in settings}
-                for workers in args.workers
-            }
-            results.setdefault("requests", {})[delay] = sum(server.requests.values())
+    kw = dict(epochs=args.epochs, batch_size=args.batch_size, threads=args.threads)
+    rows = [(w, None) for w in args.workers] + [(w, d) for w in args.workers for d in args.delay_ms]
+    rates: dict = {(w, d, label[n]): [] for w, d in rows for n in settings}
+    with ExitStack() as stack:
+        urls = {d: stack.enter_context(servers.HttpStoreServer(store.parent, delay_ms=d)).url for d in args.delay_ms}
+        for _ in range(args.repeats):
+            for (workers, delay), n in ((row, n) for row in rows for n in settings):
+                source = str(store) if delay is None else f"{urls[delay]}/{store.name}"
+                rates[workers, delay, label[n]].append(rows_per_second(source, n, workers=workers, **kw))
     print(
-        f"rows/s through ZarrDataLoader ({args.threads} decode threads, batch {args.batch_size}), median of "
-        f"{args.repeats} epochs; {store.name}; in parentheses: x the same setting over HTTP without delay"
+        f"rows/s through ZarrDataLoader ({args.threads} decode threads, batch {args.batch_size}); {store.name}; "
+        f"median of {args.repeats} loaders [lowest-highest], each the median of {args.epochs} epochs; "
+        "(x): the same setting over HTTP without delay, median of the repeats' ratios"
     )
-    head = f"{'':>26}" + "".join(f"{label[n]:>18}" for n in settings)
+    head = f"{'':>26}" + "".join(f"{label[n]:>42}" for n in settings)
     print(head + "\n" + "-" * len(head))
-    for workers in args.workers:
-        local = results["local"][workers]
-        print(f"{f'{workers} workers, local disk':>26}" + "".join(f"{local[label[n]]:>18,.0f}" for n in settings))
-        base = results["http"].get(0.0, {}).get(workers)
-        for delay, by_workers in results["http"].items():
-            row = by_workers[workers]
-            cells = []
-            for n in settings:
-                ratio = f" ({row[label[n]] / base[label[n]]:.2f})" if base and delay else ""
-                cells.append(f"{row[label[n]]:>11,.0f}{ratio:>7}")
-            print(f"{f'{workers} workers, HTTP {delay:g} ms':>26}" + "".join(cells))
+    results: dict = {"store": str(store), "repeats": args.repeats, "epochs": args.epochs, "rows": []}
+    for workers, delay in rows:
+        base = rates.get((workers, 0.0, "default")) is not None and delay
+        cells = []
+        for n in settings:
+            values = rates[workers, delay, label[n]]
+            ratios = [v / b for v, b in zip(values, rates[workers, 0.0, label[n]], strict=True)] if base else []
+            cell = summary(values) + (f" ({summary(ratios, 2)})" if ratios else "")
+            cells.append(f"{cell:>42}")
+            results["rows"].append(
+                {"workers": workers, "delay_ms": delay, "setting": label[n], "rows_per_s": values, "ratio": ratios}
+            )
+        where = "local disk" if delay is None else f"HTTP {delay:g} ms"
+        print(f"{f'{workers} workers, {where}':>26}" + "".join(cells))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return results

@@ -1,14 +1,23 @@
-"""Requests in flight found while reading (zarrtorch._read.inflight.InFlight), on a clock the test moves. A
-far store (every read takes 100 ms, however many are in flight) grows the level up to its most; a store whose
-reads queue (one server: each read waits for the others) stops growing once reads queue; a consumer that is
-the bottleneck shrinks it back to the first level; a fixed setting never moves. Then the loader with the
+"""Requests in flight found while reading (zarrtorch._read.inflight.InFlight), on a clock the test moves, through
+a model of the pipeline: the consumer spends ``work`` seconds on each piece, each read takes ``latency(level)``
+seconds, so pieces come at ``min(level / latency, 1 / work)`` a second and the consumer waits for the rest. A far
+store (every read takes the round trip, however many are in flight) reaches what Little's law needs within a few
+round trips, and never passes the most the memory budget counts; a store whose reads queue (one server: each read
+waits for the others) stops growing, and a level found before shrinks once reads start to queue; latency that
+grows with the level is still overlapped while the rate follows; a consumer that is the bottleneck shrinks it back
+to the first level; a fixed setting never moves. Then the loader with the
 adaptive default over a slow HTTP server: every row once per epoch, 0 and 2 workers, and the memory budget
 counts the most the level may reach."""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
 from zarrtorch._read.inflight import InFlight
@@ -23,43 +32,97 @@ class Clock:
         return self.now
 
 
-def run(controller: InFlight, clock: Clock, pieces: int, *, rate, latency, waited=lambda n: True) -> list[int]:
-    """Consume ``pieces`` at ``rate(level)`` pieces/s, each read taking ``latency(level)`` s; the level after each."""
-    levels = []
+def run(controller: InFlight, clock: Clock, pieces: int, *, work: float, latency) -> list[tuple[float, int]]:
+    """Consume ``pieces``, each taking the consumer ``work`` s, each read ``latency(level)`` s: (time, level) after
+    each piece."""
+    out = []
     for _ in range(pieces):
-        clock.now += 1 / rate(controller.level)
-        controller.consumed(waited(controller.level), latency(controller.level))
-        levels.append(controller.level)
-    return levels
+        lat = latency(controller.level)
+        every = max(work, lat / controller.level)  # seconds between pieces: the consumer's, or what the reads allow
+        clock.now += every
+        controller.consumed(every - work, lat)
+        out.append((clock.now, controller.level))
+    return out
 
 
-def test_a_far_store_grows_the_level_up_to_its_most():
+def levels(trace: list[tuple[float, int]]) -> list[int]:
+    return [level for _, level in trace]
+
+
+@pytest.mark.parametrize("rtt", [0.02, 0.1])
+def test_a_far_store_reaches_what_littles_law_needs_within_a_few_round_trips(rtt):
+    """The consumer takes a piece every 2 ms: ``rtt / 2 ms`` reads in flight keep it busy (10 at 20 ms, 50 at 100
+    ms). Doubling at most per window of one round trip, 8 gets there in ``log2(need / 8)`` windows and more."""
+    clock, need = Clock(), math.ceil(rtt / 0.002)
+    c = InFlight(8, 128, clock=clock)
+    trace = run(c, clock, 3000, work=0.002, latency=lambda n: rtt)
+    reached = next(t for t, level in trace if level >= need)
+    assert reached <= (math.ceil(math.log2(need / 8)) + 2) * max(rtt, 0.05)  # windows last a round trip, >= 50 ms
+    assert need <= c.level <= 2 * need and levels(trace) == sorted(levels(trace))  # no further, and never back
+    assert c.base == pytest.approx(rtt)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    most=st.integers(1, 128),
+    first=st.integers(1, 16),
+    start=st.integers(0, 200),
+    work=st.floats(1e-4, 0.05),
+    rtt=st.floats(1e-3, 0.3),
+    per_read=st.floats(0, 0.02),
+)
+def test_the_level_stays_between_the_first_and_the_most_the_budget_counts(most, first, start, work, rtt, per_read):
     clock = Clock()
-    c = InFlight(8, 64, clock=clock)
-    levels = run(c, clock, 3000, rate=lambda n: n / 0.1, latency=lambda n: 0.1)  # latency-bound: n per 100 ms
-    assert levels[0] == 8 and levels[-1] == 64 and levels == sorted(levels)
-    assert c.base == pytest.approx(0.1)
+    c = InFlight(first, most, start=start, clock=clock)
+    seen = levels(run(c, clock, 600, work=work, latency=lambda n: rtt + per_read * n))
+    assert max(first, 1) <= min(seen) and max(seen) <= max(first, most)
 
 
 def test_reads_that_queue_stop_the_growth():
-    """One server doing 100 reads/s: n in flight wait n x 10 ms each, and the rate stays 100/s."""
+    """One server doing 100 reads/s: n in flight wait n x 10 ms each, and the rate stays 100/s. The level grows
+    once (nothing said the first window's reads had queued), then stops: larger levels tried do not raise the rate
+    and are undone, less and less often."""
     clock = Clock()
     c = InFlight(8, 64, clock=clock)
-    levels = run(c, clock, 3000, rate=lambda n: 100, latency=lambda n: n * 0.01)
-    assert levels[-1] == 18 and max(levels) == 18  # stops where more than half of the reads in flight queue
+    seen = levels(run(c, clock, 3000, work=0.001, latency=lambda n: n * 0.01))
+    assert seen[-1] == 16 and max(seen) == 24 and Counter(seen).most_common(1)[0][0] == 16
+    tried = [i for i in range(1, len(seen)) if seen[i] > seen[i - 1] == 16]
+    gaps = np.diff(tried)[:6]  # pieces between tries: doubling windows, up to a cap
+    assert len(gaps) == 6 and all(np.diff(gaps) > 0)
+
+
+def test_latency_that_looks_like_queueing_is_still_overlapped_while_the_rate_follows():
+    """Each read waits 50 ms plus 2 ms per read in flight (a busy event loop, a scheduler): past 64 in flight the
+    latency says most reads queue, yet 96 still bring 10% more a second; 128 would not."""
+    clock = Clock()
+    c = InFlight(8, 128, clock=clock)
+    seen = levels(run(c, clock, 6000, work=0.001, latency=lambda n: 0.05 + 0.002 * n))
+    assert seen[-1] == Counter(seen).most_common(1)[0][0] == 96
+
+
+def test_a_level_found_before_shrinks_once_reads_queue():
+    """A far store, then (the next epoch) its server saturates at 100 reads/s: past 10 in flight reads only wait
+    their turn."""
+    clock = Clock()
+    c = InFlight(8, 128, clock=clock)
+    run(c, clock, 2000, work=0.002, latency=lambda n: 0.1)
+    found = c.level
+    c.new_epoch()
+    seen = levels(run(c, clock, 2000, work=0.002, latency=lambda n: max(0.1, n / 100)))
+    assert found >= 50 and seen[-1] <= 40 and Counter(seen).most_common(1)[0][0] <= 40  # within 4 x the rate's need
 
 
 def test_a_consumer_bound_run_shrinks_back_to_the_first_level():
     clock = Clock()
     c = InFlight(8, 64, start=40, clock=clock)  # a level found in an earlier epoch
-    levels = run(c, clock, 2000, rate=lambda n: 50, latency=lambda n: 0.01, waited=lambda n: False)
-    assert levels[0] == 40 and levels[-1] == 8 and levels == sorted(levels, reverse=True)
+    seen = levels(run(c, clock, 2000, work=0.02, latency=lambda n: 0.01))
+    assert seen[0] == 40 and seen[-1] == 8 and seen == sorted(seen, reverse=True)
 
 
 def test_a_fixed_setting_never_moves():
     clock = Clock()
     fixed = InFlight(5, 5, clock=clock)
-    assert set(run(fixed, clock, 500, rate=lambda n: n / 0.1, latency=lambda n: 0.1)) == {5}
+    assert set(levels(run(fixed, clock, 500, work=0.001, latency=lambda n: 0.1))) == {5}
     assert InFlight(8, 3).most == 8  # never below the first level
 
 
@@ -98,7 +161,7 @@ def test_the_level_found_is_kept_for_the_next_epochs_workers():
     clock = Clock()
     c = InFlight(8, 64, start=state.level(1), on_change=lambda level: state.remember_level(1, level), clock=clock)
     assert c.level == 8
-    run(c, clock, 3000, rate=lambda n: n / 0.1, latency=lambda n: 0.1)
+    run(c, clock, 3000, work=0.001, latency=lambda n: 0.1)
     assert state.level(1) == c.level == 64 and state.level(0) == 0
     state.publish(EpochView(epoch=1, skip=0, rank=0, world_size=1))  # a new epoch keeps the levels
     assert InFlight(8, 64, start=state.level(1)).level == 64

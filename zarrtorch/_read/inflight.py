@@ -5,16 +5,28 @@ bytes come; keeping more requests in flight hides that wait, but each one holds 
 consumed, and past a point more requests only queue (for the cores, for the server). A fixed number is
 either too few for a far store or too many for a near one.
 
-:class:`InFlight` reasons as TCP Vegas does. Over a window of pieces it knows the rate at which the consumer
-took them and the time each read took from request to data; the shortest of those times (``base``, the
-median of the quickest window) is what a read costs without queueing. Keeping that rate up needs
-``rate x base`` reads in flight (Little's law), so ``queued = level - rate x base`` of them only waited their
-turn. When the consumer waited for data and at most half the reads in flight queued, latency held the reads
-back: the level grows (x1.5). When more than three quarters queued, something else limits the reads (the
-cores, the server, the consumer): the level shrinks (x0.75). Otherwise it stays. It never passes ``most``,
-which the memory budget counts (``loader_memory`` stays an upper bound), and never goes below ``first``
-(local stores are no slower than with the fixed default). The loader keeps each worker's level for the next
-epoch's workers (``EpochState.remember_level``).
+:class:`InFlight` decides once per window of pieces (at least one round trip), as TCP Vegas does, from
+what the window saw: the median time a read took from request to data (``latency``), the quickest such
+median so far (``base``: a read without queueing), the rate the consumer took pieces and the time it spent
+waiting for them.
+
+* ``level x (1 - base / latency)`` of the reads in flight only waited their turn (for the cores, for the
+  server): more of them would not come sooner. When the consumer waited for data and fewer than half of the
+  reads queued, the round trip held them back: the level grows to what Little's law says the consumer's
+  own pace needs (``pieces per second of its busy time x latency``), at most doubled per window (slow
+  start: 8 reaches 64 in three round trips).
+* When the consumer waited but more than half of the reads queued, a level is tried: x0.75 when more than three
+  quarters queued (something else limits the reads: the cores, the server), kept unless the rate fell by 10%;
+  otherwise, or after a smaller one failed, x1.5 (latency from a busy event loop or scheduler looks like
+  queueing, yet more reads may overlap it), kept if the rate rose by 10%. A trial is judged on the window after
+  next; after a larger level failed, the next trial waits twice as many windows (at most 32).
+* When the consumer did not wait and the level is more than four times what its rate needs
+  (``rate x latency``, the reads in flight on average), the consumer is the bottleneck: it shrinks (x0.75).
+
+The level never passes ``most``, which the memory budget counts (``loader_memory`` stays an upper bound), and
+never goes below ``first`` (local stores keep their fixed default). A process keeps its level for its next
+epochs, and the loader keeps each worker's for the next epoch's workers (``EpochState.remember_level``), so
+only the first epoch's first round trips are spent finding it.
 """
 
 from __future__ import annotations
@@ -23,10 +35,14 @@ import math
 import statistics
 import time
 
-WAITED = 0.1  # share of a window's pieces the consumer waited for before a larger level is tried
-FEW_QUEUED = 0.5  # grow when at most this share of the level queued (or 2 reads)
+WAITED = 0.05  # share of a window's time the consumer waited for data before a larger level is tried
+FEW_QUEUED = 0.5  # grow while fewer than this share of the level queued (or 2 reads)
 MANY_QUEUED = 0.75  # shrink when more than this share of the level queued
-MIN_WINDOW_S = 0.2
+SPARE = 4  # shrink when the consumer did not wait and the level is more than this times what its rate needs
+MIN_PIECES = 8  # pieces in a window, at least
+MIN_WINDOW_S = 0.05  # and seconds, besides one round trip
+GAIN = 0.1  # a step on trial is kept if the rate rose (grown) or fell (shrunk) by less than this share
+MAX_BACKOFF = 32  # windows between trials that did not pay, at most
 
 
 class InFlight:
@@ -38,6 +54,9 @@ class InFlight:
         self.on_change = on_change  # called with the level whenever it changes
         self._clock = clock
         self.base: float | None = None  # seconds a read takes without queueing (the quickest window's median)
+        self._trial: tuple[int, float, int] | None = None  # a step on trial: level and rate before, windows to wait
+        self._pause, self._backoff = 0, 1  # windows before the next trial, and after the next failed one
+        self._down = True  # whether a smaller level is tried first when most reads queue
         self._start_window()
 
     @property
@@ -45,32 +64,73 @@ class InFlight:
         return self.first == self.most
 
     def _start_window(self) -> None:
-        self._pieces, self._waits, self._latencies, self._since = 0, 0, [], self._clock()
+        self._pieces, self._waited, self._latencies, self._since = 0, 0.0, [], self._clock()
 
-    def consumed(self, waited: bool, latency: float | None = None) -> None:
-        """One piece handed to the consumer; ``waited``: its read had not finished when it was asked for;
-        ``latency``: seconds from its request to its data (``None``: not known, a read started early)."""
+    def consumed(self, waited: float, latency: float | None = None) -> None:
+        """One piece handed to the consumer; ``waited``: seconds the consumer waited for it (0: its read had
+        finished); ``latency``: seconds from its request to its data (``None``: not known, a read started early)."""
         if self.fixed:
             return
         self._pieces += 1
-        self._waits += bool(waited)
+        self._waited += float(waited)
         if latency is not None:
             self._latencies.append(latency)
         elapsed = self._clock() - self._since
-        if self._pieces < max(16, 2 * self.level) or elapsed < MIN_WINDOW_S or not self._latencies:
+        if self._pieces < MIN_PIECES or not self._latencies:
             return
-        median = statistics.median(self._latencies)
-        self.base = median if self.base is None else min(self.base, median)
-        queued = self.level - self._pieces / elapsed * self.base
+        latency = statistics.median(self._latencies)
+        if elapsed < max(MIN_WINDOW_S, latency) or latency <= 0:
+            return
+        self.base = latency if self.base is None else min(self.base, latency)
         before = self.level
-        if queued > MANY_QUEUED * self.level:
-            self.level = max(self.first, math.floor(self.level * 0.75))
-        elif self._waits > WAITED * self._pieces and queued <= max(2, FEW_QUEUED * self.level):
-            self.level = min(self.most, math.ceil(self.level * 1.5))
+        self.level = self._decide(elapsed, latency)
         if self.level != before and self.on_change is not None:
             self.on_change(self.level)
         self._start_window()
 
+    def _decide(self, elapsed: float, latency: float) -> int:
+        """The level for the next window, from this one's ``elapsed`` seconds and median ``latency``."""
+        rate = self._pieces / elapsed
+        if self._trial is not None:
+            before, rate_before, settle = self._trial
+            if settle:  # the reads of the new level come back a round trip later: judge the window after
+                self._trial = (before, rate_before, settle - 1)
+                return self.level
+            self._trial = None
+            grew = self.level > before
+            if rate < rate_before * (1 + GAIN if grew else 1 - GAIN):  # the step did not pay: undo it
+                if grew:  # and wait longer before the next try; after a smaller level failed, try a larger one
+                    self._pause, self._backoff = self._backoff, min(2 * self._backoff, MAX_BACKOFF)
+                self._down = grew
+                return before
+            self._backoff = 1
+        queued = self.level * (1 - self.base / latency)
+        waited = min(self._waited, elapsed)
+        starved = waited > WAITED * elapsed
+        if starved and queued < max(2, FEW_QUEUED * self.level):
+            busy = max(elapsed - waited, elapsed / 64)  # the consumer's own time: its pace without waiting
+            needed = math.ceil(self._pieces / busy * latency)  # Little's law
+            return min(self.most, 2 * self.level, max(self.level + 1, needed))
+        if not starved:
+            if self.level > SPARE * rate * latency:
+                return max(self.first, math.floor(self.level * 0.75))
+            return self.level
+        if self._pause:
+            self._pause -= 1
+            return self.level
+        smaller = max(self.first, math.floor(self.level * 0.75))
+        if queued > MANY_QUEUED * self.level and self._down and smaller < self.level:
+            return self._try(smaller, rate)
+        # latency that looks like queueing (a busy event loop, a scheduler) may still be overlapped by more reads
+        return self._try(min(self.most, math.ceil(self.level * 1.5)), rate)
+
+    def _try(self, level: int, rate: float) -> int:
+        """Move to ``level`` on trial: kept if the rate follows, undone (and tried again later) if not."""
+        if level != self.level:
+            self._trial = (self.level, rate, 1)
+        return level
+
     def new_epoch(self) -> None:
         """The next epoch keeps the level found and starts a fresh window (not while the last one drained)."""
+        self._trial = None
         self._start_window()

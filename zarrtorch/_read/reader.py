@@ -195,10 +195,10 @@ class PieceReader:
 
         def take():
             future = pending.popleft()
-            waited = not future.done()  # the consumer waits for this read
-            data = future.result()
+            asked = time.monotonic()
+            data = future.result()  # the consumer waits for this read if it has not finished
             requested, done = timing.pop(future, (None, None))
-            self.in_flight.consumed(waited, done - requested if done is not None else None)
+            self.in_flight.consumed(time.monotonic() - asked, done - requested if done is not None else None)
             return data
 
         self.in_flight.new_epoch()

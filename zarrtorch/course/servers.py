@@ -28,6 +28,9 @@ def free_port() -> int:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as object stores do
+    # answer at once: with Nagle's algorithm, a reply on a reused connection waits for the client's delayed ack
+    # (about 40 ms per request here), which would add latency the lesson did not ask for
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, *args) -> None:  # quiet: the tests and the lesson print what matters
@@ -79,6 +82,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # a burst of new connections (workers starting) is queued, not dropped and retried a second later
+    request_queue_size = 1024
     owner: HttpStoreServer
 
     def handle_error(self, request, client_address) -> None:
