@@ -323,3 +323,17 @@ def test_resuming_with_no_workers_reads_every_row_once(tmp_path, saved_workers):
     index = np.concatenate([b["index"].numpy() for b in batches])
     assert np.array_equal(np.sort(index), np.arange(1024))
     assert all(np.array_equal(b["x"][:, 0].numpy(), b["index"].numpy()) for b in batches)
+
+
+def test_a_piece_across_a_chunk_boundary_is_refused_not_misread(tmp_path):
+    """The reader's guard behind the property above: a piece that is not inside one chunk is an error naming the
+    rows, never a short or shifted read."""
+    from zarrtorch._read.reader import PieceReader
+
+    path = tmp_path / "s.zarr"
+    prepare_zarr({"x": np.arange(256, dtype=np.float32)[:, None]}, path, chunk_rows=128, progress=False)
+    ds = ZarrIterableDataset(path)
+    reader = PieceReader(ds.arrays, 128, threads=1)
+    assert np.array_equal(reader.read_piece(100, 128)["x"][:, 0], np.arange(100, 128))
+    with pytest.raises(RuntimeError, match=r"\[120, 136\) as one piece, which is not inside one chunk"):
+        reader.read_piece(120, 136)

@@ -122,6 +122,11 @@ class PieceReader:
     def _read_checked(self, start: int, stop: int) -> dict[str, np.ndarray]:
         chunk = start // self.chunk_rows
         first = chunk * self.chunk_rows
+        if not first <= start < stop <= first + self.chunk_rows:  # a plan's pieces lie in one chunk each
+            raise RuntimeError(
+                f"zarrtorch internal error: asked to read rows [{start}, {stop}) as one piece, which is not inside "
+                f"one chunk of {self.chunk_rows} rows; nothing was read. Please report it with the loader's settings"
+            )
         fetched = self._fetch_together(chunk)
         out = {}
         for name, arr in self.arrays.items():
