@@ -82,6 +82,18 @@ class Peer:
         raise NoAPI
 
 
+class LoaderStatePeer(Peer):
+    """A peer whose loader saves and restores its position itself (``state_dict`` / ``load_state_dict``)."""
+
+    def state(self, loader, iterator):
+        return loader.state_dict()
+
+    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
+        loader = self.open(ctx, rank=rank, world=world, workers=workers)
+        loader.load_state_dict(state)
+        return loader
+
+
 # ----------------------------------------------------------------------------------------------------------
 def collect(peer: Peer, iterator, limit: int | None = None) -> list[list[int]]:
     out = []

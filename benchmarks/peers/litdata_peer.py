@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 import zarr
-from common import Ctx, Peer, main
+from common import Ctx, LoaderStatePeer, main
 from litdata import StreamingDataLoader, StreamingDataset, optimize
 
 
@@ -27,7 +27,7 @@ def chunk_rows_of(args):
         yield {"idx": int(idx[i]), "x": np.ascontiguousarray(x[i])}
 
 
-class LitData(Peer):
+class LitData(LoaderStatePeer):
     name = "LitData"
     recipe = "github.com/Lightning-AI/litData README.md (optimize, StreamingDataset, StreamingDataLoader)"
     converts = True
@@ -47,14 +47,6 @@ class LitData(Peer):
         os.environ["WORLD_SIZE"], os.environ["GLOBAL_RANK"] = str(world), str(rank)
         dataset = StreamingDataset(str(ctx.converted), shuffle=True, drop_last=True, seed=ctx.seed)
         return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers)
-
-    def state(self, loader, iterator):
-        return loader.state_dict()
-
-    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
-        loader = self.open(ctx, rank=rank, world=world, workers=workers)
-        loader.load_state_dict(state)
-        return loader
 
 
 if __name__ == "__main__":

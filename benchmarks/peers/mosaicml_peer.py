@@ -15,12 +15,12 @@ import os
 
 import numpy as np
 import zarr
-from common import Ctx, Peer, main
+from common import Ctx, LoaderStatePeer, main
 from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 
 
-class Mosaic(Peer):
+class Mosaic(LoaderStatePeer):
     name = "MosaicML Streaming"
     recipe = "github.com/mosaicml/streaming README.md, docs/source/preparing_datasets, docs/source/distributed_training"
     converts = True
@@ -46,14 +46,6 @@ class Mosaic(Peer):
             num_canonical_nodes=1,
         )
         return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers, drop_last=True)
-
-    def state(self, loader, iterator):
-        return loader.state_dict()
-
-    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
-        loader = self.open(ctx, rank=rank, world=world, workers=workers)
-        loader.load_state_dict(state)
-        return loader
 
 
 if __name__ == "__main__":

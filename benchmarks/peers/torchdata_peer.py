@@ -11,7 +11,7 @@ share of that order (``drop_last``), so a batch falls in one or two chunks and i
 import numpy as np
 import torch
 import zarr
-from common import Ctx, Peer, main
+from common import Ctx, LoaderStatePeer, main
 from torch.utils.data import BatchSampler, Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -66,7 +66,7 @@ class ChunkShuffleSampler(Sampler[int]):
         return iter(order[self.rank * self.share : (self.rank + 1) * self.share].tolist())
 
 
-class Torchdata(Peer):
+class Torchdata(LoaderStatePeer):
     name = "torchdata StatefulDataLoader"
     recipe = "github.com/pytorch/data torchdata/stateful_dataloader/README.md"
 
@@ -83,14 +83,6 @@ class Torchdata(Peer):
     def epoch(self, loader, epoch: int):
         loader.chunk_sampler.set_epoch(epoch)
         return iter(loader)
-
-    def state(self, loader, iterator):
-        return loader.state_dict()
-
-    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
-        loader = self.open(ctx, rank=rank, world=world, workers=workers)
-        loader.load_state_dict(state)
-        return loader
 
 
 if __name__ == "__main__":

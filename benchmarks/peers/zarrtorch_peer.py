@@ -4,12 +4,12 @@
 Recipe: this repository, README.md and benchmarks/harness.py (``zarrtorch_loader``).
 """
 
-from common import Ctx, Peer, main
+from common import Ctx, LoaderStatePeer, main
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 
 
-class Zarrtorch(Peer):
+class Zarrtorch(LoaderStatePeer):
     name = "zarrtorch"
     recipe = "this repository: benchmarks/harness.py zarrtorch_loader"
 
@@ -29,14 +29,6 @@ class Zarrtorch(Peer):
     def epoch(self, loader, epoch: int):
         loader.set_epoch(epoch)
         return iter(loader)
-
-    def state(self, loader, iterator):
-        return loader.state_dict()
-
-    def restore(self, ctx: Ctx, state, *, rank: int, world: int, workers: int):
-        loader = self.open(ctx, rank=rank, world=world, workers=workers)
-        loader.load_state_dict(state)
-        return loader
 
 
 if __name__ == "__main__":

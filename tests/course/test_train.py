@@ -56,6 +56,12 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 300) 
     return proc
 
 
+def train_command(store: Path, out: Path, *options: str) -> list[str]:
+    """``python -m zarrtorch train`` on ``store``, writing to ``out``, on the CPU, recording the rows it trains."""
+    cmd = [sys.executable, "-m", "zarrtorch", "train", "--data", str(store), "--accelerator", "cpu"]
+    return cmd + ["--out", str(out), "--record-rows", *options]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -208,31 +214,8 @@ def test_slurm_requeue_signal_resumes_exactly(store, tmp_path):
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\n')
     scontrol.chmod(0o755)
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "zarrtorch",
-        "train",
-        "--data",
-        str(store),
-        "--accelerator",
-        "cpu",
-        "--epochs",
-        "3",
-        "--out",
-        str(out),
-        "--record-rows",
-        "--batch-size",
-        "4",
-        "--hidden",
-        "32",
-        "--depth",
-        "4",
-        "--threads",
-        "1",
-        "--resume",
-        "auto",
-    ]
+    model = ["--batch-size", "4", "--hidden", "32", "--depth", "4", "--threads", "1"]
+    cmd = train_command(store, out, "--epochs", "3", *model, "--resume", "auto")
     env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()), PATH=f"{bin_dir}:{os.environ['PATH']}")
     job = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -300,29 +283,8 @@ def test_a_requeue_without_its_checkpoint_resumes_from_last(store, tmp_path):
     """A node failure requeues the job without ``requeue.ckpt``: ``--resume auto`` continues from ``last.ckpt``
     (the last epoch end) and trains only the epochs after it, each whole."""
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "zarrtorch",
-        "train",
-        "--data",
-        str(store),
-        "--accelerator",
-        "cpu",
-        "--out",
-        str(out),
-        "--record-rows",
-        "--batch-size",
-        "8",
-        "--hidden",
-        "4",
-        "--depth",
-        "2",
-        "--threads",
-        "1",
-        "--resume",
-        "auto",
-    ]
+    model = ["--batch-size", "8", "--hidden", "4", "--depth", "2", "--threads", "1"]
+    cmd = train_command(store, out, *model, "--resume", "auto")
     env = slurm_env(0, tasks=1, nodes=1, port=str(free_port()))
     first = run([*cmd, "--epochs", "1"], cwd=tmp_path, env=env)  # the job, until the node fails after epoch 0
     assert "resuming from" not in first.stdout
