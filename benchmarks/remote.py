@@ -86,11 +86,12 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [(w, None) for w in args.workers] + [(w, d) for w in args.workers for d in args.delay_ms]
     rates: dict = {(w, d, label[n]): [] for w, d in rows for n in settings}
     with ExitStack() as stack:
-        urls = {d: stack.enter_context(servers.HttpStoreServer(store.parent, delay_ms=d)).url for d in args.delay_ms}
+        hosts = {d: stack.enter_context(servers.HttpStoreServer(store.parent, delay_ms=d)) for d in args.delay_ms}
         for _ in range(args.repeats):
             for (workers, delay), n in ((row, n) for row in rows for n in settings):
-                source = str(store) if delay is None else f"{urls[delay]}/{store.name}"
+                source = str(store) if delay is None else f"{hosts[delay].url}/{store.name}"
                 rates[workers, delay, label[n]].append(rows_per_second(source, n, workers=workers, **kw))
+        answered = {f"{d:g}": sum(host.requests.values()) for d, host in hosts.items()}  # every read reached it
     print(
         f"rows/s through ZarrDataLoader ({args.threads} decode threads, batch {args.batch_size}); {store.name}; "
         f"median of {args.repeats} loaders [lowest-highest], each the median of {args.epochs} epochs; "
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     head = f"{'':>26}" + "".join(f"{label[n]:>42}" for n in settings)
     print(head + "\n" + "-" * len(head))
     results: dict = {"store": str(store), "repeats": args.repeats, "epochs": args.epochs, "rows": []}
+    results["requests"] = answered  # requests each delayed server answered: the table measures reads, not a cache
     for workers, delay in rows:
         base = rates.get((workers, 0.0, "default")) is not None and delay
         cells = []

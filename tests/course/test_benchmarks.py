@@ -137,12 +137,14 @@ def test_remote_latency_table(tmp_path):
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "in parentheses: x the same setting over HTTP without delay" in proc.stdout
+    assert "(x): the same setting over HTTP without delay" in proc.stdout
     data = json.loads(out.read_text())
-    assert set(data["local"]["0"]) == {"default", "1 fixed", "4 fixed"} and set(data["http"]) == {"0.0", "5.0"}
-    assert all(v > 0 for row in data["http"].values() for v in row["0"].values())
-    chunk_requests = 2 * 6 * 2 * 3  # arrays x chunks x epochs x settings
-    assert all(n >= chunk_requests for n in data["requests"].values())
+    rows = {(r["delay_ms"], r["setting"]): r for r in data["rows"]}
+    assert set(rows) == {(d, s) for d in (None, 0.0, 5.0) for s in ("default", "1 fixed", "4 fixed")}
+    assert all(len(r["rows_per_s"]) == 2 and min(r["rows_per_s"]) > 0 for r in rows.values())  # 2 repeats each
+    assert all(bool(r["ratio"]) == (r["delay_ms"] == 5.0) for r in rows.values())  # a ratio to 0 ms where delayed
+    chunk_requests = 2 * 6 * data["epochs"] * 3 * 2  # arrays x chunks x epochs x settings x repeats
+    assert set(data["requests"]) == {"0", "5"} and all(n >= chunk_requests for n in data["requests"].values())
 
 
 @pytest.mark.slow
