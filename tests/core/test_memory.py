@@ -354,7 +354,9 @@ def test_held_memory_leaves_library_pages_out():
     shared = mmap.mmap(-1, 8 << 20)  # 8 MiB of shared memory, written
     shared.write(b"x" * (8 << 20))
     grown = anon_rss(pid) - before
-    assert 40 << 20 <= grown <= 48 << 20, grown >> 20
+    # at least what was written; the slack above it is other threads of this test process (xdist, pools left by
+    # earlier tests) and the kernel's per-CPU counters, 9 MiB seen once in CI: 16 MiB stays far below a second block
+    assert 40 << 20 <= grown <= 56 << 20, grown >> 20
     kinds = smaps_by_kind(pid)
     assert kinds["shmem"]["Rss"] - kinds_before["shmem"]["Rss"] >= 8 << 20
     assert kinds["anon"]["Rss"] + kinds["heap"]["Rss"] + kinds["arena"]["Rss"] >= 32 << 20
