@@ -39,7 +39,7 @@ IMPORTS = {
     "litdata": "litdata",
     "torchdata": "torchdata.stateful_dataloader",
     "grain": "grain",
-    "mosaicml": "streaming",
+    "mosaicml": "torchvision_stub; torchvision_stub.install(); import streaming",  # see torchvision_stub.py
     "anemoi": "anemoi.datasets",
 }
 
@@ -105,7 +105,8 @@ def ensure_env(name: str, rebuild: bool = False) -> dict:
 
 def _import_error(py: Path, module: str) -> str | None:
     """None if the module imports, else the last line of the error (e.g. a CUDA-only torchvision)."""
-    done = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True, text=True)
+    here = Path(__file__).resolve().parent  # the peers' own helpers (torchvision_stub) import from here
+    done = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True, text=True, cwd=here)
     if done.returncode == 0:
         return None
     return (done.stderr.strip().splitlines() or ["?"])[-1][:300]

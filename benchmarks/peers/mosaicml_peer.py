@@ -8,16 +8,22 @@ simulated ranks are two nodes of one rank each, so no rank waits for a local pee
 docs/source/distributed_training/fast_resumption.md (``StreamingDataLoader.state_dict()`` /
 ``load_state_dict``, elastic over ``num_canonical_nodes``). Shards uncompressed (the store's zstd gains
 about 2:1 on these values; MDS compresses whole shards, which costs a shard's decode per random read). An
-epoch is one more ``iter(loader)``: the dataset counts epochs.
+epoch is one more ``iter(loader)``: the dataset counts epochs. ``torchvision`` (imported by ``streaming.vision``,
+unused here) is replaced by stand-ins when the registry's build does not load (``torchvision_stub.py``).
 """
 
 import os
 
 import numpy as np
+import torch.distributed as dist
+import torchvision_stub
 import zarr
 from common import Ctx, LoaderStatePeer, main
-from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
-from streaming.base.util import clean_stale_shared_memory
+
+torchvision_stub.install()  # the registry's torchvision for torch 2.13 is a CUDA build: see the module
+
+from streaming import MDSWriter, StreamingDataLoader, StreamingDataset  # noqa: E402
+from streaming.base.util import clean_stale_shared_memory  # noqa: E402
 
 
 class Mosaic(LoaderStatePeer):
@@ -37,6 +43,12 @@ class Mosaic(LoaderStatePeer):
 
     def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        if world > 1 and not dist.is_initialized():
+            # StreamingDataset starts torch.distributed itself when WORLD_SIZE > 1 and none is running, and would
+            # wait for the other rank; the ranks here run in turn in one process. It uses the group only for
+            # barriers among a node's ranks (none here: one rank per node), so a group of this process alone
+            # stands in; which samples a rank reads comes from RANK / WORLD_SIZE above.
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         clean_stale_shared_memory()
         dataset = StreamingDataset(
             local=str(ctx.converted),
