@@ -2,8 +2,8 @@
 
 A peer script defines a :class:`Peer` (how its library opens, iterates, saves and restores a loader, written
 from that library's documentation) and calls :func:`main`. One process does one job: ``convert`` (the
-peer's own format, timed, with its size on disk), ``throughput`` (one rank, epochs 1 and 2: rows/s, time to
-first batch, held memory) or ``guarantees`` (2 simulated ranks run in turn, and three resumes), and prints
+peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
+to first batch, held memory) or ``guarantees`` (2 simulated ranks run in turn, and three resumes), and prints
 one ``PEER-RESULT {json}`` line. Only numpy, torch and the standard library are assumed here; memory is read
 with the project's own sampler (``zarrtorch/course/memory.py``, stdlib only), loaded by path so that the
 peer's environment needs no zarrtorch.
@@ -132,14 +132,15 @@ def timed_epoch(peer: Peer, loader, epoch: int, sampler) -> dict:
     }
 
 
-def throughput(peer: Peer, ctx: Ctx, workers: int) -> dict:
+def throughput(peer: Peer, ctx: Ctx, workers: int, world: int = 1) -> dict:
+    """Rank 0 of ``world`` (its share of the rows), epochs 1 and 2."""
     with memory.MemorySampler(every_s=0.01, uss_every_s=0.1) as sampler:
         t0 = time.perf_counter()
-        loader = peer.open(ctx, rank=0, world=1, workers=workers)
+        loader = peer.open(ctx, rank=0, world=world, workers=workers)
         open_s = time.perf_counter() - t0
         epochs = [timed_epoch(peer, loader, e, sampler) for e in range(2)]
         del loader
-    return {"workers": workers, "open_s": open_s, "epochs": epochs}
+    return {"workers": workers, "world": world, "open_s": open_s, "epochs": epochs}
 
 
 def _verdict(fn) -> str:
@@ -232,6 +233,7 @@ def main(peer: Peer) -> None:
     p.add_argument("--chunk-rows", type=int, required=True)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--world", type=int, default=1, help="throughput: rank 0 of this many simulated ranks")
     a = p.parse_args()
     ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
     import multiprocessing
@@ -244,7 +246,7 @@ def main(peer: Peer) -> None:
     if a.job == "convert":
         result = convert(peer, ctx)
     elif a.job == "throughput":
-        result = throughput(peer, ctx, a.workers)
+        result = throughput(peer, ctx, a.workers, a.world)
     else:
         result = guarantees(peer, ctx, a.workers)
     print("PEER-RESULT " + json.dumps(result), flush=True)

@@ -2,8 +2,9 @@
 
 Each loader runs in a fresh process of its own environment (``envs.py``): zarrtorch and zarr-torch-dataset in
 the project's, every other peer in one built under ``.peers/``. Per loader: its conversion (if it needs its
-own format; timed once per store, cached), one rank with 0 and 2 workers for epochs 1 and 2 (rows/s, time
-to first batch, held memory), then the guarantees with 2 workers on 2 simulated ranks (``common.py``).
+own format; timed once per store, cached), rank 0 of 1 and of 2 simulated ranks with 0 and 2 workers for
+epochs 1 and 2 (rows/s, time to first batch, held memory), then the guarantees with 2 workers on 2 simulated
+ranks (``common.py``).
 Prints the table, writes the JSON (``--out``) and, with ``--md``, the markdown page.
 """
 
@@ -77,10 +78,12 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
         out["conversion"] = job(python, script, ["convert", *common], a.timeout, log)
         if "error" in out["conversion"]:
             return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}
-    out["throughput"] = {}
-    for w in a.workers:
-        print(f"  {name}: {w} workers", flush=True)
-        out["throughput"][str(w)] = job(python, script, ["throughput", "--workers", str(w), *common], a.timeout, log)
+    out["throughput"], out["throughput_2ranks"] = {}, {}  # rank 0 of 1; rank 0 of 2 (half the rows)
+    for world, key in ((1, "throughput"), (2, "throughput_2ranks")):
+        for w in a.workers:
+            print(f"  {name}: {w} workers, rank 0 of {world}", flush=True)
+            args = ["throughput", "--workers", str(w), "--world", str(world), *common]
+            out[key][str(w)] = job(python, script, args, a.timeout, log)
     print(f"  {name}: guarantees", flush=True)
     out["guarantees"] = job(python, script, ["guarantees", "--workers", "2", *common], a.timeout, log)
     return out

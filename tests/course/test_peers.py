@@ -54,7 +54,9 @@ def test_resume_verdicts():
 
 def test_table_reports_every_peer():
     epochs = [{"rows": 64, "seconds": 1.0, "rows_per_s": 64.0, "ttfb_s": 0.1, "held_mib": 10.0}] * 2
+    half = [{"rows": 32, "seconds": 1.0, "rows_per_s": 32.0, "ttfb_s": 0.1, "held_mib": 9.0}] * 2
     ok = {"throughput": {"0": {"epochs": epochs}, "2": {"epochs": epochs}}, "status": "ok"}
+    ok["throughput_2ranks"] = {"0": {"epochs": half}, "2": {"epochs": half}}
     g = {"workers": 2, "every_row_once": "yes", "resume_exact": "no API"}
     results = {
         "l0": {"rows_per_s": 128.0},
@@ -65,8 +67,43 @@ def test_table_reports_every_peer():
         ],
     }
     text = table.markdown(results)
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()}
-    assert "| Broken | | not installable: needs a CUDA torchvision |" in text
+    rows = {}  # each loader's first row: 1 rank, 0 workers
+    for line in text.splitlines():
+        rows.setdefault(line.split(" | ")[0].lstrip("| "), line)
+    assert "| Broken | | | not installable: needs a CUDA torchvision |" in text
     assert "3 s, 2 MiB" in text and "no API" in text
-    assert len([line for line in text.splitlines() if line.startswith("| Other |")]) == 2  # 0 and 2 workers
+    others = [line for line in text.splitlines() if line.startswith("| Other |")]
+    assert [line.split(" | ")[1:3] for line in others] == [["1", "0"], ["1", "2"], ["2", "0"], ["2", "2"]]
     assert " | 0.50 | 1.00 | " in rows["zarrtorch"]  # 64 rows/s: half of L0, the same as itself
+    assert " | 0.25 | 1.00 | " in others[2]  # rank 0 of 2: 32 rows/s, against zarrtorch's rank 0 of 2
+    assert ["no API" in line for line in others] == [False, False, False, True]  # checks: 2 ranks x 2 workers
+
+
+def test_torchvision_stand_ins_only_where_torchvision_does_not_import():
+    """MosaicML Streaming imports ``torchvision.datasets.VisionDataset``; the stand-ins make that import work
+    where no torchvision loads (the course's env has none), leave ``find_spec`` callers working, and raise as
+    soon as anything uses them. A real torchvision would be kept (install() returns False)."""
+    import importlib.util
+    import sys
+
+    import pytest
+
+    stub = _load("torchvision_stub")
+    saved = {k: v for k, v in sys.modules.items() if k == "torchvision" or k.startswith("torchvision.")}
+    try:
+        real = importlib.util.find_spec("torchvision") is not None
+        assert stub.install() is (not real)
+        if real:
+            return
+        from torchvision.datasets import VisionDataset
+        from torchvision.transforms.functional import to_tensor
+
+        assert importlib.util.find_spec("torchvision") is not None  # transformers asks this at import
+        with pytest.raises(RuntimeError, match="stand-in"):
+            VisionDataset("root")
+        with pytest.raises(RuntimeError, match="stand-in"):
+            to_tensor(None)
+    finally:
+        for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
