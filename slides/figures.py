@@ -17,6 +17,8 @@ Nothing here is typed in: every figure and every number the deck shows comes out
   lesson 07's requests in flight and the data requests of an epoch as chunks and as shards (the tiny data served
   by ``zarrtorch.course.servers.HttpStoreServer``, counted there), appendix A1's batches per rank of
   zarr-torch-dataset (``reference_rows_per_rank``) against zarrtorch's plan, and the Slurm template's lines.
+- ``peers.png``: appendix A2's figure, rows/s against held memory per loader, with the loaders that kept every
+  guarantee (``zarrtorch.course.peers_table``), read from ``make bench-peers``'s committed ``benchmarks/peers.json``.
 - ``throughput.png``: measured loader throughput (row-by-row Dataset vs ZarrDataLoader vs raw decode), taken
   from ``benchmarks/results/latest.json`` when it exists and is readable, else measured here on tiny data.
 
@@ -743,6 +745,30 @@ def appendix_facts() -> dict:
     return v
 
 
+def fig_peers(out: Path) -> tuple[str, dict]:
+    """Appendix A2: ``make bench-peers``'s last committed run (``benchmarks/peers.json``), read, not run: rows/s
+    against held memory per loader and worker count (``zarrtorch.course.peers_table.figure``, the notebook's
+    figure), the loaders that kept every guarantee, and the fastest peer against zarrtorch."""
+    from zarrtorch.course import peers_table
+
+    results = peers_table.load()
+    safe = peers_table.keeps_all(results)
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    peers_table.figure(results, ax, label_size=11)
+    ahead = max(
+        (r for r in peers_table.runs(results, ranks=1) if r["loader"] != "zarrtorch" and r["x_zarrtorch"]),
+        key=lambda r: r["x_zarrtorch"],
+    )
+    v = {
+        "a2_safe": " and ".join(filter(None, [", ".join(safe[:-1]), safe[-1]])),
+        "a2_checked": str(len(peers_table.verdicts(results))),
+        "a2_fastest": f"{ahead['loader']} ({ahead['workers']} workers), {ahead['x_zarrtorch']:.2f}x zarrtorch",
+        "a2_date": results["date"].replace("T", " "),
+        "a2_machine": results["machine"].split(",")[0],
+    }
+    return _save(fig, out, "peers.png"), v
+
+
 # ---------------------------------------------------------------------------------------------------------
 def make_all(out: Path, *, bench_json: Path | None = BENCH_JSON, log=print) -> dict:
     """Write every figure into ``out``; return the numbers the deck's placeholders use."""
@@ -764,6 +790,7 @@ def make_all(out: Path, *, bench_json: Path | None = BENCH_JSON, log=print) -> d
         ("memory", lambda: (None, memory_facts())),
         ("object storage (serves the tiny data on 127.0.0.1)", lambda: (None, object_storage_facts())),
         ("appendix A1", lambda: (None, appendix_facts())),
+        ("appendix A2 (benchmarks/peers.json)", lambda: fig_peers(out)),
         ("slurm", lambda: (None, slurm_facts())),
     ]
     for label, step in steps:

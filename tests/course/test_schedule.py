@@ -2,7 +2,7 @@
 
 The three tables (lesson 00's "Schedule of the workshop day" cell, the README's "Workshop schedule" section,
 the deck's "The day" slide) are parsed into (start, end, notebook) rows and must be equal; the block names may
-be worded differently. The day must list every notebook in ``notebooks/`` (00-07 and A1), in one unbroken
+be worded differently. The day must list every notebook in ``notebooks/`` (00-08, A1 and A2), in one unbroken
 sequence of times; each lesson's block must be at least the time the lesson itself states ("about N minutes"
 in its first cell), and as long as the duration the README's outline gives it (at least as long for 00,
 whose block also holds the welcome).
@@ -75,7 +75,7 @@ def test_the_day_lists_every_notebook_once_in_unbroken_time():
     listed = [nb for _, _, nb in table if nb]
     present = sorted(p.name.split("_")[0] for p in NOTEBOOKS.glob("*.ipynb"))
     assert sorted(listed) == present, f"the schedule lists {listed}; notebooks/ holds {present}"
-    assert {"07", "A1"} <= set(listed)
+    assert {"07", "08", "A1", "A2"} <= set(listed)
     for (_, end, _), (start, _, _) in zip(table, table[1:], strict=False):
         assert end == start, f"a gap or an overlap between {end} and {start}: {table}"
     assert all(minutes(end) > minutes(start) for start, end, _ in table), table
@@ -88,7 +88,7 @@ def test_each_block_holds_its_lesson():
         m = re.search(r"\*\*Time\*\*:?\s*about (\d+) minutes", first)
         if m:
             stated[path.name.split("_")[0]] = int(m.group(1))
-    assert len(stated) >= 8, f"lessons stating their time: {stated}"  # 01-07 and A1
+    assert len(stated) >= 10, f"lessons stating their time: {stated}"  # 01-08, A1 and A2
     have = slots()
     short = {nb: (have[nb], t) for nb, t in stated.items() if have.get(nb, 0) < t}
     assert not short, f"blocks shorter than the lesson says it takes (block, lesson minutes): {short}"
