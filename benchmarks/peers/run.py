@@ -78,8 +78,8 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
         out["conversion"] = job(python, script, ["convert", *common], a.timeout, log)
         if "error" in out["conversion"]:
             return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}
-    out["throughput"], out["throughput_2ranks"] = {}, {}  # rank 0 of 1; rank 0 of 2 (half the rows)
-    for world, key in ((1, "throughput"), (2, "throughput_2ranks")):
+    for world, key in table.SERIES:  # rank 0 of 1; rank 0 of 2 (half the rows)
+        out[key] = {}
         for w in a.workers:
             print(f"  {name}: {w} workers, rank 0 of {world}", flush=True)
             args = ["throughput", "--workers", str(w), "--world", str(world), *common]

@@ -11,6 +11,7 @@ GUARANTEES = [  # (column, key in a guarantees result)
     ("resume on 1 rank (saved on 2)", "resume_other_world"),
     ("resume on other worker count", "resume_other_workers"),
 ]
+SERIES = ((1, "throughput"), (2, "throughput_2ranks"))  # (ranks, key in a peer's results): rank 0 of 1, of 2
 HEAD = [
     "loader",
     "ranks",
@@ -67,7 +68,7 @@ def markdown(results: dict) -> str:
             continue
         g = peer.get("guarantees") or {}
         guarantee_ranks = 2 if peer.get("throughput_2ranks") else 1
-        for ranks, key in ((1, "throughput"), (2, "throughput_2ranks")):
+        for ranks, key in SERIES:
             for workers, run in sorted((peer.get(key) or {}).items(), key=lambda kv: int(kv[0])):
                 start = f"| {peer['name']} | {ranks} | {workers} |"
                 if "error" in run:

@@ -53,7 +53,9 @@ def not_run(results: dict) -> dict[str, str]:
     return {p["name"]: p.get("reason") or p.get("status", "?") for p in results["peers"] if p.get("status") != "ok"}
 
 
-SERIES = ((1, "throughput"), (2, "throughput_2ranks"))  # (ranks, key): rank 0 of 1 (every row), of 2 (half)
+def series() -> tuple[tuple[int, str], ...]:
+    """``(ranks, key)`` of the throughput runs: rank 0 of 1 (every row), rank 0 of 2 (half), as table.py has them."""
+    return table_module().SERIES
 
 
 def runs(results: dict, ranks: int | None = None) -> list[dict]:
@@ -65,7 +67,7 @@ def runs(results: dict, ranks: int | None = None) -> list[dict]:
     rate = table_module().rate
     ours = next((p for p in results["peers"] if p["name"] == "zarrtorch"), {})
     records = []
-    for world, key in SERIES:
+    for world, key in series():
         if ranks not in (None, world):
             continue
         base = {int(w): rate(run) for w, run in (ours.get(key) or {}).items() if "error" not in run}
