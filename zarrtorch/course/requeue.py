@@ -33,6 +33,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from zarrtorch.course.say import say
+
 
 class Requeued(Exception):
     """Raised at the step of the requeue checkpoint, on every rank: the run ends there (``trainer.fit`` raises
@@ -88,11 +90,7 @@ class AgreedRequeue(L.Callback):
         if not self.agreed(trainer, pl_module.device):
             return
         own = f"signal {self.signum} received after step {self.asked_after}" if self.asked else "no signal of its own"
-        print(
-            f"zarrtorch: rank {trainer.global_rank}: {own}; stops at the agreed step {trainer.global_step}",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"zarrtorch: rank {trainer.global_rank}: {own}; stops at the agreed step {trainer.global_step}", sys.stderr)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
         trainer.save_checkpoint(partial)  # every rank calls it (it ends in a barrier); rank 0 writes
@@ -106,11 +104,10 @@ class AgreedRequeue(L.Callback):
                 if done is None
                 else (f"`{' '.join(command)}` exit code {done.returncode} {done.stderr.strip()}")
             )
-            print(
+            say(
                 f"zarrtorch: signal {self.signum} received; checkpoint at step {trainer.global_step} saved to "
                 f"{self.path}; {what}",
-                file=sys.stderr,
-                flush=True,
+                sys.stderr,
             )
         raise Requeued(f"requeued at step {trainer.global_step}; the checkpoint is {self.path}")
 

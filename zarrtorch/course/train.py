@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from zarrtorch.course.say import say
+
 EPILOG = """\
 examples:
   python -m zarrtorch train --size tiny --epochs 2
@@ -224,19 +226,17 @@ def cpus_per_process(topo: dict, local_processes: int, env: dict | None = None) 
     if topo["launcher"] == "slurm" and env.get("SLURM_CPUS_PER_TASK"):
         asked, mask = max(1, _first_int(env["SLURM_CPUS_PER_TASK"]) or 1), available_cpus()
         if mask < asked:
-            print(
+            say(
                 f"zarrtorch: SLURM_CPUS_PER_TASK={asked} but this task is bound to {mask} CPU(s) (its affinity "
                 f"mask): using {mask}. srun (Slurm 22.05 and newer) does not take --cpus-per-task from the batch "
                 "script: `export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK` before srun",
-                file=sys.stderr,
-                flush=True,
+                sys.stderr,
             )
         elif mask > asked:  # srun did not bind the task (no task/affinity plugin): the job's share is the rule
-            print(
+            say(
                 f"zarrtorch: SLURM_CPUS_PER_TASK={asked}, affinity mask {mask} CPU(s) (the task is not bound): "
                 f"using {asked}",
-                file=sys.stderr,
-                flush=True,
+                sys.stderr,
             )
         return min(asked, mask)
     return max(1, available_cpus() // max(1, local_processes))
@@ -346,11 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer_kwargs["limit_val_batches"] = args.limit_val_batches
     trainer = L.Trainer(**trainer_kwargs)
     rank = trainer.global_rank
-    print(
+    say(
         f"rank {rank}/{trainer.world_size} on {os.uname().nodename}: {available_cpus()} CPU(s) in its affinity "
         f"mask, {cpus} per process, {threads} torch thread(s), {decode} decode thread(s), {args.workers} "
-        f"DataLoader worker(s){'; SIGUSR1 -> checkpoint and requeue' if requeue is not None else ''}",
-        flush=True,
+        f"DataLoader worker(s){'; SIGUSR1 -> checkpoint and requeue' if requeue is not None else ''}"
     )
 
     stats = channel_stats(dm.store, stop_row=dm.split_plan.split_row)
