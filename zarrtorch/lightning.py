@@ -94,6 +94,22 @@ class SplitPlan:
         return self.split_row + self.halo, self.rows
 
 
+def period_rows(store_rows: int, chunk_rows: int, rows: int | None) -> int:
+    """The rows a data module splits: the store's first ``rows``, which must end on a chunk boundary (a period
+    that stopped inside a chunk would leave part of that chunk out of both loaders without a word)."""
+    if rows is None or int(rows) >= store_rows:
+        return int(store_rows)
+    rows = int(rows)
+    if rows <= 0 or rows % chunk_rows:
+        below, above = rows // chunk_rows * chunk_rows, (rows // chunk_rows + 1) * chunk_rows
+        hint = f"use {below} or {above}" if below > 0 else f"use {above} or more"
+        raise ValueError(
+            f"rows={rows} does not end on a chunk boundary of the store (chunks of {chunk_rows} rows): {hint}, "
+            f"or leave rows=None for all {store_rows} rows"
+        )
+    return rows
+
+
 def plan_split(rows: int, chunk_rows: int, val_fraction: float, halo: int = 0) -> SplitPlan:
     """The last ``round(val_fraction * n_chunks)`` chunks (at least one, and at least one left to fit) validate.
 
@@ -132,6 +148,8 @@ class ZarrDataModule(L.LightningDataModule):
             threads, requests in flight...).
         windows: samples are windows of time steps (:class:`zarrtorch.windows.Windows`), each inside its period:
             no training window reaches into the validation period.
+        rows: split and read only the store's first ``rows`` rows (default: all), for a run on a shorter
+            period; a whole number of chunks, or at least the store's length (then all of it).
     """
 
     def __init__(
@@ -151,6 +169,7 @@ class ZarrDataModule(L.LightningDataModule):
         persistent_workers: bool | None = None,
         read: ReadOptions | None = None,
         windows=None,
+        rows: int | None = None,
         **deprecated,
     ):
         super().__init__()
@@ -175,7 +194,9 @@ class ZarrDataModule(L.LightningDataModule):
         arrays = open_arrays(self.store, self.variables, storage_options=read.storage_options, retry=read.retry)
         layout = check_first_axis_layout(arrays, allow_shards=read.allow_shards)
         halo = windows.span - 1 if windows is not None else 0
-        self.split_plan = plan_split(layout.rows, layout.chunk_rows, self.val_fraction, halo)
+        self.split_plan = plan_split(
+            period_rows(layout.rows, layout.chunk_rows, rows), layout.chunk_rows, self.val_fraction, halo
+        )
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
         self._train_loader: ZarrDataLoader | None = None

@@ -99,6 +99,29 @@ def test_datamodule_splits_by_row_windows_without_copying(tmp_path):
     assert "fit on rows [0, 128)" in dm.describe()
 
 
+def test_datamodule_on_a_shorter_period_reads_only_its_rows(tmp_path):
+    """``rows=``: the first chunks only, split as a store of that length would be; a period that would stop
+    inside a chunk is refused with the chunk boundaries around it."""
+    src = make_store(tmp_path / "train.zarr")
+    dm = ZarrDataModule(src, batch_size=8, shuffle="none", return_index=True, rows=5 * CHUNK)
+    assert (dm.split_plan.rows, dm.split_plan.fit_range, dm.split_plan.val_range) == (
+        5 * CHUNK,
+        (0, 4 * CHUNK),
+        (4 * CHUNK, 5 * CHUNK),
+    )
+    val = np.concatenate([b["index"].numpy() for b in dm.val_dataloader()])
+    np.testing.assert_array_equal(val, np.arange(4 * CHUNK, 5 * CHUNK))
+    fit = np.concatenate([b["index"].numpy() for b in dm.train_dataloader()])
+    np.testing.assert_array_equal(np.sort(fit), np.arange(4 * CHUNK))
+    assert ZarrDataModule(src, rows=10 * ROWS).split_plan.rows == ROWS  # longer than the store: all of it
+    with pytest.raises(
+        ValueError, match=f"rows={CHUNK + 1} does not end on a chunk boundary.*use {CHUNK} or {2 * CHUNK}"
+    ):
+        ZarrDataModule(src, rows=CHUNK + 1)
+    with pytest.raises(ValueError, match=f"use {CHUNK} or more"):
+        ZarrDataModule(src, rows=3)
+
+
 def test_datamodule_shuffle_modes(tmp_path):
     src = make_store(tmp_path / "train.zarr")
     options = {

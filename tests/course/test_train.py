@@ -124,6 +124,26 @@ def test_one_epoch_writes_metrics(store, tmp_path):
     assert (out / "logs").is_dir()
 
 
+def test_a_shorter_period_trains_and_validates_on_its_rows_only(store, tmp_path):
+    out = tmp_path / "out"
+    run(train_command(store, out, "--epochs", "1", "--rows", str(10 * CHUNK), *SMALL), cwd=tmp_path)
+    metrics = json.loads((out / "metrics.json").read_text())
+    data = metrics["data"]
+    assert (data["rows"], data["fit_rows"] + data["val_rows"]) == (10 * CHUNK, 10 * CHUNK)
+    (trained,) = metrics["rows_per_rank"][0]["rows"]
+    assert max(trained) < data["fit_rows"] and len(trained) == len(set(trained)) == data["fit_rows"] // 8 * 8
+    proc = subprocess.run(
+        train_command(store, tmp_path / "refused", "--rows", str(CHUNK + 3), *SMALL),
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and f"error: rows={CHUNK + 3} does not end on a chunk boundary" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_bad_option_is_refused(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "zarrtorch", "train", "--devices", "zero"],

@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.2,
         help="share of the chunks, at the end in time, kept for validation (default 0.2)",
     )
+    d.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help="use only the store's first ROWS rows, a whole number of chunks (default: all): a shorter period",
+    )
     ld = p.add_argument_group("loading")
     ld.add_argument("--batch-size", type=int, default=32, help="rows per batch on each process (default 32)")
     ld.add_argument(
@@ -251,16 +257,34 @@ def decode_threads_for(cpus: int, workers: int) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------
+def data_module(store, args, decode: int):
+    """The training command's ``ZarrDataModule``: its options, and the decode threads each process gets."""
+    from zarrtorch import ReadOptions
+    from zarrtorch.lightning import ZarrDataModule
+
+    return ZarrDataModule(
+        store,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        buffer_chunks=args.buffer_chunks,
+        seed=args.seed,
+        val_fraction=args.val_fraction,
+        rows=args.rows,
+        shuffle=args.shuffle,
+        return_index=args.record_rows,
+        read=ReadOptions(decode_threads=decode),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
 
     import lightning as L
     import torch
 
-    from zarrtorch import ReadOptions, available_cpus
+    from zarrtorch import available_cpus
     from zarrtorch.course.callbacks import HistoryWriter, RowRecorder, quiet_lightning, summarize_rows
     from zarrtorch.course.requeue import AgreedRequeue, Requeued, resume_path, slurm_environment
-    from zarrtorch.lightning import ZarrDataModule
 
     quiet_lightning()
     from zarrtorch.course.models import ForecastModule, channel_stats
@@ -288,17 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or cpus
     decode = decode_threads_for(cpus, args.workers)
     torch.set_num_threads(threads)
-    dm = ZarrDataModule(
-        store,
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        buffer_chunks=args.buffer_chunks,
-        seed=args.seed,
-        val_fraction=args.val_fraction,
-        shuffle=args.shuffle,
-        return_index=args.record_rows,
-        read=ReadOptions(decode_threads=decode),
-    )
+    try:
+        dm = data_module(store, args, decode)
+    except ValueError as exc:  # a period or split the store cannot have: say which, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     L.seed_everything(args.seed, workers=True, verbose=False)
 
     out = args.out
