@@ -94,7 +94,7 @@ class Roofline:
             s = self.step
             steady = s["data_wait_share"] if s["steady_data_wait_share"] is None else s["steady_data_wait_share"]
             lines.append(
-                f"against a {s['step_ms']:g} ms step: waiting for data {100 * s['data_wait_share']:.1f}% of "
+                f"against a {s['step_ms']:.3g} ms step: waiting for data {100 * s['data_wait_share']:.1f}% of "
                 f"the time after the first batch, {100 * steady:.1f}% once the shuffle buffers are full: "
                 f"the loader {'keeps up' if steady <= 0.05 else 'does NOT keep up'}"
             )

@@ -17,6 +17,7 @@ import pytest
 
 from zarrtorch import ZarrIterableDataset, prepare_zarr
 from zarrtorch.audit import load_state as audit_state
+from zarrtorch.course.train import validation_summary
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
@@ -340,3 +341,11 @@ def test_resume_auto_takes_the_newer_checkpoint(tmp_path):
     assert resume_path(tmp_path) == last
     last.unlink()
     assert resume_path(tmp_path) == requeue
+
+
+def test_a_run_stopped_before_validating_says_so_instead_of_nan():
+    """`--max-steps` can end a run before its epoch's validation: the last line says it was not validated."""
+    assert validation_summary({"train_loss": 0.9, "val_loss": float("nan")}).startswith("not validated")
+    assert validation_summary({"train_loss": 0.9}).startswith("not validated")
+    said = validation_summary({"val_loss": 0.90261, "val_skill": 0.0791})
+    assert said == "val_loss 0.9026, skill vs persistence 0.079"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -444,12 +445,20 @@ def main(argv: list[str] | None = None) -> int:
     final = metrics["final"]
     if final:
         print(
-            f"done in {wall:.1f} s: val_loss {final.get('val_loss', float('nan')):.4f}, skill vs persistence "
-            f"{final.get('val_skill', float('nan')):.3f}, {metrics['samples_per_s']:.0f} samples/s in the last epoch; "
-            f"metrics in {out / 'metrics.json'}",
+            f"done in {wall:.1f} s: {validation_summary(final)}, {metrics['samples_per_s']:.0f} samples/s in the "
+            f"last epoch; metrics in {out / 'metrics.json'}",
             flush=True,
         )
     return 0
+
+
+def validation_summary(final: dict) -> str:
+    """The last validation's loss and skill, or that none ran (a run stopped by ``--max-steps`` before the
+    epoch's validation), rather than printing NaN as if the model had diverged."""
+    loss = final.get("val_loss")
+    if loss is None or math.isnan(loss):
+        return "not validated (the run stopped before its epoch's validation)"
+    return f"val_loss {loss:.4f}, skill vs persistence {final.get('val_skill', float('nan')):.3f}"
 
 
 if __name__ == "__main__":
