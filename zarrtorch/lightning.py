@@ -285,7 +285,7 @@ class ZarrDataModule(L.LightningDataModule):
 
             ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.read.storage_options)
             t = ds["time"].values
-            day = np.datetime_as_string(t[[0, p.fit_range[1] - 1, p.val_range[0], -1]], unit="D")
+            day = np.datetime_as_string(t[[0, p.fit_range[1] - 1, p.val_range[0], p.val_range[1] - 1]], unit="D")
             text += f"; fit {day[0]} .. {day[1]}, validate {day[2]} .. {day[3]}"
         except (ImportError, KeyError, ValueError, OSError):  # no xarray, or no time coordinate (plain arrays)
             pass

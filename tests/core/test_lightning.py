@@ -160,6 +160,23 @@ def test_split_of_an_xarray_store_keeps_dates(tmp_path):
     assert f"validate {day}" in dm.describe()
 
 
+def test_the_described_dates_are_those_of_the_rows_used(tmp_path):
+    """With ``rows=`` the periods end at the rows used, not at the store's end (seen failing: the validation
+    period of a one-year window of a 12-year store was printed as ending in 2011)."""
+    import pandas as pd
+    import xarray as xr
+
+    rows = 8 * CHUNK
+    time = pd.date_range("2000-01-01", periods=rows, freq="6h")
+    ds = xr.Dataset({"fields": (("time", "x"), np.zeros((rows, 4), np.float32))}, coords={"time": time})
+    src = tmp_path / "train.zarr"
+    prepare_zarr(ds, src, chunk_rows=CHUNK, progress=False)
+    dm = ZarrDataModule(src, val_fraction=0.25, rows=4 * CHUNK)
+    first_val, last = (str(time.values[r])[:10] for r in (3 * CHUNK, 4 * CHUNK - 1))
+    assert f"validate {first_val} .. {last}" in dm.describe()
+    assert str(time.values[-1])[:10] not in dm.describe()
+
+
 # -- model ---------------------------------------------------------------------------------------------------
 def test_channel_stats_and_untrained_model_is_persistence(store):
     stats = channel_stats(store, chunks=[0, 3])
