@@ -247,3 +247,28 @@ def test_a_producer_that_waits_briefly_keeps_looking_every_half_millisecond(monk
     monkeypatch.setattr(workahead, "time", clock)
     assert handoff.put(2, stop)
     assert clock.sleeps == [workahead.POLL_S] * 3
+
+
+def test_at_exit_a_thread_tearing_down_its_iterator_is_waited_for():
+    """A thread holding the last reference to its iterator drops it as it ends; for a DataLoader iterator with
+    workers that shuts the workers down, which can take seconds. Exit waits for it: cut off in the middle, the
+    thread aborted the process (seen: a DDP rank that left its loop mid-epoch exited with SIGABRT)."""
+    closed = threading.Event()
+
+    class SlowToClose:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return np.zeros(1)
+
+        def __del__(self):
+            time.sleep(3.0)  # longer than the wait for a thread still iterating (2 s)
+            closed.set()
+
+    ahead = WorkAhead(SlowToClose(), 2)
+    thread = ahead._thread
+    assert next(ahead) is not None
+    del ahead  # the consumer lets go: the thread stops and holds the iterator's last reference
+    workahead._stop_all()
+    assert closed.is_set() and not thread.is_alive() and thread not in workahead._RUNNING

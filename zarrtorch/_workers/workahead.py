@@ -90,10 +90,14 @@ class WorkAhead:
         self._handoff = Handoff(depth)
         self._stop = threading.Event()
         self._finished = False
+        left = threading.Event()  # set once the thread no longer iterates ``inner`` (it may still tear it down)
         self._thread = threading.Thread(
-            target=_produce, args=(inner, convert, self._handoff, self._stop), daemon=True, name="zarrtorch-work-ahead"
+            target=_run,
+            args=([inner, convert, self._handoff, self._stop], left),
+            daemon=True,
+            name="zarrtorch-work-ahead",
         )
-        _stop_at_exit(self._stop, self._thread)
+        _stop_at_exit(self._stop, left, self._thread)
         self._thread.start()
         weakref.finalize(self, self._stop.set)  # the thread holds no reference to self
 
@@ -125,15 +129,20 @@ class WorkAhead:
         return lambda timeout_s=60.0, quiet=False: _stop_and_join(stop, thread, timeout_s, quiet)
 
 
-_RUNNING: dict[threading.Thread, threading.Event] = {}  # work-ahead threads still running, and their stops
+# work-ahead threads not yet ended, with their stop and "left the iteration" events
+_RUNNING: dict[threading.Thread, tuple[threading.Event, threading.Event]] = {}
+TEARDOWN_S = 60.0  # at exit, how long a thread that left its iteration may take to drop the iterator
 
 
-def _stop_at_exit(stop: threading.Event, thread: threading.Thread) -> None:
+def _stop_at_exit(stop: threading.Event, left: threading.Event, thread: threading.Thread) -> None:
     """Stop ``thread`` when the interpreter exits, before daemon threads are cut off: one cut off inside a
     torch call that had let go of the GIL aborts the process ("terminate called without an active
-    exception"; seen in ``python -m zarrtorch roofline``, which leaves loaders mid-epoch: ``benchmarks/README.md``)."""
+    exception"; seen in ``python -m zarrtorch roofline``, which leaves loaders mid-epoch: ``benchmarks/README.md``).
+    A thread that holds the last reference to a DataLoader iterator with workers shuts those workers down as it
+    ends (DataLoader's own teardown, bounded by its timeouts): that is waited for too (seen: a DDP rank that
+    stopped mid-epoch aborted at exit while its thread was still joining the workers)."""
     _register_stop_all()
-    _RUNNING[thread] = stop
+    _RUNNING[thread] = (stop, left)
 
 
 @functools.cache
@@ -141,11 +150,14 @@ def _register_stop_all() -> None:
     atexit.register(_stop_all)  # once per process, at the first work-ahead thread
 
 
-def _stop_all(timeout_s: float = 2.0) -> None:
-    for stop in list(_RUNNING.values()):
+def _stop_all(timeout_s: float = 2.0, teardown_s: float = TEARDOWN_S) -> None:
+    running = list(_RUNNING.items())
+    for _, (stop, _) in running:
         stop.set()
-    for thread in list(_RUNNING):
-        thread.join(timeout_s)  # a thread stuck in a worker's batch is left to the interpreter
+    for thread, (_, left) in running:
+        if left.wait(timeout_s):  # out of the iteration: what remains is dropping the iterator
+            thread.join(teardown_s)
+        # else stuck in a worker's batch: left to the interpreter
 
 
 def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: float, quiet: bool = False) -> bool:
@@ -161,7 +173,19 @@ def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: f
         )
 
 
-def _produce(inner: Iterator, convert: Callable | None, q: Handoff, stop: threading.Event) -> None:
+def _run(job: list, left: threading.Event) -> None:
+    """The thread's body: :func:`_produce`, then drop ``job`` (the iterator: a DataLoader iterator no longer
+    referenced elsewhere shuts its workers down here), and only then count the thread as ended."""
+    try:
+        _produce(*job, left)
+    finally:
+        job.clear()
+        _RUNNING.pop(threading.current_thread(), None)
+
+
+def _produce(
+    inner: Iterator, convert: Callable | None, q: Handoff, stop: threading.Event, left: threading.Event
+) -> None:
     try:
         try:
             for item in inner:
@@ -175,4 +199,4 @@ def _produce(inner: Iterator, convert: Callable | None, q: Handoff, stop: thread
         q.put(last, stop)
     finally:
         q.close()
-        _RUNNING.pop(threading.current_thread(), None)
+        left.set()
