@@ -149,9 +149,9 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
         start = time.perf_counter()
         raws = list(pool.map(get, jobs))
         read_s = time.perf_counter() - start
-    decoders = [_decoder(arr) for arr, _ in jobs]
-    fallback = [job for job, decode in zip(jobs, decoders, strict=True) if decode is None]
-    direct = [(decode, raw) for decode, raw in zip(decoders, raws, strict=True) if decode is not None]
+    decoder = {id(arr): _decoder(arr) for arr in ds.arrays.values()}  # one per array, not per chunk
+    fallback = [(arr, c) for arr, c in jobs if decoder[id(arr)] is None]
+    direct = [(decoder[id(arr)], raw) for (arr, _), raw in zip(jobs, raws, strict=True) if decoder[id(arr)]]
     decode_s = min(_timed(direct) for _ in range(DECODE_PASSES))  # the least disturbed pass: what a core can do
     if fallback:  # through zarr, one thread: read + decode, minus this read's share of the raw read time
         start = time.perf_counter()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from zarrtorch.course.measure import batch_len, measure_loader, mib
+from zarrtorch.course.measure import apart, batch_len, measure_loader, mib
 
 
 def test_batch_len():
@@ -84,3 +84,9 @@ def test_proc_readers():
         child.terminate()
         child.join()
     assert rss(child.pid) is None and uss(child.pid) is None and child.pid not in descendants(me)
+
+
+def test_only_ranges_that_do_not_overlap_are_apart():
+    runs = {"fast": [1.0, 1.4, 1.2], "slow": [2.0, 2.5], "between": [1.3, 2.1]}
+    assert apart(runs) == [("fast", "slow")]  # "between" overlaps both
+    assert apart({"a": [1.0, 2.0], "b": [2.0, 3.0]}) == []  # touching ranges are not apart

@@ -27,12 +27,19 @@ from typing import Any
 
 from zarrtorch.course.memory import MemorySampler
 
-__all__ = ["measure_loader", "batch_len", "mib"]
+__all__ = ["measure_loader", "batch_len", "mib", "apart"]
 
 
 def mib(n_bytes: float) -> float:
     """Bytes to MiB, rounded to 0.1."""
     return round(float(n_bytes) / 2**20, 1)
+
+
+def apart(values: dict[str, Iterable[float]]) -> list[tuple[str, str]]:
+    """The pairs ``(a, b)`` whose repeated measurements never overlap, ``a`` lower in every one (``a``'s
+    highest below ``b``'s lowest): the only differences a few noisy repetitions can show."""
+    ranges = {name: (min(v), max(v)) for name, v in ((name, list(v)) for name, v in values.items())}
+    return [(a, b) for a in ranges for b in ranges if ranges[a][1] < ranges[b][0]]
 
 
 def batch_len(batch: Any) -> int:
