@@ -17,6 +17,7 @@ second, not thousands.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import threading
 import time
@@ -90,14 +91,14 @@ class WorkAhead:
         self._handoff = Handoff(depth)
         self._stop = threading.Event()
         self._finished = False
-        left = threading.Event()  # set once the thread no longer iterates ``inner`` (it may still tear it down)
+        left, ended = threading.Event(), threading.Event()  # out of the iteration; then out of the teardown too
         self._thread = threading.Thread(
             target=_run,
-            args=([inner, convert, self._handoff, self._stop], left),
+            args=([inner, convert, self._handoff, self._stop], left, ended),
             daemon=True,
             name="zarrtorch-work-ahead",
         )
-        _stop_at_exit(self._stop, left, self._thread)
+        _stop_at_exit(self._stop, left, ended, self._thread)
         self._thread.start()
         weakref.finalize(self, self._stop.set)  # the thread holds no reference to self
 
@@ -129,12 +130,14 @@ class WorkAhead:
         return lambda timeout_s=60.0, quiet=False: _stop_and_join(stop, thread, timeout_s, quiet)
 
 
-# work-ahead threads not yet ended, with their stop and "left the iteration" events
-_RUNNING: dict[threading.Thread, tuple[threading.Event, threading.Event]] = {}
+# work-ahead threads not yet ended, with their stop, "left the iteration" and "ended" events
+_RUNNING: dict[threading.Thread, tuple[threading.Event, threading.Event, threading.Event]] = {}
 TEARDOWN_S = 60.0  # at exit, how long a thread that left its iteration may take to drop the iterator
 
 
-def _stop_at_exit(stop: threading.Event, left: threading.Event, thread: threading.Thread) -> None:
+def _stop_at_exit(
+    stop: threading.Event, left: threading.Event, ended: threading.Event, thread: threading.Thread
+) -> None:
     """Stop ``thread`` when the interpreter exits, before daemon threads are cut off: one cut off inside a
     torch call that had let go of the GIL aborts the process ("terminate called without an active
     exception"; seen in ``python -m zarrtorch roofline``, which leaves loaders mid-epoch: ``benchmarks/README.md``).
@@ -142,7 +145,7 @@ def _stop_at_exit(stop: threading.Event, left: threading.Event, thread: threadin
     ends (DataLoader's own teardown, bounded by its timeouts): that is waited for too (seen: a DDP rank that
     stopped mid-epoch aborted at exit while its thread was still joining the workers)."""
     _register_stop_all()
-    _RUNNING[thread] = (stop, left)
+    _RUNNING[thread] = (stop, left, ended)
 
 
 @functools.cache
@@ -152,12 +155,27 @@ def _register_stop_all() -> None:
 
 def _stop_all(timeout_s: float = 2.0, teardown_s: float = TEARDOWN_S) -> None:
     running = list(_RUNNING.items())
-    for _, (stop, _) in running:
+    for _, (stop, _, _) in running:
         stop.set()
-    for thread, (_, left) in running:
-        if left.wait(timeout_s):  # out of the iteration: what remains is dropping the iterator
-            thread.join(teardown_s)
+    for thread, (_, left, ended) in running:
+        if _waited(left, timeout_s) and _waited(ended, teardown_s):  # out of the iteration, then the teardown
+            with contextlib.suppress(Exception):
+                thread.join(1.0)  # only its return is left
         # else stuck in a worker's batch: left to the interpreter
+
+
+def _waited(event: threading.Event, timeout_s: float) -> bool:
+    """Wait for ``event`` up to ``timeout_s``, through exceptions: at exit, DataLoader's SIGCHLD handler
+    raises in the main thread, inside this wait, for a worker that died earlier (seen: "Exception ignored in
+    atexit callback", the thread cut off). An event, not ``Thread.join``: a join interrupted so marks the
+    thread as stopped while it still runs (Python 3.11)."""
+    deadline = time.monotonic() + timeout_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            return event.wait(remaining)
+        except Exception:  # the handler's RuntimeError: that worker's batches are no longer wanted
+            continue
+    return event.is_set()
 
 
 def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: float, quiet: bool = False) -> bool:
@@ -173,19 +191,20 @@ def _stop_and_join(stop: threading.Event, thread: threading.Thread, timeout_s: f
         )
 
 
-def _run(job: list, left: threading.Event) -> None:
-    """The thread's body: :func:`_produce`, then drop ``job`` (the iterator: a DataLoader iterator no longer
-    referenced elsewhere shuts its workers down here), and only then count the thread as ended."""
+def _run(job: list, left: threading.Event, ended: threading.Event) -> None:
+    """The thread's body: :func:`_produce`; then say it no longer iterates (``left``), drop ``job`` (the
+    iterator: a DataLoader iterator referenced nowhere else shuts its workers down here), and only then count
+    the thread as ended."""
     try:
-        _produce(*job, left)
+        _produce(*job)
     finally:
+        left.set()
         job.clear()
         _RUNNING.pop(threading.current_thread(), None)
+        ended.set()
 
 
-def _produce(
-    inner: Iterator, convert: Callable | None, q: Handoff, stop: threading.Event, left: threading.Event
-) -> None:
+def _produce(inner: Iterator, convert: Callable | None, q: Handoff, stop: threading.Event) -> None:
     try:
         try:
             for item in inner:
@@ -199,4 +218,3 @@ def _produce(
         q.put(last, stop)
     finally:
         q.close()
-        left.set()
