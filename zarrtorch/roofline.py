@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from zarrtorch._read.chunks import chunk_key
+from zarrtorch._read.reader import ChunkReadError
 from zarrtorch._util.process import available_cpus
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.loader import ZarrDataLoader
@@ -130,33 +131,53 @@ def _timed(direct: list) -> float:
     return time.perf_counter() - start
 
 
+def _unreadable(name: str, c: int, key: str, why: str) -> ChunkReadError:
+    return ChunkReadError(
+        f"roofline: cannot measure chunk {c} of array {name!r} (key {key!r}): {why}. The loader would stop on it "
+        "too (ChunkReadError): write the store again from its source (prepare_zarr)"
+    )
+
+
 def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) -> tuple[float, float, float]:
-    """(stored bytes per row, rows/s read with ``readers`` requests in flight, rows/s decoded by one core)."""
+    """(stored bytes per row, rows/s read with ``readers`` requests in flight, rows/s decoded by one core).
+    A missing or undecodable chunk among those sampled raises :class:`ChunkReadError` naming it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
-    jobs = [(arr, c) for c in chunks for arr in ds.arrays.values()]
+    jobs = [(name, arr, c) for c in chunks for name, arr in ds.arrays.items()]
 
     def get(job):
-        arr, c = job
+        _, arr, c = job
         raw = sync(arr.store_path.store.get(chunk_key(arr, c), prototype=default_buffer_prototype()))
-        return raw.to_bytes() if raw is not None else b""
+        return raw.to_bytes() if raw is not None else None
 
     rows = sum(min(ds.chunk_rows, ds.rows - c * ds.chunk_rows) for c in chunks)
     with ThreadPoolExecutor(max_workers=readers) as pool:
         start = time.perf_counter()
         raws = list(pool.map(get, jobs))
         read_s = time.perf_counter() - start
-    decoder = {id(arr): _decoder(arr) for arr in ds.arrays.values()}  # one per array, not per chunk
-    fallback = [(arr, c) for arr, c in jobs if decoder[id(arr)] is None]
-    direct = [(decoder[id(arr)], raw) for (arr, _), raw in zip(jobs, raws, strict=True) if decoder[id(arr)]]
+    decoder = {name: _decoder(arr) for name, arr in ds.arrays.items()}  # one per array, not per chunk
+    direct = []
+    for (name, arr, c), raw in zip(jobs, raws, strict=True):
+        if raw is None:
+            raise _unreadable(name, c, chunk_key(arr, c), "the chunk is missing")
+        if decoder[name] is not None:
+            try:  # an untimed first pass: it checks every chunk and warms the decoder up
+                decoder[name](raw)
+            except Exception as exc:
+                raise _unreadable(name, c, chunk_key(arr, c), f"{type(exc).__name__}: {exc}") from None
+            direct.append((decoder[name], raw))
     decode_s = min(_timed(direct) for _ in range(DECODE_PASSES))  # the least disturbed pass: what a core can do
+    fallback = [(name, arr, c) for name, arr, c in jobs if decoder[name] is None]
     if fallback:  # through zarr, one thread: read + decode, minus this read's share of the raw read time
         start = time.perf_counter()
-        for arr, c in fallback:
-            arr[c * ds.chunk_rows : (c + 1) * ds.chunk_rows]
+        for name, arr, c in fallback:
+            try:
+                arr[c * ds.chunk_rows : (c + 1) * ds.chunk_rows]
+            except Exception as exc:
+                raise _unreadable(name, c, chunk_key(arr, c), f"{type(exc).__name__}: {exc}") from None
         decode_s += max(time.perf_counter() - start - read_s * readers * len(fallback) / len(jobs), 0.0)
     stored = sum(len(r) for r in raws)
     return stored / rows, rows / max(read_s, 1e-9), rows / max(decode_s, 1e-9)
@@ -267,15 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=None, help="a training step's duration: does the loader keep up?")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    report = roofline(
-        a.store,
-        batch_size=a.batch_size,
-        cpus=a.cpus,
-        chunks=a.chunks,
-        batches=a.batches,
-        buffer_chunks=a.buffer_chunks,
-        step_ms=a.step_ms,
-    )
+    try:
+        report = roofline(
+            a.store,
+            batch_size=a.batch_size,
+            cpus=a.cpus,
+            chunks=a.chunks,
+            batches=a.batches,
+            buffer_chunks=a.buffer_chunks,
+            step_ms=a.step_ms,
+        )
+    except ChunkReadError as exc:  # a missing or damaged chunk: its message names it, no traceback needed
+        print(f"zarrtorch roofline: {exc}", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps({**asdict(report), "ceiling": report.ceiling, "binding": report.binding}, indent=1))
     else:

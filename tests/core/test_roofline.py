@@ -98,3 +98,22 @@ def test_cli(store):
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["cpus"] == 1 and len(report["loader"]) == 1 and report["binding"] in ("read", "decode", "loader")
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+def test_a_bad_chunk_among_those_measured_is_named(tmp_path, capsys, damage):
+    """A missing chunk read as empty bytes and a damaged one raised zstd's bare 'invalid input data' with a
+    traceback; the command now names the array, the chunk and its key, and exits 1."""
+    from zarrtorch.roofline import main
+
+    path = tmp_path / "data.zarr"
+    prepare_zarr({"x": np.arange(400 * 8, dtype=np.float32).reshape(400, 8)}, path, chunk_rows=50, progress=False)
+    key = path / "x" / "c" / "3" / "0"
+    if damage == "missing":
+        key.unlink()
+    else:
+        key.write_bytes(key.read_bytes()[:20])
+    assert main([str(path), "--chunks", "8", "--batches", "2"]) == 1
+    said = capsys.readouterr().err
+    assert "chunk 3 of array 'x'" in said and "x/c/3/0" in said, said
+    assert ("missing" in said) == (damage == "missing")
