@@ -252,24 +252,30 @@ def test_a_producer_that_waits_briefly_keeps_looking_every_half_millisecond(monk
     assert clock.sleeps == [workahead.POLL_S] * 3
 
 
+class SlowToClose:
+    """Endless zeros; when dropped, takes ``close_s`` to close (as a DataLoader iterator joining its workers),
+    then sets ``closed``."""
+
+    def __init__(self, closed: threading.Event, close_s: float):
+        self.closed, self.close_s = closed, close_s
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return np.zeros(1)
+
+    def __del__(self):
+        time.sleep(self.close_s)
+        self.closed.set()
+
+
 def test_at_exit_a_thread_tearing_down_its_iterator_is_waited_for():
     """A thread holding the last reference to its iterator drops it as it ends; for a DataLoader iterator with
     workers that shuts the workers down, which can take seconds. Exit waits for it: cut off in the middle, the
     thread aborted the process (seen: a DDP rank that left its loop mid-epoch exited with SIGABRT)."""
     closed = threading.Event()
-
-    class SlowToClose:
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            return np.zeros(1)
-
-        def __del__(self):
-            time.sleep(3.0)  # longer than the wait for a thread still iterating (2 s)
-            closed.set()
-
-    ahead = WorkAhead(SlowToClose(), 2)
+    ahead = WorkAhead(SlowToClose(closed, 3.0), 2)  # longer than the wait for a thread still iterating (2 s)
     thread = ahead._thread
     assert next(ahead) is not None
     del ahead  # the consumer lets go: the thread stops and holds the iterator's last reference
@@ -319,23 +325,12 @@ def test_the_wait_at_exit_goes_on_through_an_exception_raised_in_it(monkeypatch)
 
     closed = threading.Event()
 
-    class SlowToClose:
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            return np.zeros(1)
-
-        def __del__(self):
-            time.sleep(1.5)
-            closed.set()
-
     def handler(signum, frame):
         raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.")
 
     previous = signal.signal(signal.SIGUSR1, handler)
     try:
-        ahead = WorkAhead(SlowToClose(), 2)
+        ahead = WorkAhead(SlowToClose(closed, 1.5), 2)
         thread = ahead._thread
         assert next(ahead) is not None
         del ahead
