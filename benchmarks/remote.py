@@ -42,9 +42,10 @@ def generated_store(rows: int = 20_000, chunk_rows: int = 64) -> Path:
 
 
 def rows_per_second(
-    source: str, in_flight: int | None, *, workers: int, epochs: int, batch_size: int, threads: int
+    source: str, in_flight: int | None, *, workers: int, epochs: int, batch_size: int, threads: int, log=None
 ) -> float:
-    """Median rows/s over ``epochs`` epochs of one fresh loader."""
+    """Median rows/s over ``epochs`` epochs of one fresh loader; ``log``, when given, is called with each epoch's
+    rate and the requests in flight each reading process ended the epoch with."""
     read = ReadOptions(requests_in_flight=in_flight, decode_threads=threads)
     ds = ZarrIterableDataset(source, seed=0, read=read)
     loader = ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers)
@@ -55,6 +56,10 @@ def rows_per_second(
         for batch in loader:
             rows += len(next(iter(batch.values())))
         rates.append(rows / (time.perf_counter() - start))
+        if log is not None:
+            state = ds.epoch_state
+            levels = [ds._in_flight.level] if not workers else [state.level(w) for w in range(workers)]
+            log(rates[-1], levels)
     return statistics.median(rates)
 
 
@@ -68,16 +73,23 @@ def summary(values: list[float], digits: int = 0) -> str:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", help="a first-axis-chunked store (default: generated, see above)")
+    p.add_argument("--rows", type=int, default=20_000, help="rows of the generated store (64-row chunks)")
     p.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 20.0, 100.0])
     p.add_argument("--in-flight", type=int, nargs="*", default=[8, 32], help="fixed settings besides the default")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader (the median is taken)")
     p.add_argument("--repeats", type=int, default=3, help="fresh loaders per figure (median and spread)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2, help="decode threads")
+    p.add_argument("--threads", type=int, default=None, help="decode threads (default: zarrtorch's, the CPUs' share)")
+    p.add_argument(
+        "--in-process-server",
+        action="store_true",
+        help="serve from threads of this process (as earlier tables did) instead of a process of its own",
+    )
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--verbose", action="store_true", help="print each epoch's rows/s and requests in flight")
     args = p.parse_args(argv)
-    store = Path(args.store).resolve() if args.store else generated_store()
+    store = Path(args.store).resolve() if args.store else generated_store(args.rows)
     if not store.exists():
         raise SystemExit(f"no store at {store}")
     settings = [None, *args.in_flight]
@@ -86,14 +98,22 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [(w, None) for w in args.workers] + [(w, d) for w in args.workers for d in args.delay_ms]
     rates: dict = {(w, d, label[n]): [] for w, d in rows for n in settings}
     with ExitStack() as stack:
-        hosts = {d: stack.enter_context(servers.HttpStoreServer(store.parent, delay_ms=d)) for d in args.delay_ms}
+        serve = servers.HttpStoreServer if args.in_process_server else servers.HttpStoreProcess
+        hosts = {d: stack.enter_context(serve(store.parent, delay_ms=d)) for d in args.delay_ms}
         for _ in range(args.repeats):
             for (workers, delay), n in ((row, n) for row in rows for n in settings):
                 source = str(store) if delay is None else f"{hosts[delay].url}/{store.name}"
-                rates[workers, delay, label[n]].append(rows_per_second(source, n, workers=workers, **kw))
-        answered = {f"{d:g}": sum(host.requests.values()) for d, host in hosts.items()}  # every read reached it
+                where = "local" if delay is None else f"{delay:g} ms"
+
+                def log(rate, levels, name=f"{workers} workers, {where}, {label[n]}"):
+                    print(f"  {name}: {rate:,.0f} rows/s, requests in flight at the end {levels}", flush=True)
+
+                rate = rows_per_second(source, n, workers=workers, log=log if args.verbose else None, **kw)
+                rates[workers, delay, label[n]].append(rate)
+    answered = {f"{d:g}": sum(host.requests.values()) for d, host in hosts.items()}  # every read reached it
     print(
-        f"rows/s through ZarrDataLoader ({args.threads} decode threads, batch {args.batch_size}); {store.name}; "
+        f"rows/s through ZarrDataLoader ({args.threads or 'default'} decode threads, batch {args.batch_size}); "
+        f"{store.name}; server {'in this process' if args.in_process_server else 'in its own process'}; "
         f"median of {args.repeats} loaders [lowest-highest], each the median of {args.epochs} epochs; "
         "(x): the same setting over HTTP without delay, median of the repeats' ratios"
     )

@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/windows.py            # generated stores under data/bench, about 2 minutes
     .venv/bin/python benchmarks/windows.py --rows 1000 --repeats 1   # a quick look (tests run this)
 
-For each store: the decode limit (every chunk read once, in order, 2 threads: time steps/s) through zarr
-(``arr[a:b]``, L0 as in run.py) and through zarrtorch's own chunk reader (L0r: no windows, no buffer), zarrtorch's
+For each store: the decode limit (every chunk read once, in order, in ``--threads`` threads, the CPUs by default:
+time steps/s) through zarr (``arr[a:b]``, L0 as in run.py), through zarrtorch's own chunk reader (L0r: no windows,
+no buffer) and with plain threads that open, read and decode the chunk files and do nothing else (raw), zarrtorch's
 windows with default settings (0 and 2 workers) and an anemoi-style reader (a map-style dataset reading each
 step of each window on its own, DataLoader ``shuffle=True``), with windows/s, windows/s over L0r's steps/s, and
 chunk decodes per chunk per epoch: counted at the reader with 0 workers, and with workers from the reads each
@@ -25,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numcodecs
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +36,9 @@ import torch  # noqa: E402
 import zarr  # noqa: E402
 
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
+from zarrtorch._read.chunks import chunk_key  # noqa: E402
 from zarrtorch._read.reader import PieceReader  # noqa: E402
+from zarrtorch._util.process import available_cpus  # noqa: E402
 from zarrtorch.buffer import buffer_rng  # noqa: E402
 from zarrtorch.course.memory import MemorySampler  # noqa: E402
 from zarrtorch.plan import EpochSpec, Topology  # noqa: E402
@@ -61,24 +65,44 @@ def generated_store(rows: int, chunk_rows: int, data_dir: Path = DATA) -> Path:
     return path
 
 
-def reader_limit(path: Path) -> float:
-    """Time steps/s reading every chunk once, in order, with zarrtorch's chunk reader in 2 threads (L0r)."""
+def reader_limit(path: Path, threads: int) -> float:
+    """Time steps/s reading every chunk once, in order, with zarrtorch's chunk reader in ``threads`` threads,
+    as many chunks to a task as the loader reads (L0r)."""
     ds = ZarrIterableDataset(path)
     c, rows = ds.chunk_rows, ds.rows
     pieces = np.array([(a, min(a + c, rows)) for a in range(0, rows, c)], dtype=np.int64)
-    reader = PieceReader(ds.arrays, c, threads=2, prefetch=3)
+    reader = PieceReader(ds.arrays, c, threads=threads, prefetch=threads + 1, pieces_per_read=ds.pieces_per_read())
     start = time.perf_counter()
     for _ in reader.iter_pieces(pieces):
         pass
     return rows / (time.perf_counter() - start)
 
 
-def decode_limit(path: Path) -> float:
-    """Time steps/s reading every chunk once, in order, in 2 threads through zarr (L0)."""
+def raw_limit(path: Path, threads: int) -> float:
+    """Time steps/s of plain threads, each opening, reading and zstd-decoding its share of the chunk files into
+    one buffer of its own: the decode limit with no loader around it (no checks, nothing handed on)."""
+    arr = zarr.open_group(path, mode="r")["fields"]
+    root = Path(str(arr.store_path.store.root))
+    files = [root / chunk_key(arr, k) for k in range(-(-arr.shape[0] // arr.chunks[0]))]
+    chunk_bytes = int(np.prod(arr.chunks)) * arr.dtype.itemsize
+
+    def decode(part: list[Path]) -> None:
+        zstd, out = numcodecs.Zstd(), np.empty(chunk_bytes, np.uint8)
+        for f in part:
+            zstd.decode(f.read_bytes(), out=out)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(decode, [files[k::threads] for k in range(threads)]))
+    return arr.shape[0] / (time.perf_counter() - start)
+
+
+def decode_limit(path: Path, threads: int) -> float:
+    """Time steps/s reading every chunk once, in order, in ``threads`` threads through zarr (L0)."""
     arr = zarr.open_group(path, mode="r")["fields"]
     c = arr.chunks[0]
     start = time.perf_counter()
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda i: arr[i : i + c].shape, range(0, arr.shape[0], c)))
     return arr.shape[0] / (time.perf_counter() - start)
 
@@ -225,24 +249,31 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "windows.json"))
     p.add_argument("--figure", default=None, help="write the block-length figure here (png)")
     p.add_argument("--data-dir", default=str(DATA), help="where the generated stores are kept")
+    p.add_argument("--threads", type=int, default=available_cpus(), help="threads of the limits (default: the CPUs)")
     args = p.parse_args(argv)
     result = {"rows": args.rows, "stores": {}, "blocks": None}
     for chunk in args.chunks:
         path = generated_store(args.rows, chunk, args.data_dir)
-        l0 = statistics.median(decode_limit(path) for _ in range(args.repeats))
-        l0r = statistics.median(reader_limit(path) for _ in range(args.repeats))
-        runs = {"L0 steps/s": l0, "L0r steps/s": l0r}
+        l0 = statistics.median(decode_limit(path, args.threads) for _ in range(args.repeats))
+        l0r = statistics.median(reader_limit(path, args.threads) for _ in range(args.repeats))
+        raw = statistics.median(raw_limit(path, args.threads) for _ in range(args.repeats))
+        runs = {"L0 steps/s": l0, "L0r steps/s": l0r, "raw steps/s": raw}
         for workers in (0, 2):
             runs[f"zarrtorch {workers}w"] = zarrtorch_run(path, workers, args.repeats)
             runs[f"step by step {workers}w"] = step_by_step_run(path, workers, args.repeats, args.step_by_step_batches)
         result["stores"][chunk] = runs
         kib = np.prod(ROW_SHAPE) * 4 // 1024
-        print(f"\n{args.rows} time steps of {kib} KiB, {chunk}-step chunks: L0 {l0:,.0f}, L0r {l0r:,.0f} steps/s")
-        print(f"  {'reader':<22}{'windows/s':>11}{'x L0':>7}{'x L0r':>7}{'decodes/chunk':>15}{'held MiB':>10}")
+        print(
+            f"\n{args.rows} time steps of {kib} KiB, {chunk}-step chunks, limits in {args.threads} threads: "
+            f"L0 {l0:,.0f}, L0r {l0r:,.0f}, raw {raw:,.0f} steps/s"
+        )
+        head = f"  {'reader':<22}{'windows/s':>11}{'x L0':>7}{'x L0r':>7}{'x raw':>7}{'decodes/chunk':>15}"
+        print(head + f"{'held MiB':>10}")
         for name, r in runs.items():
             if isinstance(r, dict):
                 rate, decodes, held = r["windows_s"], r["decodes_per_chunk"], r["held_mib"]
-                print(f"  {name:<22}{rate:>11,.0f}{rate / l0:>7.2f}{rate / l0r:>7.2f}{decodes:>15.2f}{held:>10.0f}")
+                ratios = f"{rate / l0:>7.2f}{rate / l0r:>7.2f}{rate / raw:>7.2f}"
+                print(f"  {name:<22}{rate:>11,.0f}{ratios}{decodes:>15.2f}{held:>10.0f}")
     result["blocks"] = block_tradeoff(args.trade_steps, [None, *args.blocks])
     kib = np.prod(ROW_SHAPE) * 4 // 1024
     print(f"\nblock length ({args.trade_steps:,} one-step chunks of {kib} KiB, buffer 8 blocks, window ids only):")

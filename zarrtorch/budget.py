@@ -83,7 +83,7 @@ def loader_memory(loader) -> MemoryBudget:
     workers = cfg.num_workers
     threads = ds.decode_threads(workers)
     per_reader = ds.worker_memory_bytes(decode_threads=threads)
-    read_buffers = max(1, workers) * fetched_bytes(ds.arrays, reading_threads(threads, ds.in_flight(threads)))
+    read_buffers = max(1, workers) * fetched_bytes(ds.arrays, reading_threads(threads, ds.in_flight_range(threads)[1]))
     batch_bytes = cfg.batch_size * (ds.batch_row_bytes + 8)  # + the int64 row index
     ring = loader.ring.nbytes if loader.ring is not None else 0
     batches = 0

@@ -25,7 +25,7 @@ from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
-from zarrtorch._util.sizes import ceil_div, held_chunks, row_bytes
+from zarrtorch._util.sizes import ceil_div, held_chunks, pieces_per_read, row_bytes
 from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng
@@ -240,8 +240,17 @@ class ZarrIterableDataset(IterableDataset):
         return REMOTE_IN_FLIGHT, max(REMOTE_IN_FLIGHT, min(MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes))
 
     def in_flight(self, decode_threads: int) -> int:
-        """Chunk reads one process keeps in flight at most: what the memory budget counts."""
-        return self.in_flight_range(decode_threads)[1]
+        """Chunks one process keeps read ahead at most (its reads in flight, :meth:`pieces_per_read` chunks
+        each): what the memory budget counts."""
+        return self.in_flight_range(decode_threads)[1] * self.pieces_per_read()
+
+    def pieces_per_read(self) -> int:
+        """Consecutive pieces (one chunk each) a reading thread reads per task: 1, or for a local store
+        whose chunks are small, up to 256 KiB of them (:func:`zarrtorch._util.sizes.pieces_per_read`); a remote
+        store's requests, and reads in flight that were set, stay one chunk each."""
+        if self.read.requests_in_flight or not all_local(self.arrays):
+            return 1
+        return pieces_per_read(self.store_chunk_rows * self.row_bytes)
 
     def decode_threads(self, num_workers: int) -> int:
         """Threads decoding in each reading process of a loader with ``num_workers`` workers."""
@@ -436,6 +445,7 @@ class ZarrIterableDataset(IterableDataset):
             check_missing=self.read.check_chunks,
             pools=self._pools,
             secrets=self._secrets,
+            pieces_per_read=self.pieces_per_read(),
             **options,
         )
 
@@ -479,7 +489,7 @@ class ZarrIterableDataset(IterableDataset):
             skip=skip,
             padding=plan.padding if self.return_padding else None,
             packings=self.packings,
-            out=writer.out if writer is not None else None,
+            out=writer.out if writer is not None else self._pools.batches(spec.batch_size, columns),
         )
         return self._delivered(batches_out, writer)
 

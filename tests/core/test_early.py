@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import zarrtorch._util.sizes
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.reader import PieceReader
@@ -21,6 +22,13 @@ from zarrtorch.buffer import SlotBuffer
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
 USED: list[int] = []  # reads taken from those the last epoch started (in the buffer, in flight), in this process
+
+
+@pytest.fixture(autouse=True)
+def one_piece_per_read(monkeypatch):
+    """These tests follow the reads piece by piece: the store's tiny chunks would otherwise be read many to a
+    task (``pieces_per_read``, tested in test_grouped_reads.py), a whole epoch in one."""
+    monkeypatch.setattr(zarrtorch._util.sizes, "MOST_PIECES_PER_READ", 1)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import zarr
 
 from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fetch import RetryPolicy
-from zarrtorch.course.servers import HttpStoreServer, S3Server, free_port
+from zarrtorch.course.servers import HttpStoreProcess, HttpStoreServer, S3Server, free_port
 
 ROWS, CHUNK, WORLD, BATCH = 150, 8, 2, 8  # 19 chunks, the last one partial
 FAST_FAIL = RetryPolicy(timeout_s=1.0, retries=2, backoff_s=0.05)
@@ -44,6 +44,17 @@ def check_epoch(ds: ZarrIterableDataset, **loader_kwargs) -> None:
     everything = np.concatenate(seen)
     assert len(set(counts)) == 1, counts
     assert set(everything.tolist()) == set(range(ROWS)) and len(everything) - ROWS < WORLD
+
+
+def test_a_server_in_its_own_process_serves_and_counts(served):
+    """The benchmarks' server in a process of its own (no GIL shared with the loader it serves): the loader
+    reads every row through it, and the answers it counted come back when it stops."""
+    with HttpStoreProcess(served, delay_ms=1) as server:
+        check_epoch(ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, return_index=True))
+    reads = [server.requests.get(f"s.zarr/x/c/{c}/0/0", 0) for c in range(-(-ROWS // CHUNK))]
+    assert min(reads) >= 1 and max(reads) <= 2  # every chunk read, once (twice where two ranks' shares split it)
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = server.url
 
 
 @pytest.mark.slow

@@ -76,7 +76,9 @@ def test_sweep_records():
     assert [(r["chunk_rows"], r["buffer_chunks"]) for r in recs] == [(16, 4), (16, 16), (64, 1), (64, 4)]
     for r in recs:
         assert 0 < r["chunk_diversity"] <= 1.05 and -1 <= r["order_correlation"] <= 1
-        assert r["memory_bytes"] == (r["buffer_chunks"] + 3) * r["chunk_rows"] * 10
+        # the buffer, 2 reads in flight (one decode thread) of 64 chunks each (chunks of 160 and 640 bytes: as many
+        # as a read takes), the chunk being consumed
+        assert r["memory_bytes"] == (r["buffer_chunks"] + 2 * 64 + 1) * r["chunk_rows"] * 10
     # at a fixed buffer size in rows, shorter chunks mix better
     assert recs[1]["chunk_diversity"] > recs[3]["chunk_diversity"]
     with pytest.raises(ValueError):

@@ -8,6 +8,7 @@ the chunk and the store key. Arrays stored the simple way are decoded by :mod:`z
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -48,7 +49,9 @@ class PieceReader:
     ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
     ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
     :class:`~zarrtorch._read.early.EarlyReads`, kept as ``started_early``. ``first``: the epoch's pieces, whose
-    first reads start at once (:meth:`read_first`).
+    first reads start at once (:meth:`read_first`). ``pieces_per_read``: consecutive pieces one task of a reading
+    thread reads (small chunks: a task handed to a thread costs about as much as decoding 32 KiB); the reads in
+    flight are then that many pieces each.
     """
 
     def __init__(
@@ -67,10 +70,12 @@ class PieceReader:
         first: np.ndarray | None = None,
         secrets: tuple[str, ...] = (),
         in_flight: InFlight | None = None,
+        pieces_per_read: int = 1,
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
         self.threads = max(1, threads)
+        self.pieces_per_read = max(1, int(pieces_per_read))  # consecutive pieces one reading task reads
         self.in_flight = in_flight or InFlight(prefetch, prefetch)  # ``prefetch`` fixed, or adapted
         self.check_missing = check_missing
         self.cache = cache
@@ -185,16 +190,20 @@ class PieceReader:
         todo = iter(pieces[len(ready) + len(pending) :])
 
         timing: dict = {}  # future -> [requested, done] (monotonic seconds), for the requests in flight
+        group = self.pieces_per_read
 
-        def timed(start: int, stop: int, times: list) -> dict[str, np.ndarray]:
-            data = self.read_piece(start, stop)
+        def timed(task: list, times: list) -> _Read:
+            data = _Read(self.read_piece, task)
             times[1] = time.monotonic()  # before the future holds the data
             return data
 
         def read_ahead():
-            while len(pending) < self.prefetch and (nxt := next(todo, None)) is not None:
+            while len(pending) < self.prefetch:
+                task = [(int(a), int(b)) for a, b in itertools.islice(todo, group)]
+                if not task:
+                    return
                 times = [time.monotonic(), None]
-                future = pool.submit(timed, nxt[0], nxt[1], times)
+                future = pool.submit(timed, task, times)
                 timing[future] = times
                 pending.append(future)
 
@@ -204,19 +213,28 @@ class PieceReader:
             data = future.result()  # the consumer waits for this read if it has not finished
             requested, done = timing.pop(future, (None, None))
             self.in_flight.consumed(time.monotonic() - asked, done - requested if done is not None else None)
-            return data
+            return data if isinstance(data, _Read) else _Read.of(data)  # a read started early: one piece
 
         self.in_flight.new_epoch()
+        current = _Read.of()
         try:
             read_ahead()
-            while ready or pending:
-                data = ready.popleft() if ready else take()
-                read_ahead()
-                if not ready and not pending and self.after_last is not None:  # the last piece is handed out
+            while ready or pending or current:
+                if current:
+                    data = current.next()
+                elif ready:
+                    data = ready.popleft()
+                else:
+                    current = take()
+                    data = current.next()
+                if not current:  # a whole read consumed (the last piece is about to be): read the next
+                    read_ahead()
+                if not ready and not pending and not current and self.after_last is not None:  # the last one
                     self.started_early = self.after_last(pool.submit)
                     handed_over = True
                 yield data
         finally:
+            current = None
             for f in pending:
                 f.cancel()
             pool.shutdown(wait=False, cancel_futures=not handed_over)
@@ -235,3 +253,33 @@ class PieceReader:
             for name, column in out.items():
                 column[sel] = data[name][rows[sel] - lo]
         return out
+
+
+class _Read:
+    """The pieces one reading task read, handed out one at a time. A piece that failed ends the task: the
+    pieces before it are handed out first, then its error is raised, as if they had been read one by one."""
+
+    def __init__(self, read: Callable[[int, int], dict] | None = None, task: list | None = None):
+        self.pieces: deque = deque()
+        self.error: BaseException | None = None
+        for start, stop in task or ():
+            try:
+                self.pieces.append(read(start, stop))
+            except Exception as exc:
+                self.error = exc
+                break
+
+    @classmethod
+    def of(cls, *pieces: dict) -> _Read:
+        read = cls()
+        read.pieces.extend(pieces)
+        return read
+
+    def __bool__(self) -> bool:
+        return bool(self.pieces) or self.error is not None
+
+    def next(self) -> dict:
+        if self.pieces:
+            return self.pieces.popleft()
+        error, self.error = self.error, None
+        raise error

@@ -20,6 +20,18 @@ def row_bytes(arrays: Mapping[str, Any]) -> int:
     return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
 
 
+# a local store's small chunks are read several to a task: handing a task to a reading thread and its result back
+# costs about what decoding a 32 KiB chunk does (benchmarks/README.md, "Small chunks, several to a read")
+READ_TASK_BYTES = 256 * 2**10
+MOST_PIECES_PER_READ = 64
+
+
+def pieces_per_read(chunk_bytes: int) -> int:
+    """Consecutive chunks of a local store one reading task decodes: as many as ``READ_TASK_BYTES`` hold, from 1
+    (a chunk of 128 KiB or more) to ``MOST_PIECES_PER_READ``."""
+    return max(1, min(MOST_PIECES_PER_READ, READ_TASK_BYTES // max(1, int(chunk_bytes))))
+
+
 def held_chunks(*, buffer_chunks: int, in_flight: int, row_shuffle: bool) -> int:
     """Chunks of decoded data one reading process holds at most: the shuffle buffer (when rows are
     shuffled), one per read in flight (decoded ahead) and the chunk being consumed."""

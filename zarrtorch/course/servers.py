@@ -142,6 +142,82 @@ class HttpStoreServer:
         self.stop()
 
 
+class HttpStoreProcess:
+    """:class:`HttpStoreServer` in a process of its own, for measurements: a store on another machine costs the
+    client's interpreter nothing, while a server in the client's process shares its GIL with the loader (at
+    100 ms per request, with 128 requests in flight, 128 of its threads wake and answer inside the process
+    measured). Same ``url``; ``requests`` (answers per key) is filled in when it stops."""
+
+    def __init__(self, root: str | os.PathLike, *, delay_ms: float = 0.0, start_s: float = 60.0):
+        self.root, self.delay_ms, self.start_s = Path(root).resolve(), float(delay_ms), start_s
+        self.requests: dict[str, int] = {}
+        self._proc = None
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self._url is None:
+            raise RuntimeError("the server is not running: use it as `with HttpStoreProcess(root) as server:`")
+        return self._url
+
+    def start(self) -> HttpStoreProcess:
+        import subprocess
+        import sys
+
+        cmd = [sys.executable, "-m", "zarrtorch.course.servers", str(self.root), "--delay-ms", str(self.delay_ms)]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = threading.Timer(self.start_s, self._proc.kill)  # a server that never says its address
+        ready.start()
+        try:
+            line = self._proc.stdout.readline().strip()
+        finally:
+            ready.cancel()
+        if not line.startswith("http://"):
+            self._proc.kill()
+            raise RuntimeError(f"the store server did not start within {self.start_s:g} s (it printed {line!r})")
+        self._url = line
+        return self
+
+    def stop(self) -> None:
+        import json
+
+        if self._proc is None:
+            return
+        try:
+            out, _ = self._proc.communicate(input="", timeout=30)  # end of its input: it stops and reports
+            self.requests = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+            raise
+        finally:
+            self._proc, self._url = None, None
+
+    def __enter__(self) -> HttpStoreProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _serve(argv: list[str] | None = None) -> None:
+    """``python -m zarrtorch.course.servers ROOT --delay-ms D``: print the URL, serve until the input ends, then
+    print the answers per key as JSON (:class:`HttpStoreProcess`)."""
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(description="serve a directory over HTTP on 127.0.0.1 until stdin ends")
+    p.add_argument("root")
+    p.add_argument("--delay-ms", type=float, default=0.0)
+    args = p.parse_args(argv)
+    with HttpStoreServer(args.root, delay_ms=args.delay_ms) as server:
+        print(server.url, flush=True)
+        sys.stdin.read()
+        requests = dict(server.requests)
+    print(json.dumps(requests), flush=True)
+
+
 class S3Server:
     """moto's S3-compatible server on 127.0.0.1 (needs ``moto[server]``); ``storage_options`` are what
     zarrtorch, s3fs and obstore need to reach it. Credentials are moto's test ones."""
@@ -201,3 +277,7 @@ class S3Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+if __name__ == "__main__":
+    _serve()

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from zarrtorch._util.sizes import held_chunks
+from zarrtorch._util.sizes import held_chunks, pieces_per_read
 from zarrtorch.buffer import rank_batches
 from zarrtorch.plan import epoch_plan, shuffles_rows
 from zarrtorch.quality import chunk_diversity, order_correlation
@@ -84,8 +84,10 @@ def buffer_memory_bytes(
     chunk_rows: int, row_bytes: int, *, buffer_chunks: int, decode_threads: int = 1, shuffle: bool = True
 ) -> int:
     """Decoded data one worker holds at most, as ``ZarrIterableDataset.worker_memory_bytes`` counts it:
-    the buffer, the chunks decoded ahead and one chunk being consumed."""
-    held = held_chunks(buffer_chunks=buffer_chunks, in_flight=decode_threads + 1, row_shuffle=shuffle)
+    the buffer, the chunks decoded ahead (``decode_threads + 1`` reads of a local store, each of
+    :func:`~zarrtorch._util.sizes.pieces_per_read` chunks) and one chunk being consumed."""
+    in_flight = (decode_threads + 1) * pieces_per_read(chunk_rows * row_bytes)
+    held = held_chunks(buffer_chunks=buffer_chunks, in_flight=in_flight, row_shuffle=shuffle)
     return held * chunk_rows * row_bytes
 
 
