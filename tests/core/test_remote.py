@@ -190,3 +190,44 @@ def test_bad_s3_credentials_are_named(served, monkeypatch):
         with pytest.raises(PermissionError, match=r"access to s3://course/s\.zarr was refused.*check the credentials"):
             ZarrIterableDataset("s3://course/s.zarr", read=ReadOptions(storage_options=wrong))
         assert time.monotonic() - start < 30  # refused at once, not retried
+
+
+def test_the_connection_pool_holds_the_requests_in_flight(tmp_path):
+    """aiohttp's default pool (100 connections, fsspec's session) kept a level of 120 requests in flight to 100
+    on the wire; the loader's session has no such cap: the server sees more than 100 requests at once."""
+    x = np.zeros((480, 4), np.float32)
+    prepare_zarr({"x": x}, tmp_path / "p.zarr", chunk_rows=2, progress=False)  # 240 chunks
+    with HttpStoreServer(tmp_path, delay_ms=300) as server:
+        read = ReadOptions(requests_in_flight=120, decode_threads=1)
+        ds = ZarrIterableDataset(f"{server.url}/p.zarr", shuffle=False, read=read)
+        assert sum(len(b["x"]) for b in ZarrDataLoader(ds, batch_size=32)) == 480
+    assert server.most_at_once > 100, server.most_at_once
+
+
+def test_connection_pools_are_sized_unless_the_options_choose_one():
+    from zarrtorch._read.connections import S3_POOL, unbounded_http_client, with_connection_pool
+
+    assert with_connection_pool("https://h/s.zarr", None) == {"get_client": unbounded_http_client}
+    own = {"client_kwargs": {"connector": "mine"}}
+    assert with_connection_pool("http://h/s.zarr", own) == own  # a connector chosen: kept as it is
+    assert with_connection_pool("s3://b/s.zarr", {"anon": True}) == {
+        "anon": True,
+        "config_kwargs": {"max_pool_connections": S3_POOL},  # s3fs's botocore pool holds 10
+    }
+    chosen = {"config_kwargs": {"max_pool_connections": 20, "read_timeout": 5}}
+    assert with_connection_pool("s3://b/s.zarr", chosen) == chosen
+    gcs = {"token": "anon"}
+    assert with_connection_pool("gs://b/s.zarr", gcs) is gcs  # other protocols: unchanged
+
+
+@pytest.mark.slow
+def test_an_s3_store_is_opened_with_a_pool_for_the_requests_in_flight(served):
+    from zarrtorch._read.connections import S3_POOL
+
+    with S3Server() as s3:
+        s3.create_bucket("pool")
+        s3.upload(served / "s.zarr", "s3://pool/s.zarr")
+        ds = ZarrIterableDataset("s3://pool/s.zarr", read=ReadOptions(storage_options=s3.storage_options))
+        fs = ds.arrays["x"].store_path.store.fs
+        assert fs.config_kwargs["max_pool_connections"] == S3_POOL
+        assert sum(len(b["x"]) for b in ZarrDataLoader(ds, batch_size=BATCH)) == ROWS

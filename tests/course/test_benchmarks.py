@@ -4,6 +4,7 @@ exist and be positive), plus the determinism of its generated data."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,22 @@ def test_windows_benchmark_counts_reads(tmp_path):
     assert all(runs[name]["held_mib"] > 0 for name in runs if isinstance(runs[name], dict))  # every reader's memory
     assert [b["block_chunks"] for b in data["blocks"]] == [100, 4, 64, "perfect"]
     assert data["blocks"][-1]["diversity"] > 0.9
+    assert min(runs["L0 steps/s"], runs["L0r steps/s"], runs["raw steps/s"]) > 0  # the three limits
+
+
+@pytest.mark.slow
+def test_gpu_feed_benchmark_trains_every_window(tmp_path):
+    """benchmarks/gpu_feed.py on the CPU (what runs where there is no GPU): a rate for each epoch and worker
+    count, every window of the store trained once per epoch."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_feed.py"), "--rows", "300", "--epochs", "2"]
+    proc = subprocess.run(cmd + ["--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if "windows/s trained" in line]
+    assert len(lines) == 2 and "0 workers" in lines[0] and "2 workers" in lines[1], proc.stdout
+    for line in lines:
+        assert line.endswith("(295 windows each)")  # 300 steps - 6 per window + 1
+        rates = re.search(r"per epoch (.+) \(", line).group(1).split(", ")
+        assert len(rates) == 2 and all(float(r.replace(",", "")) > 0 for r in rates)
 
 
 @pytest.mark.slow

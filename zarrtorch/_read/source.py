@@ -18,6 +18,7 @@ from pathlib import Path
 import zarr
 import zarr.api.asynchronous
 
+from zarrtorch._read.connections import with_connection_pool
 from zarrtorch._read.fetch import RetriesExhausted, RetryPolicy, with_retries, within
 
 
@@ -66,11 +67,12 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
     """Open a remote store's root with a deadline and the retries of ``policy`` (a server error or a dropped
     connection is tried again), and say what to check when it fails; no message shows a credential."""
     secrets, shown = secrets_of(storage_options), redact(url, secrets_of(storage_options))
+    opened_with = with_connection_pool(url, storage_options)
 
     def attempt():
         try:
             return within(
-                zarr.api.asynchronous.open(store=url, mode="r", storage_options=storage_options), policy.timeout_s
+                zarr.api.asynchronous.open(store=url, mode="r", storage_options=opened_with), policy.timeout_s
             )
         except ImportError as exc:
             raise ImportError(

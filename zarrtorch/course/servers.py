@@ -44,6 +44,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, body: bool) -> None:
         owner = self.server.owner
+        owner.answering(+1)
+        try:
+            self._answer(owner, body)
+        finally:
+            owner.answering(-1)
+
+    def _answer(self, owner: HttpStoreServer, body: bool) -> None:
         key = unquote(urlsplit(self.path).path).lstrip("/")
         owner.count(key)
         if owner.hanging.is_set():
@@ -105,12 +112,18 @@ class HttpStoreServer:
         self.hanging = threading.Event()
         self.release = threading.Event()
         self.requests: dict[str, int] = {}
+        self.at_once = self.most_at_once = 0  # requests being answered now, and the most there were at a time
         self._lock = threading.Lock()
         self._server: _Server | None = None
 
     def count(self, key: str) -> None:
         with self._lock:
             self.requests[key] = self.requests.get(key, 0) + 1
+
+    def answering(self, change: int) -> None:
+        with self._lock:
+            self.at_once += change
+            self.most_at_once = max(self.most_at_once, self.at_once)
 
     @property
     def url(self) -> str:
