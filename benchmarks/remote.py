@@ -10,7 +10,10 @@ table gives the median of the repeats and their spread. The default requests in 
 store: ``zarrtorch._read.inflight``) run besides fixed numbers. A repeat measures every row in turn, so a
 machine that slows down for a while slows every column alike; a delay's ratio to the same setting without delay
 is taken within each repeat. The default store is generated once under ``data/bench`` (20,000 rows of 8 x 32
-float32, 64-row chunks: 313 chunks), enough pieces per epoch for the requests in flight to settle.
+float32, 64-row chunks: 313 chunks), enough pieces per epoch for the requests in flight to settle; at 100 ms
+an epoch that short loses a quarter to its first round trip, so ``--rows 100000`` (1,563 chunks) measures hiding
+latency more fairly. The server runs in a process of its own (``servers.HttpStoreProcess``), as a store on
+another machine would: in the loader's process its threads would share the loader's GIL.
 """
 
 from __future__ import annotations
