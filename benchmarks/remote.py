@@ -13,7 +13,9 @@ is taken within each repeat. The default store is generated once under ``data/be
 float32, 64-row chunks: 313 chunks), enough pieces per epoch for the requests in flight to settle; at 100 ms
 an epoch that short loses a quarter to its first round trip, so ``--rows 100000`` (1,563 chunks) measures hiding
 latency more fairly. The server runs in a process of its own (``servers.HttpStoreProcess``), as a store on
-another machine would: in the loader's process its threads would share the loader's GIL.
+another machine would (in the loader's process its threads would share the loader's GIL), and answers from one
+event loop (``--server asyncio``): a request waiting out its delay costs a timer, not a thread, as in an object
+store; ``--server threads`` is the thread-per-request server of the tests and lessons.
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="decode threads (default: zarrtorch's, the CPUs' share)")
     p.add_argument(
-        "--in-process-server",
-        action="store_true",
-        help="serve from threads of this process (as earlier tables did) instead of a process of its own",
+        "--server",
+        choices=["asyncio", "threads", "in-process"],
+        default="asyncio",
+        help="the stand-in store: one event loop in a process of its own (default), a thread per request in a "
+        "process of its own, or threads of this process (as the earliest tables did)",
     )
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--verbose", action="store_true", help="print each epoch's rows/s and requests in flight")
@@ -101,8 +105,13 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [(w, None) for w in args.workers] + [(w, d) for w in args.workers for d in args.delay_ms]
     rates: dict = {(w, d, label[n]): [] for w, d in rows for n in settings}
     with ExitStack() as stack:
-        serve = servers.HttpStoreServer if args.in_process_server else servers.HttpStoreProcess
-        hosts = {d: stack.enter_context(serve(store.parent, delay_ms=d)) for d in args.delay_ms}
+
+        def serve(delay: float):
+            if args.server == "in-process":
+                return servers.HttpStoreServer(store.parent, delay_ms=delay)
+            return servers.HttpStoreProcess(store.parent, delay_ms=delay, asyncio=args.server == "asyncio")
+
+        hosts = {d: stack.enter_context(serve(d)) for d in args.delay_ms}
         for _ in range(args.repeats):
             for (workers, delay), n in ((row, n) for row in rows for n in settings):
                 source = str(store) if delay is None else f"{hosts[delay].url}/{store.name}"
@@ -116,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     answered = {f"{d:g}": sum(host.requests.values()) for d, host in hosts.items()}  # every read reached it
     print(
         f"rows/s through ZarrDataLoader ({args.threads or 'default'} decode threads, batch {args.batch_size}); "
-        f"{store.name}; server {'in this process' if args.in_process_server else 'in its own process'}; "
+        f"{store.name}; server: {args.server}; "
         f"median of {args.repeats} loaders [lowest-highest], each the median of {args.epochs} epochs; "
         "(x): the same setting over HTTP without delay, median of the repeats' ratios"
     )

@@ -39,7 +39,7 @@ from zarrtorch.windows import Windows, WindowStarts, no_windows_message
 
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store starts with
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
-MOST_IN_FLIGHT = 128  # and never more requests than this (each waits in a reading thread)
+MOST_IN_FLIGHT = 256  # and never more requests than this (each waits in a reading thread; benchmarks/README.md)
 
 THROUGH_THE_LOADER = (
     "iterate a ZarrIterableDataset through zarrtorch.ZarrDataLoader(dataset, batch_size=...): the loader "

@@ -140,7 +140,7 @@ def test_the_adaptive_default_reads_every_row_once_over_a_slow_server(store, wor
     with HttpStoreServer(store.parent, delay_ms=20) as server:
         ds = ZarrIterableDataset(f"{server.url}/{store.name}", variables=["x"], return_index=True, seed=1)
         first, most = ds.in_flight_range(1)
-        assert (first, most) == (8, 128)  # small chunks: the most that 256 MiB of them hold is capped at 128
+        assert (first, most) == (8, 256)  # small chunks: the most that 256 MiB of them hold is capped at 256
         loader = ZarrDataLoader(ds, batch_size=10, num_workers=workers)
         assert loader_memory(loader).per_reader >= (most + 1) * 6 * 3 * 4  # counts the most, not the first
         for epoch in (0, 1):

@@ -46,11 +46,25 @@ def check_epoch(ds: ZarrIterableDataset, **loader_kwargs) -> None:
     assert set(everything.tolist()) == set(range(ROWS)) and len(everything) - ROWS < WORLD
 
 
-def test_a_server_in_its_own_process_serves_and_counts(served):
-    """The benchmarks' server in a process of its own (no GIL shared with the loader it serves): the loader
-    reads every row through it, and the answers it counted come back when it stops."""
-    with HttpStoreProcess(served, delay_ms=1) as server:
+@pytest.mark.parametrize("asyncio", [False, True])
+def test_a_server_in_its_own_process_serves_and_counts(served, asyncio):
+    """The benchmarks' server in a process of its own (no GIL shared with the loader it serves), a thread per
+    request or one event loop: the loader reads every row through it, byte ranges and HEAD answer as a bucket
+    does, a missing key is 404, and the answers it counted come back when it stops."""
+    import urllib.error
+    import urllib.request
+
+    with HttpStoreProcess(served, delay_ms=1, asyncio=asyncio) as server:
         check_epoch(ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, return_index=True))
+        whole = (served / "s.zarr" / "zarr.json").read_bytes()
+        ranged = urllib.request.Request(f"{server.url}/s.zarr/zarr.json", headers={"Range": "bytes=2-9"})
+        with urllib.request.urlopen(ranged) as answer:
+            assert answer.status == 206 and answer.read() == whole[2:10]
+        head = urllib.request.Request(f"{server.url}/s.zarr/zarr.json", method="HEAD")
+        with urllib.request.urlopen(head) as answer:
+            assert int(answer.headers["Content-Length"]) == len(whole) and answer.read() == b""
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"{server.url}/s.zarr/no-such-key")
     reads = [server.requests.get(f"s.zarr/x/c/{c}/0/0", 0) for c in range(-(-ROWS // CHUNK))]
     assert min(reads) >= 1 and max(reads) <= 2  # every chunk read, once (twice where two ranks' shares split it)
     with pytest.raises(RuntimeError, match="not running"):

@@ -161,8 +161,8 @@ class HttpStoreProcess:
     100 ms per request, with 128 requests in flight, 128 of its threads wake and answer inside the process
     measured). Same ``url``; ``requests`` (answers per key) is filled in when it stops."""
 
-    def __init__(self, root: str | os.PathLike, *, delay_ms: float = 0.0, start_s: float = 60.0):
-        self.root, self.delay_ms, self.start_s = Path(root).resolve(), float(delay_ms), start_s
+    def __init__(self, root: str | os.PathLike, *, delay_ms: float = 0.0, asyncio: bool = False, start_s: float = 60.0):
+        self.root, self.delay_ms, self.asyncio, self.start_s = Path(root).resolve(), float(delay_ms), asyncio, start_s
         self.requests: dict[str, int] = {}
         self._proc = None
         self._url: str | None = None
@@ -178,6 +178,7 @@ class HttpStoreProcess:
         import sys
 
         cmd = [sys.executable, "-m", "zarrtorch.course.servers", str(self.root), "--delay-ms", str(self.delay_ms)]
+        cmd += ["--asyncio"] if self.asyncio else []
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = threading.Timer(self.start_s, self._proc.kill)  # a server that never says its address
         ready.start()
@@ -214,8 +215,8 @@ class HttpStoreProcess:
 
 
 def _serve(argv: list[str] | None = None) -> None:
-    """``python -m zarrtorch.course.servers ROOT --delay-ms D``: print the URL, serve until the input ends, then
-    print the answers per key as JSON (:class:`HttpStoreProcess`)."""
+    """``python -m zarrtorch.course.servers ROOT --delay-ms D [--asyncio]``: print the URL, serve until the input
+    ends, then print the answers per key as JSON (:class:`HttpStoreProcess`)."""
     import argparse
     import json
     import sys
@@ -223,12 +224,64 @@ def _serve(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="serve a directory over HTTP on 127.0.0.1 until stdin ends")
     p.add_argument("root")
     p.add_argument("--delay-ms", type=float, default=0.0)
+    p.add_argument("--asyncio", action="store_true", help="one event loop (aiohttp) instead of a thread a request")
     args = p.parse_args(argv)
-    with HttpStoreServer(args.root, delay_ms=args.delay_ms) as server:
-        print(server.url, flush=True)
-        sys.stdin.read()
-        requests = dict(server.requests)
+    if args.asyncio:
+        requests = _serve_asyncio(Path(args.root).resolve(), args.delay_ms / 1000)
+    else:
+        with HttpStoreServer(args.root, delay_ms=args.delay_ms) as server:
+            print(server.url, flush=True)
+            sys.stdin.read()
+            requests = dict(server.requests)
     print(json.dumps(requests), flush=True)
+
+
+def _serve_asyncio(root: Path, delay_s: float) -> dict[str, int]:
+    """The same answers as :class:`HttpStoreServer` (GET, HEAD, byte ranges, a delay per request) from one
+    aiohttp event loop: a request waiting out its delay costs a timer, not a thread, as in an object store that
+    answers thousands at once. Prints the URL, serves until stdin ends, returns the answers per key."""
+    import asyncio
+    import sys
+
+    from aiohttp import web
+
+    requests: dict[str, int] = {}
+
+    async def answer(request: web.Request) -> web.Response:
+        key = unquote(request.path).lstrip("/")
+        requests[key] = requests.get(key, 0) + 1
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        path = (root / key).resolve()
+        if root not in path.parents and path != root or not path.is_file():
+            return web.Response(status=404)
+        data = path.read_bytes()
+        headers = {"Accept-Ranges": "bytes"}
+        match = _RANGE.match(request.headers.get("Range", ""))
+        if not match:
+            return web.Response(body=data, headers=headers)
+        first, last = match.groups()
+        if first == "":
+            start, stop = max(0, len(data) - int(last)), len(data)
+        else:
+            start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+        headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
+        return web.Response(status=206, body=data[start:stop], headers=headers)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/{key:.*}", answer)  # HEAD too
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock, backlog=1024).start()
+        print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await runner.cleanup()
+
+    asyncio.run(main())
+    return requests
 
 
 class S3Server:
