@@ -23,7 +23,7 @@ class ReadOptions:
         decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
         requests_in_flight: chunks read ahead at once per process, fixed; default ``decode_threads + 1`` for a
             local store, and for a remote one, where each request waits for the network, from 8 up to what
-            256 MiB of decoded chunks hold (at most 128), grown while the reads wait on latency, not in a queue.
+            256 MiB of decoded chunks hold (at most 256), grown while the reads wait on latency, not in a queue.
         storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...);
             secrets among them never appear in a message.
         retry: timeout and retries for each remote request.

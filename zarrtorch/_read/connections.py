@@ -2,7 +2,7 @@
 
 fsspec's HTTP filesystem opens an aiohttp session whose connector allows 100 connections, and s3fs a botocore
 pool of 10. Requests beyond that wait for a free connection inside the client, not for the network, so a
-process that keeps 128 requests in flight (:mod:`zarrtorch._read.inflight`) has at most 100 (or 10) on the wire:
+process that keeps 128 or 256 requests in flight (:mod:`zarrtorch._read.inflight`) has at most 100 (or 10) on the wire:
 at 100 ms per request, 1,000 (or 100) requests per second whatever the level. Measured in ``benchmarks/README.md``
 ("the client's pool"). A URL opened by the loader gets a pool the requests in flight cannot exhaust, unless its
 ``storage_options`` choose one already (``get_client``, ``client_kwargs["connector"]``,
