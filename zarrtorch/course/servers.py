@@ -20,6 +20,18 @@ from urllib.parse import unquote, urlsplit
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 
+def byte_range(header: str, size: int) -> tuple[int, int] | None:
+    """``(start, stop)`` of an HTTP ``Range: bytes=a-b`` header (``bytes=-n``: the last n bytes) for an object of
+    ``size`` bytes, or ``None`` when there is no such header (the whole object)."""
+    match = _RANGE.match(header)
+    if not match:
+        return None
+    first, last = match.groups()
+    if first == "":
+        return max(0, size - int(last)), size
+    return int(first), min(size, int(last) + 1 if last else size)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,13 +80,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         data = path.read_bytes()
-        match = _RANGE.match(self.headers.get("Range", ""))
-        if match:
-            first, last = match.groups()
-            if first == "":  # a suffix: the last N bytes
-                start, stop = max(0, len(data) - int(last)), len(data)
-            else:
-                start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+        asked = byte_range(self.headers.get("Range", ""), len(data))
+        if asked:
+            start, stop = asked
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
             data = data[start:stop]
@@ -257,14 +265,10 @@ def _serve_asyncio(root: Path, delay_s: float) -> dict[str, int]:
             return web.Response(status=404)
         data = path.read_bytes()
         headers = {"Accept-Ranges": "bytes"}
-        match = _RANGE.match(request.headers.get("Range", ""))
-        if not match:
+        asked = byte_range(request.headers.get("Range", ""), len(data))
+        if not asked:
             return web.Response(body=data, headers=headers)
-        first, last = match.groups()
-        if first == "":
-            start, stop = max(0, len(data) - int(last)), len(data)
-        else:
-            start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+        start, stop = asked
         headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
         return web.Response(status=206, body=data[start:stop], headers=headers)
 
