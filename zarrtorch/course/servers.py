@@ -20,6 +20,12 @@ from urllib.parse import unquote, urlsplit
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
 
 
+def stored_file(root: Path, key: str) -> Path | None:
+    """The file ``key`` names under ``root``, or ``None`` when there is none (or the key leaves ``root``)."""
+    path = (root / key).resolve()
+    return path if root in path.parents and path.is_file() else None
+
+
 def byte_range(header: str, size: int) -> tuple[int, int] | None:
     """``(start, stop)`` of an HTTP ``Range: bytes=a-b`` header (``bytes=-n``: the last n bytes) for an object of
     ``size`` bytes, or ``None`` when there is no such header (the whole object)."""
@@ -71,8 +77,8 @@ class _Handler(BaseHTTPRequestHandler):
         if owner.delay_s:
             time.sleep(owner.delay_s)
         status = next((code for pattern, code in owner.faults.items() if re.search(pattern, key)), None)
-        path = (owner.root / key).resolve()
-        if status is None and (owner.root not in path.parents and path != owner.root or not path.is_file()):
+        path = stored_file(owner.root, key)
+        if status is None and path is None:
             status = 404
         if status is not None:
             self.send_response(status)
@@ -256,12 +262,12 @@ def _serve_asyncio(root: Path, delay_s: float) -> dict[str, int]:
     requests: dict[str, int] = {}
 
     async def answer(request: web.Request) -> web.Response:
-        key = unquote(request.path).lstrip("/")
+        key = request.path.lstrip("/")  # aiohttp's path is unquoted already
         requests[key] = requests.get(key, 0) + 1
         if delay_s:
             await asyncio.sleep(delay_s)
-        path = (root / key).resolve()
-        if root not in path.parents and path != root or not path.is_file():
+        path = stored_file(root, key)
+        if path is None:
             return web.Response(status=404)
         data = path.read_bytes()
         headers = {"Accept-Ranges": "bytes"}
