@@ -44,7 +44,7 @@ from zarrtorch.course.memory import MemorySampler  # noqa: E402
 from zarrtorch.plan import EpochSpec, Topology  # noqa: E402
 from zarrtorch.quality import perfect_shuffle_batches, shuffle_quality  # noqa: E402
 from zarrtorch.resume import batches_of  # noqa: E402
-from zarrtorch.window_stream import chunk_reads, worker_window_batches  # noqa: E402
+from zarrtorch.window_stream import chunk_reads, held_chunks_bound, worker_window_batches  # noqa: E402
 from zarrtorch.windows import Windows, WindowStarts  # noqa: E402
 
 WINDOWS = Windows(history=2, lead=4)
@@ -141,9 +141,9 @@ def zarrtorch_run(path: Path, workers: int, repeats: int) -> dict:
     reads = []
     original = PieceReader.read_piece
 
-    def counted(self, start, stop):  # 0 workers: every chunk read, as the reader is asked for it
+    def counted(self, start, stop, **kwargs):  # 0 workers: every chunk read, as the reader is asked for it
         reads.append(start)
-        return original(self, start, stop)
+        return original(self, start, stop, **kwargs)
 
     PieceReader.read_piece = counted
     try:
@@ -171,7 +171,9 @@ def planned_reads(ds, spec, topology: Topology, epoch: int) -> int:
     for share in plan.workers:
         rng = buffer_rng(spec.seed, epoch, topology.rank, share.worker, spec.row_shuffle)
         batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
-        total += len(chunk_reads(batches, share.pieces, ds.starts, WINDOWS.offsets, ds.store_chunk_rows).chunks)
+        most_held = ds._window_chunks_for_batches()  # what the worker keeps to
+        reads = chunk_reads(batches, share.pieces, ds.starts, WINDOWS.offsets, ds.store_chunk_rows, most_held=most_held)
+        total += len(reads.chunks)
     return total
 
 
@@ -196,14 +198,18 @@ def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -
 
 
 def block_tradeoff(steps: int, blocks: list[int | None], world: int = 4, workers: int = 2) -> list[dict]:
-    """Decodes per chunk and the most chunks a worker holds (``world`` x ``workers``), and one rank's shuffle
-    quality (1 x ``workers``), for each block length, over ``steps`` one-step chunks: window ids only, no store."""
+    """Decodes per chunk, the most chunks a worker holds and the bound it keeps to (``world`` x ``workers``), and
+    one rank's shuffle quality (1 x ``workers``), for each block length, over ``steps`` one-step chunks: window ids
+    only, no store."""
     out = []
     for block_chunks in blocks:
         w = Windows(history=WINDOWS.history, lead=WINDOWS.lead, block_chunks=block_chunks)
         starts = WindowStarts.of(w, steps)
         spec = EpochSpec(starts.n, w.block_rows(1), BATCH, True, seed=0, windows=w.describe())
         reads = held = 0
+        bound = held_chunks_bound(
+            w, block_rows=spec.chunk_rows, chunk_rows=1, buffer_rows=spec.buffer_rows, batch_size=BATCH
+        )
         for rank in range(world):
             plan = spec.plan(1, Topology(rank, world, workers))
             for share in plan.workers:
@@ -211,7 +217,7 @@ def block_tradeoff(steps: int, blocks: list[int | None], world: int = 4, workers
                 batches = worker_window_batches(
                     share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng
                 )
-                r = chunk_reads(batches, share.pieces, starts, w.offsets, 1)
+                r = chunk_reads(batches, share.pieces, starts, w.offsets, 1, most_held=bound)
                 reads, held = reads + len(r.chunks), max(held, r.most_held)
         one_rank = [starts.start(b) for b in batches_of(spec, spec.plan(1, Topology(0, 1, workers)))]
         q = shuffle_quality(one_rank, rows=steps, chunk_rows=100)
@@ -222,6 +228,8 @@ def block_tradeoff(steps: int, blocks: list[int | None], world: int = 4, workers
                 "decodes_per_chunk": reads / steps,
                 "most_held_chunks": held,
                 "held_mib": held * int(np.prod(ROW_SHAPE)) * 4 / 2**20,
+                "bound_chunks": bound,
+                "bound_mib": bound * int(np.prod(ROW_SHAPE)) * 4 / 2**20,
                 "diversity": q.chunk_diversity,
                 "order_correlation": q.order_correlation,
             }
@@ -278,16 +286,17 @@ def main(argv: list[str] | None = None) -> dict:
     kib = np.prod(ROW_SHAPE) * 4 // 1024
     print(f"\nblock length ({args.trade_steps:,} one-step chunks of {kib} KiB, buffer 8 blocks, window ids only):")
     print("decodes and memory on 4 ranks x 2 workers, shuffle quality on 1 x 2")
-    head = ("block chunks", 12), ("decodes/chunk", 15), ("held chunks", 13), ("held MiB", 10), ("diversity", 11)
+    head = ("block chunks", 12), ("decodes/chunk", 15), ("held chunks", 13), ("held MiB", 10), ("bound MiB", 11)
+    head += (("diversity", 11),)
     print("  " + "".join(f"{h:>{w}}" for h, w in head) + f"{'order corr':>12}")
     for b in result["blocks"]:
         if b["block_chunks"] == "perfect":
-            print(f"  {'perfect':>12}{'':>15}{'':>13}{'':>10}{b['diversity']:>11.2f}{b['order_correlation']:>12.3f}")
+            print(f"  {'perfect':>12}{'':>49}{b['diversity']:>11.2f}{b['order_correlation']:>12.3f}")
             continue
         mark = " (default)" if b["default"] else ""
         print(
             f"  {b['block_chunks']:>12}{b['decodes_per_chunk']:>15.3f}{b['most_held_chunks']:>13}"
-            f"{b['held_mib']:>10.1f}{b['diversity']:>11.2f}{b['order_correlation']:>12.3f}{mark}"
+            f"{b['held_mib']:>10.1f}{b['bound_mib']:>11.1f}{b['diversity']:>11.2f}{b['order_correlation']:>12.3f}{mark}"
         )
     if args.figure:
         plot(result["blocks"], args.figure)
@@ -309,8 +318,10 @@ def plot(blocks: list[dict], path: str) -> None:
     axes[0].plot(x, [b["decodes_per_chunk"] for b in rows], "o-")
     axes[0].axhline(1.1, ls="--", c="grey", label="goal 1.1")
     axes[0].set(ylabel="chunk decodes per chunk per epoch", title="re-reads (halos)")
-    axes[1].plot(x, [b["held_mib"] for b in rows], "o-")
-    axes[1].set(ylabel="most held by a worker (MiB)", title="memory")
+    axes[1].plot(x, [b["held_mib"] for b in rows], "o-", label="most held")
+    axes[1].plot(x, [b["bound_mib"] for b in rows], "s--", label="bound (loader_memory)")
+    axes[1].set(ylabel="decoded chunks of one worker (MiB)", title="memory")
+    axes[1].legend()
     axes[2].plot(x, [b["diversity"] for b in rows], "o-", label="zarrtorch")
     axes[2].axhline(perfect["diversity"], ls="--", c="grey", label="perfect shuffle")
     axes[2].set(ylabel="chunk diversity (100-step stretches)", title="shuffle quality")

@@ -25,7 +25,7 @@ from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
-from zarrtorch._util.sizes import ceil_div, held_chunks, pieces_per_read, row_bytes
+from zarrtorch._util.sizes import held_chunks, pieces_per_read, row_bytes
 from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng
@@ -34,7 +34,7 @@ from zarrtorch.options import ReadOptions, check_settings, deprecated_dataset_ar
 from zarrtorch.plan import EpochSpec, RankPlan, Topology, resume_roles, shuffles_rows
 from zarrtorch.resume import batches_of, resumed_plan
 from zarrtorch.stream import stream_batches
-from zarrtorch.window_stream import chunk_reads, stream_windows, worker_window_batches
+from zarrtorch.window_stream import chunk_reads, held_chunks_bound, stream_windows, worker_window_batches
 from zarrtorch.windows import Windows, WindowStarts, no_windows_message
 
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store starts with
@@ -268,17 +268,24 @@ class ZarrIterableDataset(IterableDataset):
         return held * self.chunk_rows * self.row_bytes
 
     def _window_chunks_held(self, decode_threads: int, row_shuffle: bool) -> int:
-        """Store chunks one worker holds at most with ``windows`` (:mod:`zarrtorch.window_stream`): those of the
-        pieces with windows in the buffer or the batch (the buffer's slots, or a batch when larger, in blocks, and
-        two pieces partly emitted) and its reads in flight. A piece needs its block's chunks and, for each run of
-        consecutive starts in it, the halo and a chunk boundary at each end."""
-        chunk, block = self.store_chunk_rows, self.chunk_rows
-        runs = self.starts.most_runs(block)
-        halo = ceil_div(self.windows.span - 1, chunk)
-        per_piece = min(block * self.windows.steps, ceil_div(block, chunk) + runs * (halo + 2))
+        """Store chunks one worker holds at most with ``windows`` (:mod:`zarrtorch.window_stream`): those its window
+        batches draw from (:func:`~zarrtorch.window_stream.held_chunks_bound`, which the worker keeps to) and its
+        reads in flight."""
+        return self._window_chunks_for_batches(row_shuffle) + self.in_flight(decode_threads)
+
+    def _window_chunks_for_batches(self, row_shuffle: bool | None = None) -> int:
+        """The chunks of :meth:`_window_chunks_held` that window batches draw from (not those in flight)."""
+        if row_shuffle is None:
+            row_shuffle = shuffles_rows(self.shuffle, self.buffer_chunks)
         batch = self.config.batch_size if self.config is not None else 1
-        slots = max(self.buffer_rows if row_shuffle else 0, batch)
-        return (ceil_div(slots, block) + 2) * per_piece + self.in_flight(decode_threads)
+        return held_chunks_bound(
+            self.windows,
+            block_rows=self.chunk_rows,
+            chunk_rows=self.store_chunk_rows,
+            buffer_rows=self.buffer_rows if row_shuffle else 0,
+            batch_size=batch,
+            runs=self.starts.most_runs(self.chunk_rows),
+        )
 
     # -- the plan ------------------------------------------------------------------------------------
     def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:
@@ -467,7 +474,10 @@ class ZarrIterableDataset(IterableDataset):
         rng = buffer_rng(spec.seed, view.epoch, view.rank, logical, spec.row_shuffle, plan.segment)
         batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
         offsets = self.windows.offsets
-        reads = chunk_reads(batches, share.pieces, self.starts, offsets, self.store_chunk_rows, skip=skip)
+        most_held = self._window_chunks_for_batches()
+        reads = chunk_reads(
+            batches, share.pieces, self.starts, offsets, self.store_chunk_rows, skip=skip, most_held=most_held
+        )
         self.last_chunk_reads = reads  # this process's chunk reads for the epoch: lesson 08 counts its decodes
         reader = self._reader(self.store_chunk_rows, threads)
         writer = self._writer(worker, info)
@@ -490,6 +500,8 @@ class ZarrIterableDataset(IterableDataset):
             padding=plan.padding if self.return_padding else None,
             packings=self.packings,
             out=writer.out if writer is not None else self._pools.batches(spec.batch_size, columns),
+            held_slots=most_held,
+            held_arrays=self._pools.held,
         )
         return self._delivered(batches_out, writer)
 

@@ -7,19 +7,29 @@ and the last batch that needs each chunk, and reads each chunk once for all the 
 use it (:func:`chunk_reads`), in the order the batches first need them, ahead of use in the reading threads.
 A chunk is dropped after the last batch that needs it; it is read again only for a piece that comes later
 and reaches it: the halo of a block read by the worker holding the block before it.
+
+The buffer draws its windows at random, so a block's chunks stay until the last window that reads each of
+them is drawn: a chunk read by ``fan`` windows stays about ``H(fan) <= 1 + ln(fan)`` turnovers of the buffer
+(the expected largest of ``fan`` waiting times), not one. :func:`held_chunks_bound` counts that, and
+:func:`chunk_reads` keeps to it whatever the draws: where the schedule would hold more, it drops the chunks
+needed again the latest and reads them again then (Belady's rule: the fewest reads for that memory).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from zarrtorch._read.reader import PieceReader
+from zarrtorch._util.sizes import ceil_div
 from zarrtorch.buffer import simulate
+from zarrtorch.held_chunks import HeldChunks
 from zarrtorch.plan import WorkerPlan
-from zarrtorch.windows import WindowStarts
+from zarrtorch.windows import Windows, WindowStarts
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,23 @@ class ChunkReads:
         return int(np.cumsum(change).max())
 
 
+def held_chunks_bound(
+    windows: Windows, *, block_rows: int, chunk_rows: int, buffer_rows: int, batch_size: int, runs: int = 1
+) -> int:
+    """The most store chunks a worker holds at once for its window batches (its reads in flight not counted):
+    the pieces with windows in the buffer (or the batch, when larger), each kept ``1 + ln(fan)`` turnovers of
+    the buffer, where ``fan`` windows read one chunk, and two pieces partly emitted; at least one batch's
+    chunks. A piece needs its block's chunks and, for each of its ``runs`` runs of consecutive starts, the halo
+    and a chunk boundary at each end. :func:`chunk_reads` keeps to it."""
+    block, chunk = int(block_rows), int(chunk_rows)
+    halo = ceil_div(windows.span - 1, chunk)
+    per_piece = min(block * windows.steps, ceil_div(block, chunk) + int(runs) * (halo + 2))
+    fan = min(windows.steps * chunk, windows.span + chunk - 1)  # window starts whose steps reach one chunk
+    pieces = ceil_div(max(int(buffer_rows), int(batch_size)), block) * (1 + math.log(fan))
+    per_window = min(windows.steps, halo + 1)  # chunks one window reads
+    return max(math.ceil((pieces + 2) * per_piece), int(batch_size) * per_window)
+
+
 def window_rows(starts: WindowStarts, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """``(len(ids), steps)``: the store row of each step of each window."""
     return starts.start(ids)[:, None] + offsets[None, :]
@@ -55,12 +82,22 @@ def chunk_reads(
     offsets: np.ndarray,
     chunk_rows: int,
     skip: int = 0,
+    most_held: int | None = None,
 ) -> ChunkReads:
-    """The chunks a worker reads for ``batches`` (window ids per batch, its whole schedule), from batch ``skip``.
+    """The chunks a worker reads for ``batches`` (window ids per batch, its whole schedule), from batch ``skip``,
+    holding at most ``most_held`` at once (:func:`held_chunks_bound`; ``None``: no limit).
 
     Each (chunk, piece) is needed from the first to the last batch holding a window of that piece that
     reaches the chunk; the spans of one chunk that overlap or touch are read once (the piece's own chunks,
-    and the next block's first chunks when that block is this worker's next piece too)."""
+    and the next block's first chunks when that block is this worker's next piece too). Where these spans
+    would hold more than ``most_held`` chunks at once, the reads are those of :func:`_reads_within`."""
+    reads = _spans_by_piece(batches, pieces, starts, offsets, chunk_rows, skip)
+    if most_held is None or reads.most_held <= most_held:
+        return reads
+    return _reads_within(batches, starts, offsets, chunk_rows, skip, int(most_held))
+
+
+def _spans_by_piece(batches, pieces, starts, offsets, chunk_rows, skip) -> ChunkReads:
     piece_starts = pieces[:, 0] if len(pieces) else np.zeros(0, np.int64)
     order = np.argsort(piece_starts)
     keys, batch_of = [], []
@@ -100,6 +137,64 @@ def chunk_reads(
     return ChunkReads(c[when], f[when], la[when])
 
 
+def _reads_within(batches, starts, offsets, chunk_rows: int, skip: int, most_held: int) -> ChunkReads:
+    """Reads holding at most ``most_held`` chunks at once: a chunk is held from a batch that needs it and does
+    not hold it, to the last batch that needs it before it is dropped; when the chunks a batch needs do not fit,
+    those held that are needed again the latest are dropped (Belady's rule), each after its last use so far."""
+    uses_c, uses_b = [], []
+    for j in range(skip, len(batches)):
+        if len(batches[j]):
+            c = np.unique(window_rows(starts, batches[j], offsets) // chunk_rows)
+            uses_c.append(c)
+            uses_b.append(np.full(len(c), j, dtype=np.int64))
+    if not uses_c:
+        empty = np.zeros(0, np.int64)
+        return ChunkReads(empty, empty, empty)
+    chunk, batch = np.concatenate(uses_c), np.concatenate(uses_b)
+    by_chunk = np.lexsort((batch, chunk))
+    after = np.full(len(chunk), np.iinfo(np.int64).max)  # the next batch needing the same chunk
+    same = chunk[by_chunk][1:] == chunk[by_chunk][:-1]
+    after[by_chunk[:-1][same]] = batch[by_chunk][1:][same]
+    # uses are in batch order already (built batch by batch)
+    never = int(np.iinfo(np.int64).max)
+    held: dict[int, list[int]] = {}  # chunk -> [next use, its read's index]
+    latest: list[tuple[int, int]] = []  # (-next use, chunk): a heap, stale entries skipped
+    out_c, out_f, out_l = [], [], []
+    bounds = np.flatnonzero(np.diff(batch)) + 1
+    for group in np.split(np.arange(len(batch)), bounds):
+        j = int(batch[group[0]])
+        need, nxt = chunk[group].tolist(), after[group].tolist()
+        if len(need) > most_held:
+            raise RuntimeError(
+                f"zarrtorch internal error: batch {j} of a worker needs {len(need)} chunks, more than the "
+                f"{most_held} it may hold. Please report it with the loader's settings"
+            )
+        needed = set(need)
+        missing = [c for c in need if c not in held]
+        over = len(held) + len(missing) - most_held
+        while over > 0:
+            neg_next, c = heapq.heappop(latest)
+            if c in held and held[c][0] == -neg_next and c not in needed:
+                del held[c]  # its read ended at its last use, set when it was used
+                over -= 1
+        for c, u in zip(need, nxt, strict=True):
+            if c in held:
+                held[c][0] = u
+                out_l[held[c][1]] = j
+            else:
+                held[c] = [u, len(out_c)]
+                out_c.append(c)
+                out_f.append(j)
+                out_l.append(j)
+            if u == never:
+                del held[c]
+            else:
+                heapq.heappush(latest, (-u, c))
+    c, f, la = (np.array(v, dtype=np.int64) for v in (out_c, out_f, out_l))
+    when = np.lexsort((c, f))
+    return ChunkReads(c[when], f[when], la[when])
+
+
 def worker_window_batches(share: WorkerPlan, *, buffer_rows: int, warmup_rows: int, rng) -> list[np.ndarray]:
     """The window ids of every batch of one worker: the rows' buffer schedule run on ids (as workers run it)."""
     return simulate(share.pieces, share.batch_sizes, capacity=buffer_rows, warmup_rows=warmup_rows, rng=rng)
@@ -122,21 +217,27 @@ def stream_windows(
     padding: np.ndarray | None = None,
     packings: dict | None = None,
     out=None,
+    held_slots: int = 0,
+    held_arrays=None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches ``batches[skip:]`` as ``{"index": start rows, name: inputs, name_target: targets, static...}``
     (and ``"padding"`` when ``padding``, the rank's padded window ids, is given). ``out(n)``, when given,
-    returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`)."""
+    returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`). The chunks are held in
+    :class:`~zarrtorch.held_chunks.HeldChunks` of at least ``held_slots`` chunks, made by ``held_arrays``."""
     chunk_rows = reader.chunk_rows
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
-    data = reader.iter_pieces(pieces.reshape(-1, 2))
-    held: dict[int, dict[str, np.ndarray]] = {}
+    columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
+    in_flight = reader.in_flight.most * reader.pieces_per_read  # taken by reads not yet handed over
+    slots = max(reads.most_held, held_slots) + in_flight + reader.pieces_per_read
+    held = HeldChunks(columns, chunk_rows, slots, make=held_arrays)
+    data = reader.iter_pieces(pieces.reshape(-1, 2), read=held.reading(reader.read_piece))
     drops: dict[int, list[int]] = {}
     k = 0
     try:
         for j in range(skip, len(batches)):
             while k < len(reads.chunks) and reads.first[k] == j:
                 c = int(reads.chunks[k])
-                held[c] = next(data)
+                held.hold(c, next(data))
                 drops.setdefault(int(reads.last[k]), []).append(c)
                 k += 1
             ids = batches[j]
@@ -145,9 +246,14 @@ def stream_windows(
                 dest = {n: np.empty((len(ids), *shape), dtype=dt) for n, (shape, dt) in out_columns.items()}
             where = window_rows(starts, ids, offsets)
             dest["index"][:] = where[:, 0]
-            _gather(held, where[:, :history], chunk_rows, {n: dest[n] for n in inputs})
+            at = held.rows_of(where.reshape(-1)).reshape(where.shape)
+            inputs_at = np.ascontiguousarray(at[:, :history]).reshape(-1)
+            for name in inputs:
+                held.gather(name, inputs_at, dest[name])
             if targets:
-                _gather(held, where[:, history:], chunk_rows, {n: dest[n + "_target"] for n in targets})
+                targets_at = np.ascontiguousarray(at[:, history:]).reshape(-1)
+                for name in targets:
+                    held.gather(name, targets_at, dest[name + "_target"])
             for name, value in static.items():
                 dest[name][...] = value
             if padding is not None:
@@ -156,43 +262,7 @@ def stream_windows(
                 for column in [name] * (name in inputs) + [name + "_target"] * (name in targets):
                     packing.decode(dest[column])
             for c in drops.pop(j, ()):
-                del held[c]
+                held.drop(c)
             yield dest
     finally:
         data.close()
-
-
-ROW_COPY_BYTES = 1024  # rows at least this large are copied one by one (no temporary); smaller ones per chunk
-
-
-def _gather(held: dict, where: np.ndarray, chunk_rows: int, dest: dict[str, np.ndarray]) -> None:
-    """``dest[name][i, s] = row where[i, s] of name``, from the held chunks. Large rows (gridded fields) are
-    copied straight into place, a window's consecutive steps in one chunk as one slice; small ones with one
-    fancy-indexed copy per chunk and array (which would go through a temporary of the rows)."""
-    steps = where.shape[1]
-    flat_rows = where.reshape(-1)
-    chunk = flat_rows // chunk_rows
-    local = flat_rows - chunk * chunk_rows
-    runs = None
-    for name, column in dest.items():
-        flat = column.reshape(-1, *column.shape[2:])  # a view: batch arrays are C-contiguous
-        if flat[:1].nbytes >= ROW_COPY_BYTES:
-            if runs is None:
-                runs = _runs(chunk, local, steps)
-            for a, b, c, r in runs:
-                flat[a:b] = held[c][name][r : r + b - a]
-            continue
-        for c in np.unique(chunk).tolist():
-            sel = np.flatnonzero(chunk == c)
-            flat[sel] = held[c][name][local[sel]]
-
-
-def _runs(chunk: np.ndarray, local: np.ndarray, steps: int) -> list[tuple[int, int, int, int]]:
-    """``(first, stop, chunk, first row)`` of each stretch of a window's steps that are consecutive rows of one
-    chunk (positions counted over the batch's windows x steps)."""
-    new = np.ones(len(chunk), dtype=bool)
-    new[1:] = (chunk[1:] != chunk[:-1]) | (local[1:] != local[:-1] + 1)
-    new[::steps] = True  # a window never continues the one before it
-    first = np.flatnonzero(new)
-    stop = np.append(first[1:], len(chunk))
-    return list(zip(first.tolist(), stop.tolist(), chunk[first].tolist(), local[first].tolist(), strict=True))

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, audit, loader_memory, prepare_zarr
 from zarrtorch._read.reader import ChunkReadError, PieceReader
 from zarrtorch.buffer import buffer_rng
-from zarrtorch.plan import Topology
-from zarrtorch.window_stream import ROW_COPY_BYTES, chunk_reads, worker_window_batches
+from zarrtorch.plan import EpochSpec, Topology
+from zarrtorch.window_stream import chunk_reads, held_chunks_bound, window_rows, worker_window_batches
 from zarrtorch.windows import Windows, WindowStarts
 
 ROWS = 240
@@ -178,9 +178,9 @@ def count_reads(monkeypatch) -> list:
     reads = []
     original = PieceReader.read_piece
 
-    def counted(self, start, stop):
+    def counted(self, start, stop, **kwargs):
         reads.append(int(start) // self.chunk_rows)
-        return original(self, start, stop)
+        return original(self, start, stop, **kwargs)
 
     monkeypatch.setattr(PieceReader, "read_piece", counted)
     return reads
@@ -233,6 +233,78 @@ def test_a_worker_holds_no_more_than_its_memory_bound(store):
         assert loader_memory(loader).total >= 2 * bound * ds.row_bytes
 
 
+def year_schedule(w: Windows, chunk_rows: int, steps: int = 8760, batch: int = 32):
+    """One worker's epoch over a year of hourly steps, window ids only (no store): (batches, pieces, starts)."""
+    starts = WindowStarts.of(w, steps)
+    spec = EpochSpec(starts.n, w.block_rows(chunk_rows), batch, True, seed=0, windows=w.describe())
+    share = spec.plan(1, Topology(0, 1, 1)).workers[0]
+    rng = buffer_rng(spec.seed, 1, 0, share.worker, spec.row_shuffle)
+    batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
+    bound = held_chunks_bound(
+        w, block_rows=spec.chunk_rows, chunk_rows=chunk_rows, buffer_rows=spec.buffer_rows, batch_size=batch
+    )
+    return batches, share.pieces, starts, bound
+
+
+@pytest.mark.parametrize(
+    "w, chunk_rows",
+    [(Windows(history=2, lead=4), 1), (Windows(history=2, lead=4), 16), (Windows(history=3, lead=8, stride=3), 4)],
+)
+def test_a_year_of_windows_keeps_within_the_bound_without_reading_again(w, chunk_rows):
+    """At default settings over a year of hourly steps, one worker's schedule holds at most the bound's chunks,
+    with no chunk read more than about once: the buffer draws windows at random, so a block's chunks stay until
+    the last of the windows reading each is drawn (a count of the buffer's blocks plus two, without the
+    ``1 + ln(fan)`` turnovers, was exceeded 1.8-2.9 times by these schedules)."""
+    batches, pieces, starts, bound = year_schedule(w, chunk_rows)
+    reads = chunk_reads(batches, pieces, starts, w.offsets, chunk_rows)  # no limit: the spans the batches need
+    assert reads.most_held <= bound, (reads.most_held, bound)
+    chunks = -(-8760 // chunk_rows)
+    assert len(reads.chunks) / chunks <= 1.1
+    kept = chunk_reads(batches, pieces, starts, w.offsets, chunk_rows, most_held=bound)
+    assert all(np.array_equal(a, b) for a, b in zip(vars(kept).values(), vars(reads).values(), strict=True))
+
+
+def covers_every_use(reads, batches, starts, offsets, chunk_rows) -> None:
+    """Every chunk a batch needs is held during that batch by exactly one read; one chunk's reads never overlap."""
+    for j, ids in enumerate(batches):
+        for c in np.unique(window_rows(starts, ids, offsets) // chunk_rows).tolist():
+            holding = (reads.chunks == c) & (reads.first <= j) & (reads.last >= j)
+            assert holding.sum() == 1, (j, c, holding.sum())
+
+
+@pytest.mark.parametrize("limit", [192, 400, 1000])
+def test_a_tight_limit_drops_the_chunks_needed_latest_and_reads_them_again(limit):
+    """Below the spans' peak, the reads hold at most ``limit`` chunks at once, every batch still finds each
+    chunk it needs held, and reading again costs more reads, fewer the more it may hold."""
+    w = Windows(history=2, lead=4)
+    batches, pieces, starts, _ = year_schedule(w, 1)
+    free = chunk_reads(batches, pieces, starts, w.offsets, 1)
+    capped = chunk_reads(batches, pieces, starts, w.offsets, 1, most_held=limit)
+    assert free.most_held > limit >= capped.most_held
+    covers_every_use(capped, batches, starts, w.offsets, 1)
+    assert len(capped.chunks) > len(free.chunks)
+    if limit < 1000:
+        looser = chunk_reads(batches, pieces, starts, w.offsets, 1, most_held=2 * limit)
+        assert len(looser.chunks) < len(capped.chunks)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_kept_to_a_tight_limit_yields_every_window_once_with_its_rows(store, monkeypatch, workers):
+    """The loader keeps to the bound whatever the draws: with the bound forced down to one batch's chunks, the
+    reader reads chunks again, holds no more than that (its slots would run out) and every window is right."""
+    import zarrtorch.dataset
+
+    monkeypatch.setattr(zarrtorch.dataset, "held_chunks_bound", lambda w, *, batch_size, **_: batch_size * w.steps)
+    reads = count_reads(monkeypatch)
+    w = Windows(history=2, lead=4)
+    ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=3, buffer_chunks=4)
+    seen = [check(b, w) for b in ZarrDataLoader(ds, batch_size=8, num_workers=workers)]
+    assert sorted(np.concatenate(seen).tolist()) == valid_starts(w, ROWS)
+    if workers == 0:
+        assert len(reads) > ROWS  # read again: the limit was below what the spans hold
+        assert ds.last_chunk_reads.most_held <= 8 * w.steps
+
+
 def test_resume_on_another_topology_reads_every_window_once(store):
     w = Windows(history=2, lead=2)
     expected = valid_starts(w, ROWS)
@@ -283,14 +355,13 @@ def test_refusals_name_the_problem(store):
 
 
 @pytest.mark.parametrize("workers, stride", [(0, 1), (0, 2), (2, 1)])
-def test_large_rows_copied_in_place_hold_the_same_data(tmp_path, workers, stride):
-    """Rows of at least ROW_COPY_BYTES (gridded fields) are copied straight into the batch, a window's consecutive
-    steps inside one chunk as one slice (stride 1, 7-row chunks: runs cut at chunk ends); each step is its row."""
+def test_wide_rows_gathered_from_held_chunks_hold_the_same_data(tmp_path, workers, stride):
+    """Rows of a gridded field (1,600 bytes) gathered from the held chunks as bytes (7-row chunks: windows cross
+    chunk ends; stride 2 skips rows): each step is its row, in the main process and in workers."""
     rows = 120
     t = np.arange(rows, dtype=np.float32)[:, None] * np.ones(400, np.float32)  # 1,600 bytes per row
     path = tmp_path / "wide.zarr"
     prepare_zarr({"field": t}, path, chunk_rows=7, progress=False)
-    assert t[:1].nbytes >= ROW_COPY_BYTES
     w = Windows(history=3, lead=2, stride=stride)
     ds = ZarrIterableDataset(path, windows=w, return_index=True, seed=1)
     seen = []

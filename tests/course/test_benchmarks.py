@@ -167,6 +167,7 @@ def test_windows_benchmark_counts_reads(tmp_path):
     assert all(runs[name]["held_mib"] > 0 for name in runs if isinstance(runs[name], dict))  # every reader's memory
     assert [b["block_chunks"] for b in data["blocks"]] == [100, 4, 64, "perfect"]
     assert data["blocks"][-1]["diversity"] > 0.9
+    assert all(b["most_held_chunks"] <= b["bound_chunks"] for b in data["blocks"][:-1])  # what loader_memory counts
     assert min(runs["L0 steps/s"], runs["L0r steps/s"], runs["raw steps/s"]) > 0  # the three limits
 
 

@@ -59,9 +59,10 @@ def _largest_frame(arr: zarr.Array) -> int:
 def direct_decoder(
     arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None
 ) -> Callable[..., np.ndarray] | None:
-    """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into a
-    full-chunk array from a pool (:mod:`zarrtorch._util.pool`: reused once nothing references it), or ``None``
-    when ``arr`` is not stored in the simple layout this shortcut understands."""
+    """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into
+    ``into`` where given (a whole chunk's C-contiguous array) or a full-chunk array from a pool
+    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returning it; ``None`` when ``arr``
+    is not stored in the simple layout this shortcut understands."""
     if not _simple(arr):
         return None
     store = arr.store_path.store
@@ -69,10 +70,13 @@ def direct_decoder(
     read = _local_reader(store, _largest_frame(arr)) if _in_files(arr) else _remote_reader(store, policy)
     chunk_buffer = (pools or Pools()).chunks(tuple(arr.chunks), np.dtype(arr.dtype))
 
-    def decode(key: str, raw: bytes | None = None) -> np.ndarray:
+    shape, dtype = tuple(arr.chunks), np.dtype(arr.dtype)
+
+    def decode(key: str, raw: bytes | None = None, into: np.ndarray | None = None) -> np.ndarray:
         if raw is None:
             raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
-        out = chunk_buffer()
+        fits = into is not None and into.shape == shape and into.dtype == dtype and into.flags.c_contiguous
+        out = into if fits else chunk_buffer()
         size = frame_content_size(raw)
         if size is None:  # a frame that does not state its size (written by a streaming compressor)
             decoded = zstd.decode(raw)

@@ -108,9 +108,12 @@ class PieceReader:
             "if it was written with write_empty_chunks=False and the chunk is legitimately empty."
         )
 
-    def read_piece(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """The rows ``[start, stop)`` of every array (they lie in one chunk)."""
+    def read_piece(self, start: int, stop: int, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The rows ``[start, stop)`` of every array (they lie in one chunk). ``into``: for some arrays, where their
+        whole chunk is decoded (rows of the chunk's first row on), which the rows returned are a view of."""
         key = (int(start), int(stop))
+        if into is not None:
+            return self._read_checked(*key, into=into)
         if self.cache is not None and key in self.cache:
             return self.cache[key]
         out = self._read_checked(*key)
@@ -124,7 +127,7 @@ class PieceReader:
         keys = [(self.arrays[n].store_path.store, chunk_key(self.arrays[n], chunk)) for n in self._together]
         return dict(zip(self._together, get_many(keys, self.policy), strict=True))
 
-    def _read_checked(self, start: int, stop: int) -> dict[str, np.ndarray]:
+    def _read_checked(self, start: int, stop: int, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         chunk = start // self.chunk_rows
         first = chunk * self.chunk_rows
         if not first <= start < stop <= first + self.chunk_rows:  # a plan's pieces lie in one chunk each
@@ -135,26 +138,32 @@ class PieceReader:
         fetched = self._fetch_together(chunk)
         out = {}
         for name, arr in self.arrays.items():
+            target = into.get(name) if into is not None else None
             try:
-                out[name] = self._read_chunk(name, arr, chunk, fetched.get(name))[start - first : stop - first]
+                whole = self._read_chunk(name, arr, chunk, fetched.get(name), target)
+                out[name] = whole[start - first : stop - first]
             except FileNotFoundError:
                 if self.check_missing:
                     raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
                 fill = arr.fill_value if arr.fill_value is not None else 0  # what zarr reads a missing chunk as
-                out[name] = np.full((stop - start, *arr.shape[1:]), fill, dtype=arr.dtype)
+                out[name] = whole = np.full((stop - start, *arr.shape[1:]), fill, dtype=arr.dtype)
             except Exception as exc:  # the cause is not chained: its text may hold a credential, redacted here
                 why = redact(f"{type(exc).__name__}: {exc}", self.secrets)
                 raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: {why}") from None
+            if target is not None and whole is not target:  # not decoded in place: copied there
+                target[start - first : stop - first] = out[name]
+                out[name] = target[start - first : stop - first]
         return out
 
-    def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched) -> np.ndarray:
-        """The whole chunk, decoded: directly (:mod:`zarrtorch._read.fastpath`) or through zarr's codecs
-        (:mod:`zarrtorch._read.chunks`); ``fetched``: its bytes, requested already (or the error that got)."""
+    def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched, into=None) -> np.ndarray:
+        """The whole chunk, decoded: directly (:mod:`zarrtorch._read.fastpath`; into ``into`` where it fits) or
+        through zarr's codecs (:mod:`zarrtorch._read.chunks`); ``fetched``: its bytes, requested already (or the
+        error that got)."""
         if isinstance(fetched, Exception):
             raise fetched
         decode = self._direct[name]
         if decode is not None:
-            return decode(chunk_key(arr, chunk), fetched)
+            return decode(chunk_key(arr, chunk), fetched, into)
         policy = None if is_local(arr) else self.policy
         return read_chunk(arr, chunk, policy=policy, check_missing=self.check_missing)
 
@@ -170,19 +179,26 @@ class PieceReader:
         self._pool = _reading_pool(threads)  # the epoch's
         self.early = EarlyReads(self._pool.submit, self.read_piece, pieces[: self.prefetch])
 
-    def iter_pieces(self, pieces: np.ndarray, ready: list | None = None) -> Iterator[dict[str, np.ndarray]]:
+    def iter_pieces(
+        self, pieces: np.ndarray, ready: list | None = None, read: Callable[[int, int], object] | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
         """Yield the pieces' data in order while the next ones are decoded in the background. ``ready``: the
-        data of the first pieces, already read (:mod:`zarrtorch._read.early`); they hold no read buffer."""
+        data of the first pieces, already read (:mod:`zarrtorch._read.early`); they hold no read buffer.
+        ``read(start, stop)``: what the reading threads run for each piece instead of :meth:`read_piece` (its
+        result is what is yielded)."""
+        own = read is None  # reads started early read as read_piece does: used only then
+        read = read or self.read_piece
         ready = deque(ready or ())
         # reads started early, as futures held only here: each chunk is freed once its piece is consumed
-        pending: deque = deque(self.early.take_leading(pieces[len(ready) :]) if self.early is not None else ())
+        early = self.early if own else None
+        pending: deque = deque(early.take_leading(pieces[len(ready) :]) if early is not None else ())
         self.early = None
         if len(pieces) == 0:
             return
         threads = reading_threads(self.threads, self.in_flight.most)
         if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
             for start, stop in pieces:
-                yield self.read_piece(start, stop)
+                yield read(start, stop)
             return
         pool = self._pool or _reading_pool(threads)
         self._pool = None
@@ -193,7 +209,7 @@ class PieceReader:
         group = self.pieces_per_read
 
         def timed(task: list, times: list) -> _Read:
-            data = _Read(self.read_piece, task)
+            data = _Read(read, task)
             times[1] = time.monotonic()  # before the future holds the data
             return data
 

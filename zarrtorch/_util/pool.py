@@ -115,5 +115,10 @@ class Pools:
         the next epoch's buffer finds its pages resident instead of faulting in tens of MiB as it fills."""
         return self._columns_pool("slots", capacity, columns, keep=1)(capacity)
 
+    def held(self, rows: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, LeasedArray]:
+        """The arrays a worker's window batches are gathered from (:mod:`zarrtorch.held_chunks`), reused by the
+        next epoch's when as large."""
+        return self._columns_pool("held", rows, columns, keep=1)(rows)
+
     def batches(self, batch_size: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> Callable:
         return self._columns_pool("batch", batch_size, columns, keep=8)

@@ -1,0 +1,58 @@
+"""The chunks window batches are gathered from (zarrtorch.held_chunks): slots, gathers of every dtype, errors."""
+
+import numpy as np
+import pytest
+
+from zarrtorch.held_chunks import HeldChunks
+
+
+def chunk_of(c: int, rows: int, dtype, shape=(2, 3)) -> np.ndarray:
+    values = np.arange(rows * int(np.prod(shape))).reshape(rows, *shape) + 100 * c
+    return values.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.uint16, np.uint8, np.bool_, np.complex64])
+def test_gather_returns_each_row_of_each_chunk(dtype):
+    held = HeldChunks({"f": ((2, 3), np.dtype(dtype))}, chunk_rows=4, slots=3)
+    chunks = {c: chunk_of(c, 4, dtype) for c in (7, 2, 9)}
+    for c, rows in chunks.items():
+        held.put(c, {"f": rows})
+    store_rows = np.array([[29, 30, 31], [8, 9, 10], [38, 39, 11]], dtype=np.int64)  # windows x steps
+    out = np.empty((3, 3, 2, 3), dtype=dtype)
+    held.gather("f", held.rows_of(store_rows.reshape(-1)), out)
+    expect = np.stack([chunks[r // 4][r % 4] for r in store_rows.reshape(-1)]).reshape(out.shape)
+    np.testing.assert_array_equal(out, expect)
+
+
+def test_a_dropped_slot_is_filled_next_and_the_last_chunk_may_be_short():
+    held = HeldChunks({"f": ((), np.dtype(np.int64))}, chunk_rows=5, slots=2)
+    held.put(0, {"f": np.arange(5)})
+    held.put(1, {"f": np.arange(5, 10)})
+    held.drop(0)
+    held.put(2, {"f": np.arange(10, 12)})  # the store's last chunk: 2 rows
+    assert len(held) == 2
+    assert held.rows_of(np.array([10, 11, 5])).tolist() == [0, 1, 5]  # chunk 2 in slot 0
+    out = np.empty(3, np.int64)
+    held.gather("f", held.rows_of(np.array([11, 10, 9])), out)
+    assert out.tolist() == [11, 10, 9]
+
+
+def test_gather_converts_into_another_dtype_and_into_a_strided_array():
+    """CF-packed arrays are gathered into their decoded dtype; a non-contiguous target is written, not a copy."""
+    held = HeldChunks({"p": ((3,), np.dtype(np.int16))}, chunk_rows=2, slots=2)
+    held.put(0, {"p": np.array([[1, 2, 3], [4, 5, 6]], np.int16)})
+    as_float = np.zeros((1, 2, 3), np.float32)
+    held.gather("p", held.rows_of(np.array([1, 0])), as_float)
+    assert as_float.tolist() == [[[4, 5, 6], [1, 2, 3]]]
+    wide = np.zeros((1, 2, 6), np.int16)
+    held.gather("p", held.rows_of(np.array([0, 1])), wide[:, :, ::2])
+    assert wide[0, :, ::2].tolist() == [[1, 2, 3], [4, 5, 6]] and not wide[:, :, 1::2].any()
+
+
+def test_more_chunks_than_slots_or_a_chunk_not_held_is_an_internal_error_not_wrong_rows():
+    held = HeldChunks({"f": ((), np.dtype(np.float32))}, chunk_rows=2, slots=1)
+    held.put(3, {"f": np.ones(2, np.float32)})
+    with pytest.raises(RuntimeError, match="all 1 slots of the chunks held"):
+        held.put(4, {"f": np.ones(2, np.float32)})
+    with pytest.raises(RuntimeError, match="needs chunk 5 of the store, which is not held"):
+        held.rows_of(np.array([6, 10]))
