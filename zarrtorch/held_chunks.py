@@ -64,10 +64,10 @@ class HeldChunks:
         ``read_piece(start, stop, into=...)`` (:meth:`zarrtorch._read.reader.PieceReader.read_piece`) and returns
         the slot; a slot whose read failed is free again."""
 
-        def read(start: int, stop: int) -> int:
+        def read(start: int, stop: int, **options) -> int:
             slot = self.take_slot()
             try:
-                read_piece(start, stop, into=self.slot(slot))
+                read_piece(start, stop, into=self.slot(slot), **options)
             except BaseException:
                 self._free.append(slot)
                 raise

@@ -219,6 +219,28 @@ def test_the_connection_pool_holds_the_requests_in_flight(tmp_path):
     assert server.most_at_once > 100, server.most_at_once
 
 
+def test_requests_in_flight_wait_on_the_event_loop_not_in_a_thread_each(tmp_path):
+    """120 requests in flight at 300 ms each are answered through two reading threads (the decode threads): the
+    requests wait on zarr's event loop (a thread each, as before, fought that loop for the GIL). Every row
+    arrives, in order."""
+    import threading
+
+    x = np.arange(480, dtype=np.float32)[:, None]
+    prepare_zarr({"x": x}, tmp_path / "p.zarr", chunk_rows=2, progress=False)  # 240 chunks
+    most_threads = [0]
+    with HttpStoreServer(tmp_path, delay_ms=300) as server:
+        read = ReadOptions(requests_in_flight=120, decode_threads=2)
+        ds = ZarrIterableDataset(f"{server.url}/p.zarr", shuffle=False, read=read)
+        got = []
+        for batch in ZarrDataLoader(ds, batch_size=32):
+            got.append(batch["x"].numpy()[:, 0])
+            reading = [t for t in threading.enumerate() if t.name.startswith("zarrtorch-read")]
+            most_threads[0] = max(most_threads[0], len(reading))
+    np.testing.assert_array_equal(np.concatenate(got), x[:, 0])
+    assert server.most_at_once > 100, server.most_at_once
+    assert 1 <= most_threads[0] <= 2, most_threads[0]
+
+
 def test_connection_pools_are_sized_unless_the_options_choose_one():
     from zarrtorch._read.connections import S3_POOL, unbounded_http_client, with_connection_pool
 

@@ -7,7 +7,7 @@ import numpy as np
 import zarr
 from zarr.codecs.sharding import MAX_UINT_64, ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
+from zarr.core.sync import _get_loop, sync
 
 from zarrtorch._read.chunks import chunk_key
 
@@ -43,3 +43,18 @@ def test_shard_index_is_read_as_zarrtorch_expects(tmp_path):
     index = sync(codec._decode_shard_index(raw[len(raw) - size :], per_shard))
     entries = index.offsets_and_lengths.reshape(-1, 2)
     assert entries[0, 0] != MAX_UINT_64 and entries[1, 0] == MAX_UINT_64
+
+
+def test_zarr_runs_its_event_loop_in_a_thread_of_its_own():
+    """fetch_soon schedules requests on zarr's loop (zarr.core.sync._get_loop) without waiting in a thread."""
+    import asyncio
+    import threading
+
+    loop = _get_loop()
+    assert loop is _get_loop() and loop.is_running()
+
+    async def thread_name() -> str:
+        return threading.current_thread().name
+
+    where = asyncio.run_coroutine_threadsafe(thread_name(), loop)
+    assert where.result(timeout=5) not in ("", threading.current_thread().name)

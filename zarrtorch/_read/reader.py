@@ -8,6 +8,7 @@ the chunk and the store key. Arrays stored the simple way are decoded by :mod:`z
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import time
 from collections import deque
@@ -20,7 +21,7 @@ import zarr
 from zarrtorch._read.chunks import chunk_key, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import direct_decoder
-from zarrtorch._read.fetch import RetryPolicy, get_many
+from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
@@ -87,6 +88,8 @@ class PieceReader:
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
+        # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
+        self._fetch_ahead = bool(arrays) and cache is None and len(self._together) == len(arrays)
         if first is not None:
             self.read_first(first)
 
@@ -108,15 +111,18 @@ class PieceReader:
             "if it was written with write_empty_chunks=False and the chunk is legitimately empty."
         )
 
-    def read_piece(self, start: int, stop: int, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def read_piece(
+        self, start: int, stop: int, into: dict[str, np.ndarray] | None = None, fetched: dict | None = None
+    ) -> dict[str, np.ndarray]:
         """The rows ``[start, stop)`` of every array (they lie in one chunk). ``into``: for some arrays, where their
-        whole chunk is decoded (rows of the chunk's first row on), which the rows returned are a view of."""
+        whole chunk is decoded (rows of the chunk's first row on), which the rows returned are a view of.
+        ``fetched``: the chunk's bytes of each array (or the error their request got), requested already."""
         key = (int(start), int(stop))
         if into is not None:
-            return self._read_checked(*key, into=into)
+            return self._read_checked(*key, into=into, fetched=fetched)
         if self.cache is not None and key in self.cache:
             return self.cache[key]
-        out = self._read_checked(*key)
+        out = self._read_checked(*key, fetched=fetched)
         if self.cache is not None:
             self.cache[key] = out
         return out
@@ -127,7 +133,9 @@ class PieceReader:
         keys = [(self.arrays[n].store_path.store, chunk_key(self.arrays[n], chunk)) for n in self._together]
         return dict(zip(self._together, get_many(keys, self.policy), strict=True))
 
-    def _read_checked(self, start: int, stop: int, into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def _read_checked(
+        self, start: int, stop: int, into: dict[str, np.ndarray] | None = None, fetched: dict | None = None
+    ) -> dict[str, np.ndarray]:
         chunk = start // self.chunk_rows
         first = chunk * self.chunk_rows
         if not first <= start < stop <= first + self.chunk_rows:  # a plan's pieces lie in one chunk each
@@ -135,7 +143,7 @@ class PieceReader:
                 f"zarrtorch internal error: asked to read rows [{start}, {stop}) as one piece, which is not inside "
                 f"one chunk of {self.chunk_rows} rows; nothing was read. Please report it with the loader's settings"
             )
-        fetched = self._fetch_together(chunk)
+        fetched = self._fetch_together(chunk) if fetched is None else fetched
         out = {}
         for name, arr in self.arrays.items():
             target = into.get(name) if into is not None else None
@@ -176,6 +184,14 @@ class PieceReader:
         threads = reading_threads(self.threads, self.in_flight.most)
         if self.early is not None or len(pieces) == 0 or (threads == 1 and self.in_flight.most <= 1):
             return
+        if self._fetch_ahead:  # requested now, decoded in the decode threads as they arrive
+            self._pool = pool = _reading_pool(self.threads)
+
+            def submit(read, a, b):
+                return self._fetch_then_decode(pool.submit, [(a, b)], [time.monotonic(), None], read)
+
+            self.early = EarlyReads(submit, self.read_piece, pieces[: self.prefetch])
+            return
         self._pool = _reading_pool(threads)  # the epoch's
         self.early = EarlyReads(self._pool.submit, self.read_piece, pieces[: self.prefetch])
 
@@ -196,11 +212,12 @@ class PieceReader:
         if len(pieces) == 0:
             return
         threads = reading_threads(self.threads, self.in_flight.most)
+        fetch_ahead = self._fetch_ahead and self.in_flight.most > 1
         if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
             for start, stop in pieces:
                 yield read(start, stop)
             return
-        pool = self._pool or _reading_pool(threads)
+        pool = self._pool or _reading_pool(self.threads if fetch_ahead else threads)
         self._pool = None
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         todo = iter(pieces[len(ready) + len(pending) :])
@@ -219,7 +236,10 @@ class PieceReader:
                 if not task:
                     return
                 times = [time.monotonic(), None]
-                future = pool.submit(timed, task, times)
+                if fetch_ahead:
+                    future = self._fetch_then_decode(pool.submit, task, times, read)
+                else:
+                    future = pool.submit(timed, task, times)
                 timing[future] = times
                 pending.append(future)
 
@@ -254,6 +274,51 @@ class PieceReader:
             for f in pending:
                 f.cancel()
             pool.shutdown(wait=False, cancel_futures=not handed_over)
+
+    def _fetch_then_decode(
+        self, submit: Callable, task: list, times: list, read: Callable
+    ) -> concurrent.futures.Future:
+        """A future of the task's pieces: their chunks requested now on zarr's event loop
+        (:func:`~zarrtorch._read.fetch.fetch_soon`), decoded by a reading thread once they arrive. A read whose
+        future was cancelled (the epoch ended) is not decoded."""
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        names = list(self.arrays)
+        keys = [
+            (arr.store_path.store, chunk_key(arr, a // self.chunk_rows))
+            for a, _ in task
+            for arr in self.arrays.values()
+        ]
+
+        def decode(raw: list) -> None:
+            if not out.set_running_or_notify_cancel():
+                return
+            try:
+                by_piece = {
+                    a: dict(zip(names, raw[k * len(names) : (k + 1) * len(names)], strict=True))
+                    for k, (a, _) in enumerate(task)
+                }
+                data = _Read(lambda a, b: read(a, b, fetched=by_piece[a]), task)
+                times[1] = time.monotonic()
+                out.set_result(data)
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        def arrived(request: concurrent.futures.Future) -> None:  # in zarr's event loop thread
+            if out.cancelled():
+                return
+            try:
+                raw = request.result()
+            except BaseException as exc:  # not even sent (the loop stopped): the consumer hears it
+                if out.set_running_or_notify_cancel():
+                    out.set_exception(exc)
+                return
+            try:
+                submit(decode, raw)
+            except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
+                out.cancel()
+
+        fetch_soon(keys, self.policy).add_done_callback(arrived)
+        return out
 
     def read_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Arbitrary rows, used to rebuild a shuffle buffer when resuming mid-epoch. Read chunk by chunk
