@@ -268,3 +268,23 @@ def test_an_s3_store_is_opened_with_a_pool_for_the_requests_in_flight(served):
         fs = ds.arrays["x"].store_path.store.fs
         assert fs.config_kwargs["max_pool_connections"] == S3_POOL
         assert sum(len(b["x"]) for b in ZarrDataLoader(ds, batch_size=BATCH)) == ROWS
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_windows_over_http_decode_each_requested_chunk_into_its_slot(tmp_path, workers):
+    """Windows read by URL: the requested bytes are decoded into the held chunks' slots in the reading threads
+    (``fetched`` passed through ``HeldChunks.reading``): every window start once, each step its row."""
+    from zarrtorch.windows import Windows
+
+    x = np.arange(300, dtype=np.float32)[:, None] * np.ones((1, 8), np.float32)
+    prepare_zarr({"x": x}, tmp_path / "w.zarr", chunk_rows=4, progress=False)
+    w = Windows(history=2, lead=3)
+    starts = []
+    with HttpStoreServer(tmp_path, delay_ms=5) as server:
+        ds = ZarrIterableDataset(f"{server.url}/w.zarr", windows=w, seed=2, return_index=True)
+        for batch in ZarrDataLoader(ds, batch_size=8, num_workers=workers):
+            s = batch["index"].numpy()
+            np.testing.assert_array_equal(batch["x"][:, :, 0].numpy(), s[:, None] + np.arange(2))
+            np.testing.assert_array_equal(batch["x_target"][:, :, 0].numpy(), s[:, None] + np.arange(2, 5))
+            starts += s.tolist()
+    assert sorted(starts) == list(range(300 - w.span + 1))

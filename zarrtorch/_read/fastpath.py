@@ -124,16 +124,19 @@ def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], 
     decoded before that thread reads again). The buffer is mapped memory of ``size`` bytes (the largest a
     chunk file can be): only the pages a file fills become resident, it is never reallocated, and it is
     unmapped when the thread ends, not kept by the C allocator."""
-    root = Path(str(store.root))
+    root = str(Path(str(store.root))) + os.sep
     mine = threading.local()
 
     def read(key: str) -> memoryview:
-        with open(root / key, "rb", buffering=0) as fh:
-            need = os.fstat(fh.fileno()).st_size
+        fd = os.open(root + key, os.O_RDONLY)  # no file object: half the cost of open() for a 32 KiB chunk
+        try:
+            need = os.fstat(fd).st_size
             if len(getattr(mine, "buffer", b"")) < need:
                 mine.buffer = mmap.mmap(-1, max(size, need))
             view = memoryview(mine.buffer)[:need]
-            got = fh.readinto(view)
+            got = os.readv(fd, [view])
+        finally:
+            os.close(fd)
         return view[:got]
 
     return read
