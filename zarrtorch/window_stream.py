@@ -97,22 +97,34 @@ def chunk_reads(
     return _reads_within(batches, starts, offsets, chunk_rows, skip, int(most_held))
 
 
+def _uses(batches: list[np.ndarray], first: int, keys_of) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(key, batch)`` for the distinct keys ``keys_of(ids)`` each batch from ``first`` needs, in batch order;
+    ``None`` when no batch has a window."""
+    keys, batch_of = [], []
+    for j in range(first, len(batches)):
+        if len(batches[j]):
+            k = keys_of(batches[j])
+            keys.append(k)
+            batch_of.append(np.full(len(k), j, dtype=np.int64))
+    return (np.concatenate(keys), np.concatenate(batch_of)) if keys else None
+
+
+NO_READS = ChunkReads(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
 def _spans_by_piece(batches, pieces, starts, offsets, chunk_rows, skip) -> ChunkReads:
     piece_starts = pieces[:, 0] if len(pieces) else np.zeros(0, np.int64)
     order = np.argsort(piece_starts)
-    keys, batch_of = [], []
-    for j, ids in enumerate(batches):
-        if not len(ids):
-            continue
+
+    def chunk_and_piece(ids: np.ndarray) -> np.ndarray:
         piece = order[np.searchsorted(piece_starts[order], ids, side="right") - 1]
         chunk = window_rows(starts, ids, offsets) // chunk_rows
-        pair = np.unique(chunk * (len(pieces) + 1) + piece[:, None])
-        keys.append(pair)
-        batch_of.append(np.full(len(pair), j, dtype=np.int64))
-    if not keys:
-        empty = np.zeros(0, np.int64)
-        return ChunkReads(empty, empty, empty)
-    key, batch = np.concatenate(keys), np.concatenate(batch_of)
+        return np.unique(chunk * (len(pieces) + 1) + piece[:, None])
+
+    uses = _uses(batches, 0, chunk_and_piece)
+    if uses is None:
+        return NO_READS
+    key, batch = uses
     by_key = np.lexsort((batch, key))
     key, batch = key[by_key], batch[by_key]
     new = np.concatenate([[True], key[1:] != key[:-1]])
@@ -141,16 +153,10 @@ def _reads_within(batches, starts, offsets, chunk_rows: int, skip: int, most_hel
     """Reads holding at most ``most_held`` chunks at once: a chunk is held from a batch that needs it and does
     not hold it, to the last batch that needs it before it is dropped; when the chunks a batch needs do not fit,
     those held that are needed again the latest are dropped (Belady's rule), each after its last use so far."""
-    uses_c, uses_b = [], []
-    for j in range(skip, len(batches)):
-        if len(batches[j]):
-            c = np.unique(window_rows(starts, batches[j], offsets) // chunk_rows)
-            uses_c.append(c)
-            uses_b.append(np.full(len(c), j, dtype=np.int64))
-    if not uses_c:
-        empty = np.zeros(0, np.int64)
-        return ChunkReads(empty, empty, empty)
-    chunk, batch = np.concatenate(uses_c), np.concatenate(uses_b)
+    uses = _uses(batches, skip, lambda ids: np.unique(window_rows(starts, ids, offsets) // chunk_rows))
+    if uses is None:
+        return NO_READS
+    chunk, batch = uses
     by_chunk = np.lexsort((batch, chunk))
     after = np.full(len(chunk), np.iinfo(np.int64).max)  # the next batch needing the same chunk
     same = chunk[by_chunk][1:] == chunk[by_chunk][:-1]
