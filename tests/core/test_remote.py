@@ -288,3 +288,33 @@ def test_windows_over_http_decode_each_requested_chunk_into_its_slot(tmp_path, w
             np.testing.assert_array_equal(batch["x_target"][:, :, 0].numpy(), s[:, None] + np.arange(2, 5))
             starts += s.tolist()
     assert sorted(starts) == list(range(300 - w.span + 1))
+
+
+def test_a_requested_read_always_ends_its_future(served):
+    """A read requested on the event loop ends its future whatever happens once the bytes arrive: decoded, the
+    error of a refused hand-over (the consumer hears it, never waits for nothing), or cancelled when the reading
+    threads are gone (the epoch ended)."""
+    import concurrent.futures
+
+    from zarrtorch._read.reader import PieceReader
+
+    with HttpStoreServer(served) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr")
+        reader = PieceReader(ds.arrays, ds.chunk_rows, threads=1, prefetch=4)
+        assert reader._fetch_ahead
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            done = reader._fetch_then_decode(pool.submit, [(0, CHUNK)], [0.0, None], reader.read_piece)
+            np.testing.assert_array_equal(done.result(timeout=10).next()["x"][:, 0, 0], np.arange(CHUNK) * 10)
+
+        def refused(*_):
+            raise ValueError("no thread for it")
+
+        def shut(*_):
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+        failed = reader._fetch_then_decode(refused, [(0, CHUNK)], [0.0, None], reader.read_piece)
+        with pytest.raises(ValueError, match="no thread for it"):
+            failed.result(timeout=10)
+        ended = reader._fetch_then_decode(shut, [(0, CHUNK)], [0.0, None], reader.read_piece)
+        with pytest.raises(concurrent.futures.CancelledError):
+            ended.result(timeout=10)

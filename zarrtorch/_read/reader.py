@@ -316,6 +316,9 @@ class PieceReader:
                 submit(decode, raw)
             except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
                 out.cancel()
+            except BaseException as exc:  # anything else reaches the consumer: it must not wait for nothing
+                if out.set_running_or_notify_cancel():
+                    out.set_exception(exc)
 
         fetch_soon(keys, self.policy).add_done_callback(arrived)
         return out
