@@ -234,7 +234,8 @@ def stream_windows(
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
     columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
     in_flight = reader.in_flight.most * reader.pieces_per_read  # taken by reads not yet handed over
-    slots = max(reads.most_held, held_slots) + in_flight + reader.pieces_per_read
+    held_most = min(max(reads.most_held, held_slots), starts.chunks_reached(int(offsets[-1]) + 1, chunk_rows))
+    slots = held_most + in_flight + reader.pieces_per_read  # one chunk is held in one slot at a time
     held = HeldChunks(columns, chunk_rows, slots, make=held_arrays)
     data = reader.iter_pieces(pieces.reshape(-1, 2), read=held.reading(reader.read_piece))
     drops: dict[int, list[int]] = {}

@@ -160,6 +160,14 @@ class WindowStarts:
     def n(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
+    def chunks_reached(self, span: int, chunk_rows: int) -> int:
+        """Store chunks of ``chunk_rows`` rows that the windows (``span`` rows each) reach, first to last: no
+        worker holds more of them at once."""
+        if self.n == 0:
+            return 0
+        first, last = (int(v) for v in self.start([0, self.n - 1]))
+        return (last + int(span) - 1) // int(chunk_rows) - first // int(chunk_rows) + 1
+
     def most_runs(self, block_rows: int) -> int:
         """The most runs (stretches of consecutive starts) one block of ``block_rows`` ids touches."""
         if len(self._ends) <= 1:

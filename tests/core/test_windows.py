@@ -474,3 +474,16 @@ def test_damaged_chunk_bytes_inside_a_window_are_an_error(tmp_path):
     ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=2))
     with pytest.raises(ChunkReadError, match="chunk 5"):
         list(ZarrDataLoader(ds, batch_size=4))
+
+
+@pytest.mark.parametrize("chunk, row_range", [(1, None), (4, (10, 90)), (7, (3, 50))])
+def test_no_worker_counts_more_chunks_than_its_windows_reach(tmp_path, chunk, row_range):
+    """A short period of a store: the chunks counted for window batches are at most those its windows reach,
+    first to last (brute force here), however large the buffer's count would be."""
+    path = write(tmp_path / "short.zarr", rows=120, chunk=chunk, static=False)
+    w = Windows(history=2, lead=3, stride=2)
+    ds = ZarrIterableDataset(path, windows=w, row_range=row_range, buffer_chunks=64)
+    reached = {(s + o) // chunk for s in valid_starts(w, 120, row_range) for o in w.offsets.tolist()}
+    assert ds.starts.chunks_reached(w.span, chunk) == max(reached) - min(reached) + 1
+    ZarrDataLoader(ds, batch_size=8)
+    assert ds._window_chunks_for_batches() <= max(reached) - min(reached) + 1
