@@ -278,7 +278,7 @@ class ZarrIterableDataset(IterableDataset):
         if row_shuffle is None:
             row_shuffle = shuffles_rows(self.shuffle, self.buffer_chunks)
         batch = self.config.batch_size if self.config is not None else 1
-        bound = held_chunks_bound(
+        return held_chunks_bound(
             self.windows,
             block_rows=self.chunk_rows,
             chunk_rows=self.store_chunk_rows,
@@ -286,7 +286,6 @@ class ZarrIterableDataset(IterableDataset):
             batch_size=batch,
             runs=self.starts.most_runs(self.chunk_rows),
         )
-        return min(bound, self.starts.chunks_reached(self.windows.span, self.store_chunk_rows))  # a short store
 
     # -- the plan ------------------------------------------------------------------------------------
     def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:

@@ -477,13 +477,27 @@ def test_damaged_chunk_bytes_inside_a_window_are_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("chunk, row_range", [(1, None), (4, (10, 90)), (7, (3, 50))])
-def test_no_worker_counts_more_chunks_than_its_windows_reach(tmp_path, chunk, row_range):
-    """A short period of a store: the chunks counted for window batches are at most those its windows reach,
-    first to last (brute force here), however large the buffer's count would be."""
+def test_no_more_slots_are_made_than_the_windows_reach(tmp_path, monkeypatch, chunk, row_range):
+    """A short period of a store and a large buffer: the slots a worker makes for its chunks are at most the
+    chunks its windows reach, first to last (brute force here), plus its reads in flight, however large the
+    memory bound (an upper bound) is; every window is still right."""
+    import zarrtorch.held_chunks
+
+    made = []
+    original = zarrtorch.held_chunks.HeldChunks.__init__
+
+    def recorded(self, columns, chunk_rows, slots, make=None):
+        made.append(slots)
+        original(self, columns, chunk_rows, slots, make)
+
+    monkeypatch.setattr(zarrtorch.held_chunks.HeldChunks, "__init__", recorded)
     path = write(tmp_path / "short.zarr", rows=120, chunk=chunk, static=False)
     w = Windows(history=2, lead=3, stride=2)
-    ds = ZarrIterableDataset(path, windows=w, row_range=row_range, buffer_chunks=64)
+    ds = ZarrIterableDataset(path, windows=w, row_range=row_range, buffer_chunks=64, return_index=True)
     reached = {(s + o) // chunk for s in valid_starts(w, 120, row_range) for o in w.offsets.tolist()}
     assert ds.starts.chunks_reached(w.span, chunk) == max(reached) - min(reached) + 1
-    ZarrDataLoader(ds, batch_size=8)
-    assert ds._window_chunks_for_batches() <= max(reached) - min(reached) + 1
+    starts = [check(b, w) for b in ZarrDataLoader(ds, batch_size=8)]
+    assert sorted(np.concatenate(starts).tolist()) == valid_starts(w, 120, row_range)
+    in_flight = ds.in_flight(ds.decode_threads(0))
+    assert made and max(made) <= max(reached) - min(reached) + 1 + in_flight + ds.pieces_per_read()
+    assert ds._window_chunks_for_batches() > max(reached) - min(reached) + 1  # the bound alone would make more
