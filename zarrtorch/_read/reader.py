@@ -29,7 +29,8 @@ from zarrtorch._util.pool import Pools
 
 def reading_threads(threads: int, prefetch: int) -> int:
     """Threads a :class:`PieceReader` reads in: enough for its reads in flight (none of its own when it
-    reads one piece at a time)."""
+    reads one piece at a time). Requests fetched on the event loop (``_fetch_ahead``) need only the decode
+    threads."""
     return 1 if max(1, threads) == 1 and prefetch <= 1 else max(threads, prefetch - 1)
 
 
