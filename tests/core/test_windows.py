@@ -501,3 +501,25 @@ def test_no_more_slots_are_made_than_the_windows_reach(tmp_path, monkeypatch, ch
     in_flight = ds.in_flight(ds.decode_threads(0))
     assert made and max(made) <= max(reached) - min(reached) + 1 + in_flight + ds.pieces_per_read()
     assert ds._window_chunks_for_batches() > max(reached) - min(reached) + 1  # the bound alone would make more
+
+
+def test_a_resume_kept_to_a_tight_limit_reads_every_window_once(store, monkeypatch):
+    """Resumed mid-epoch on another topology with the bound forced down to one batch's chunks: the reads from
+    the resumed batch on drop and read again, and the epoch's windows are each read once, with their rows."""
+    import zarrtorch.dataset
+
+    monkeypatch.setattr(zarrtorch.dataset, "held_chunks_bound", lambda w, *, batch_size, **_: batch_size * w.steps)
+    w = Windows(history=2, lead=2)
+    first = ZarrDataLoader(ZarrIterableDataset(store, windows=w, return_index=True, seed=5), batch_size=8)
+    it = iter(first)
+    before = [check(next(it), w) for _ in range(4)]
+    state = first.state_dict()
+    del it
+    after = []
+    for rank in range(2):
+        ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=5)
+        loader = ZarrDataLoader(ds, batch_size=8, num_workers=1, rank=rank, world_size=2)
+        loader.load_state_dict(state)
+        after += [check(b, w) for b in loader]
+    old, new = np.concatenate(before), np.concatenate(after)
+    assert not np.isin(new, old).any() and set(old.tolist()) | set(new.tolist()) == set(valid_starts(w, ROWS))
