@@ -79,13 +79,6 @@ class HeldChunks:
         """Slot ``slot`` holds chunk ``chunk`` until :meth:`drop`."""
         self._slot[int(chunk)] = slot
 
-    def put(self, chunk: int, rows: dict[str, np.ndarray]) -> None:
-        """Hold ``rows`` (a chunk's rows of every array) as chunk ``chunk``, copied into a free slot."""
-        slot = self.take_slot()
-        for name, target in self.slot(slot).items():
-            target[: len(rows[name])] = rows[name]
-        self.hold(chunk, slot)
-
     def drop(self, chunk: int) -> None:
         """Chunk ``chunk`` is needed no more: its slot is the next one filled."""
         self._free.append(self._slot.pop(int(chunk)))

@@ -6,6 +6,17 @@ import pytest
 from zarrtorch.held_chunks import HeldChunks
 
 
+def put(held: HeldChunks, chunk: int, rows: dict[str, np.ndarray]) -> None:
+    """Hold ``rows`` as chunk ``chunk`` the way the loader does: a reading function decodes into a free slot
+    (here: copies), and the consumer holds the slot it returns."""
+
+    def read_piece(start, stop, into):
+        for name, target in into.items():
+            target[: len(rows[name])] = rows[name]
+
+    held.hold(chunk, held.reading(read_piece)(0, 0))
+
+
 def chunk_of(c: int, rows: int, dtype, shape=(2, 3)) -> np.ndarray:
     values = np.arange(rows * int(np.prod(shape))).reshape(rows, *shape) + 100 * c
     return values.astype(dtype)
@@ -16,7 +27,7 @@ def test_gather_returns_each_row_of_each_chunk(dtype):
     held = HeldChunks({"f": ((2, 3), np.dtype(dtype))}, chunk_rows=4, slots=3)
     chunks = {c: chunk_of(c, 4, dtype) for c in (7, 2, 9)}
     for c, rows in chunks.items():
-        held.put(c, {"f": rows})
+        put(held, c, {"f": rows})
     store_rows = np.array([[29, 30, 31], [8, 9, 10], [38, 39, 11]], dtype=np.int64)  # windows x steps
     out = np.empty((3, 3, 2, 3), dtype=dtype)
     held.gather("f", held.rows_of(store_rows.reshape(-1)), out)
@@ -26,10 +37,10 @@ def test_gather_returns_each_row_of_each_chunk(dtype):
 
 def test_a_dropped_slot_is_filled_next_and_the_last_chunk_may_be_short():
     held = HeldChunks({"f": ((), np.dtype(np.int64))}, chunk_rows=5, slots=2)
-    held.put(0, {"f": np.arange(5)})
-    held.put(1, {"f": np.arange(5, 10)})
+    put(held, 0, {"f": np.arange(5)})
+    put(held, 1, {"f": np.arange(5, 10)})
     held.drop(0)
-    held.put(2, {"f": np.arange(10, 12)})  # the store's last chunk: 2 rows
+    put(held, 2, {"f": np.arange(10, 12)})  # the store's last chunk: 2 rows
     assert len(held) == 2
     assert held.rows_of(np.array([10, 11, 5])).tolist() == [0, 1, 5]  # chunk 2 in slot 0
     out = np.empty(3, np.int64)
@@ -40,7 +51,7 @@ def test_a_dropped_slot_is_filled_next_and_the_last_chunk_may_be_short():
 def test_gather_converts_into_another_dtype_and_into_a_strided_array():
     """CF-packed arrays are gathered into their decoded dtype; a non-contiguous target is written, not a copy."""
     held = HeldChunks({"p": ((3,), np.dtype(np.int16))}, chunk_rows=2, slots=2)
-    held.put(0, {"p": np.array([[1, 2, 3], [4, 5, 6]], np.int16)})
+    put(held, 0, {"p": np.array([[1, 2, 3], [4, 5, 6]], np.int16)})
     as_float = np.zeros((1, 2, 3), np.float32)
     held.gather("p", held.rows_of(np.array([1, 0])), as_float)
     assert as_float.tolist() == [[[4, 5, 6], [1, 2, 3]]]
@@ -51,8 +62,8 @@ def test_gather_converts_into_another_dtype_and_into_a_strided_array():
 
 def test_more_chunks_than_slots_or_a_chunk_not_held_is_an_internal_error_not_wrong_rows():
     held = HeldChunks({"f": ((), np.dtype(np.float32))}, chunk_rows=2, slots=1)
-    held.put(3, {"f": np.ones(2, np.float32)})
+    put(held, 3, {"f": np.ones(2, np.float32)})
     with pytest.raises(RuntimeError, match="all 1 slots of the chunks held"):
-        held.put(4, {"f": np.ones(2, np.float32)})
+        put(held, 4, {"f": np.ones(2, np.float32)})
     with pytest.raises(RuntimeError, match="needs chunk 5 of the store, which is not held"):
         held.rows_of(np.array([6, 10]))

@@ -110,22 +110,18 @@ def get_bytes(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> byt
     return sync(_get(store, key, policy))
 
 
+async def _get_all(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:
+    return await asyncio.gather(*(_get(store, key, policy) for store, key in requests), return_exceptions=True)
+
+
 def get_many(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:
     """Several objects requested at once (each with its own deadline and retries): the arrays of one
     chunk row wait for one round trip instead of one per array. A failure is returned in its place."""
-
-    async def gather():
-        return await asyncio.gather(*(_get(store, key, policy) for store, key in requests), return_exceptions=True)
-
-    return sync(gather())
+    return sync(_get_all(requests, policy))
 
 
 def fetch_soon(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> concurrent.futures.Future:
-    """Start requesting several objects on zarr's event loop and return at once: a future of their bytes (a
-    failure in its place), each request with its own deadline and retries. No thread waits for the answers:
-    a blocked thread per request in flight (hundreds at 100 ms) fought the event loop for the GIL."""
-
-    async def gather():
-        return await asyncio.gather(*(_get(store, key, policy) for store, key in requests), return_exceptions=True)
-
-    return asyncio.run_coroutine_threadsafe(gather(), _get_loop())
+    """:func:`get_many` started on zarr's event loop, returning at once: a future of the same list. No thread
+    waits for the answers: a blocked thread per request in flight (hundreds at 100 ms) fought the event loop
+    for the GIL."""
+    return asyncio.run_coroutine_threadsafe(_get_all(requests, policy), _get_loop())
