@@ -318,3 +318,33 @@ def test_a_requested_read_always_ends_its_future(served):
         ended = reader._fetch_then_decode(shut, [(0, CHUNK)], [0.0, None], reader.read_piece)
         with pytest.raises(concurrent.futures.CancelledError):
             ended.result(timeout=10)
+
+
+def test_an_abandoned_epoch_cancels_its_requests_on_the_event_loop(tmp_path):
+    """Leaving an epoch by URL after its first batch: the reads still in flight are cancelled on zarr's event
+    loop at once, not left pending for their round trip (or, at exit, destroyed with a warning each)."""
+    import asyncio
+    import gc
+
+    from zarr.core.sync import _get_loop
+
+    def pending_requests() -> int:
+        async def count():
+            return sum("_get_all" in repr(t.get_coro()) for t in asyncio.all_tasks() if not t.done())
+
+        return asyncio.run_coroutine_threadsafe(count(), _get_loop()).result(timeout=10)
+
+    prepare_zarr({"x": np.zeros((400, 4), np.float32)}, tmp_path / "p.zarr", chunk_rows=2, progress=False)
+    with HttpStoreServer(tmp_path, delay_ms=3000) as server:
+        read = ReadOptions(requests_in_flight=40, decode_threads=1)
+        ds = ZarrIterableDataset(f"{server.url}/p.zarr", shuffle=False, read=read)
+        loader = ZarrDataLoader(ds, batch_size=4)
+        it = iter(loader)
+        next(it)
+        assert pending_requests() > 10  # the next reads wait out their 3 s
+        del it
+        gc.collect()
+        deadline = time.monotonic() + 1.5
+        while pending_requests() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pending_requests() == 0

@@ -321,7 +321,11 @@ class PieceReader:
                 if out.set_running_or_notify_cancel():
                     out.set_exception(exc)
 
-        fetch_soon(keys, self.policy).add_done_callback(arrived)
+        request = fetch_soon(keys, self.policy)
+        request.add_done_callback(arrived)
+        # a read nobody waits for any more (the epoch ended or failed): its requests are cancelled too, not left
+        # pending on the loop (at exit: "Task was destroyed but it is pending!")
+        out.add_done_callback(lambda done: request.cancel() if done.cancelled() else None)
         return out
 
     def read_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
