@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import zarr
 
-from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ChunkReadError, ReadOptions, Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fastpath import frame_content_size
+from zarrtorch.course.servers import HttpStoreServer
 
 ROWS, CHUNK, DAMAGED = 60, 10, 2
 X = np.arange(ROWS * 6, dtype=np.float32).reshape(ROWS, 6)
@@ -95,8 +96,10 @@ def pristine(tmp_path_factory):
     return root
 
 
-def read_all(path, kind: str, num_workers: int, **read_kw) -> np.ndarray:
-    ds = ZarrIterableDataset(path, shuffle=False, read=ReadOptions(allow_shards=kind == "sharded", **read_kw))
+def read_all(path, kind: str, num_workers: int, windows: Windows | None = None, **read_kw) -> np.ndarray:
+    read = ReadOptions(allow_shards=kind == "sharded", **read_kw)
+    names = ["x"] if str(path).startswith("http") else None  # zarr's own stores are not consolidated
+    ds = ZarrIterableDataset(path, variables=names, shuffle=False, windows=windows, read=read)
     extra = {"multiprocessing_context": "fork", "timeout": 60} if num_workers else {}
     loader = ZarrDataLoader(ds, batch_size=CHUNK, num_workers=num_workers, **extra)
     return np.concatenate([b["x"].numpy() for b in loader])
@@ -125,6 +128,44 @@ def test_a_damaged_chunk_is_an_error_naming_it(pristine, tmp_path, kind, how, nu
     message = str(err.value)
     rows = f"rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}"
     assert f"chunk {DAMAGED} ({rows}) of array 'x'" in message, message
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("kind", PATHS)
+def test_a_damaged_chunk_inside_windows_is_an_error_naming_it(pristine, tmp_path, kind, how, num_workers):
+    """Windows decode each chunk into a slot of a shared array (``zarrtorch.held_chunks``), a path of its own:
+    a frame of fewer rows there would leave the slot's previous chunk in place of the missing rows."""
+    path = tmp_path / f"{kind}.zarr"
+    shutil.copytree(pristine / f"{kind}.zarr", path)
+    target = chunk_file(path, kind)
+    target.write_bytes(damaged(target.read_bytes(), how, kind, tmp_path))
+    with pytest.raises(ChunkReadError) as err:
+        read_all(path, kind, num_workers, windows=Windows(history=2, lead=1))
+    assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def damaged_over_http(pristine, tmp_path_factory):
+    """Every damage of every path, served over HTTP (the requests wait on zarr's event loop: another path)."""
+    root = tmp_path_factory.mktemp("served")
+    for kind in PATHS:
+        for how in DAMAGES:
+            path = root / f"{kind}-{DAMAGES.index(how)}.zarr"
+            shutil.copytree(pristine / f"{kind}.zarr", path)
+            target = chunk_file(path, kind)
+            target.write_bytes(damaged(target.read_bytes(), how, kind, root))
+    with HttpStoreServer(root) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize("windows", [None, Windows(history=2, lead=1)], ids=["rows", "windows"])
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("kind", PATHS)
+def test_a_damaged_chunk_over_http_is_an_error_naming_it(damaged_over_http, kind, how, windows):
+    with pytest.raises(ChunkReadError) as err:
+        read_all(f"{damaged_over_http}/{kind}-{DAMAGES.index(how)}.zarr", kind, 0, windows=windows)
+    assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in str(err.value)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -183,3 +183,24 @@ def test_a_timeout_leaves_nothing_to_print_at_exit(scheme):
     assert done.stdout.count("TimeoutError: no answer from") == 4, done.stdout + done.stderr
     for noise in ("Exception ignored", "was never awaited", "Task was destroyed", "Traceback"):
         assert noise not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_an_unconsolidated_store_over_http_opens_by_name_and_says_why_it_lists_nothing(tmp_path, zarr_format):
+    """A store written by zarr without consolidated metadata lists no arrays over HTTP (no listing there).
+    Named arrays open from their own metadata and read every row; unnamed, the error says to name them or to
+    consolidate, where it once said "the group holds []" even for a name it has."""
+    import zarr
+
+    values = np.arange(90 * 3, dtype=np.float32).reshape(90, 3)
+    group = zarr.open_group(str(tmp_path / "plain.zarr"), mode="w", zarr_format=zarr_format)
+    group.create_array("x", shape=values.shape, dtype=values.dtype, chunks=(10, 3))[:] = values
+    with HttpStoreServer(tmp_path) as server:
+        url = f"{server.url}/plain.zarr"
+        ds = ZarrIterableDataset(url, variables=["x"], seed=3)
+        rows = np.concatenate([b["x"].numpy() for b in ZarrDataLoader(ds, batch_size=16)])
+        assert sorted(map(tuple, rows.tolist())) == list(map(tuple, values.tolist()))
+        with pytest.raises(LookupError, match=r"lists no arrays.*variables=\[\.\.\.\].*consolidate_metadata"):
+            ZarrIterableDataset(url)
+        with pytest.raises(KeyError, match=r"unknown array name 'y'.*consolidate_metadata"):
+            ZarrIterableDataset(url, variables=["y"])

@@ -58,7 +58,7 @@ def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     return text
 
 
-def store_label(arr: zarr.Array, secrets: tuple[str, ...] = ()) -> str:
+def store_label(arr: zarr.Array | zarr.Group, secrets: tuple[str, ...] = ()) -> str:
     """The array's store, as messages show it (credentials removed)."""
     return redact(str(arr.store_path.store), secrets)
 
@@ -163,6 +163,31 @@ def _data_variables(group: zarr.Group) -> list[str]:
     return sorted(n for n, d in candidates.items() if d[0] == sample_dim)
 
 
+def _member(group: zarr.Group, name: str, listed: Mapping[str, zarr.Array]) -> zarr.Array:
+    """The array ``name`` of ``group``: from its listing, else opened by name (a store over HTTP cannot list
+    its keys, so an unconsolidated group lists nothing there, yet each array opens from its own metadata)."""
+    if name in listed:
+        return listed[name]
+    try:
+        member = group[name]
+    except (KeyError, FileNotFoundError):
+        member = None
+    if not isinstance(member, zarr.Array):
+        hint = f" ({_LISTING_HINT})" if not listed else ""
+        raise KeyError(f"unknown array name {name!r}: the group holds {sorted(listed)}{hint}")
+    return member
+
+
+_LISTING_HINT = (
+    "a store read over HTTP cannot list its arrays unless its metadata is consolidated: name the arrays "
+    "(variables=[...]), or consolidate the store once with zarr.consolidate_metadata(path), as prepare_zarr does"
+)
+
+
+def _nothing_listed(group: zarr.Group) -> LookupError:
+    return LookupError(f"the group at {store_label(group)} lists no arrays: {_LISTING_HINT}")
+
+
 def open_arrays(
     source,
     names: Sequence[str] | None = None,
@@ -181,13 +206,11 @@ def open_arrays(
     elif isinstance(source, zarr.Group):
         available = dict(source.arrays())
         if names is None:
-            arrays = {n: available[n] for n in _data_variables(source)}
+            if not available and not is_local(source):
+                raise _nothing_listed(source)
+            arrays = {n: _member(source, n, available) for n in _data_variables(source)}
         else:
-            arrays = {}
-            for n in names:
-                if n not in available:
-                    raise KeyError(f"unknown array name {n!r}: the group holds {sorted(available)}")
-                arrays[n] = available[n]
+            arrays = {n: _member(source, n, available) for n in names}
         names = None
     elif isinstance(source, Mapping):
         arrays = dict(source)
@@ -210,7 +233,7 @@ def open_arrays(
     return arrays
 
 
-def is_local(arr: zarr.Array) -> bool:
+def is_local(arr: zarr.Array | zarr.Group) -> bool:
     """Whether the array's store lives in this process or on its file system (nothing to reopen)."""
     return isinstance(arr.store_path.store, (zarr.storage.LocalStore, zarr.storage.MemoryStore))
 
