@@ -23,6 +23,7 @@ from zarrtorch._read.early import EarlyReads, reads_early
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
+from zarrtorch._read.static import static_array
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
 from zarrtorch._util.sizes import held_chunks, pieces_per_read, row_bytes
@@ -143,7 +144,11 @@ class ZarrIterableDataset(IterableDataset):
         rest = [n for n in names if n not in arrays]
         if rest:
             arrays.update(open_arrays(source, rest, storage_options=read.storage_options, retry=read.retry))
-        return {n: np.asarray(a[...]) for n, a in arrays.items()}
+        secrets = secrets_of(read.storage_options)
+        return {
+            n: static_array(n, a, retry=read.retry, check_chunks=read.check_chunks, secrets=secrets)
+            for n, a in arrays.items()
+        }
 
     def _use_windows(self, windows: Windows, row_range, stack, keep_in_memory: bool) -> None:
         """Plan window ids in blocks instead of rows in chunks (:mod:`zarrtorch.windows`)."""

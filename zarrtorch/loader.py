@@ -164,6 +164,7 @@ class ZarrDataLoader(DataLoader):
         self._start: LoaderCheckpoint | tuple[tuple[Segment, ...], int] | None = None
         self._run: EpochRun | None = None  # the newest iteration: older iterators refuse to go on
         self._set_since_run = True  # set_epoch or load_state_dict since the newest iteration began
+        self._run_iterator: weakref.ref | None = None  # the newest iteration's iterator, while something holds it
         self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
         self._last_workers: weakref.ref | None = None  # the last epoch's DataLoader iterator, with workers
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
@@ -179,7 +180,8 @@ class ZarrDataLoader(DataLoader):
         run = self._run
         if run is not None and not run.done and epoch == run.epoch == self._epoch:
             return  # the iteration in flight runs it already (Lightning calls set_epoch after it iterates)
-        if run is not None and not run.done and epoch != run.epoch and run.seen <= 2:
+        alive = self._run_iterator is not None and self._run_iterator() is not None  # not dropped (a break, Ctrl-C)
+        if run is not None and not run.done and alive and epoch != run.epoch and run.seen <= 2:
             warnings.warn(
                 f"ZarrDataLoader: set_epoch({epoch}) came after the iteration over epoch {run.epoch} began; that "
                 f"iteration goes on as epoch {run.epoch} (its first batches are out), and epoch {epoch} starts at "
@@ -274,7 +276,9 @@ class ZarrDataLoader(DataLoader):
             inner = WorkAhead(inner, self.work_ahead, convert=self.receive)
             self._stop_work_ahead = inner.stopper()
         transform = self.dataset.transform if self.config.transform_in_consumer else None
-        return EpochIterator(inner, self, run, transform)
+        iterator = EpochIterator(inner, self, run, transform)
+        self._run_iterator = weakref.ref(iterator)
+        return iterator
 
     def _stop_earlier_workers(self) -> None:
         """Workers of an earlier epoch still running (not persistent, and their iterator still referenced)

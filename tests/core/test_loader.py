@@ -594,3 +594,21 @@ def test_no_warning_without_shuffle(store):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert same(epoch_rows(loader), epoch_rows(loader))
+
+
+def test_set_epoch_warns_of_a_late_call_only_while_the_iteration_can_go_on(store):
+    """set_epoch after an iteration's first batches warns that the iteration keeps its epoch; after a break
+    (the iterator dropped) nothing goes on, and the warning once said it did."""
+    loader = ZarrDataLoader(ZarrIterableDataset(store, seed=1), batch_size=32)
+    for _ in loader:
+        break
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.set_epoch(1)
+    first = [rows_of(b) for b in loader]
+    assert sorted(np.concatenate(first).tolist()) == list(range(ROWS))
+    loader.set_epoch(2)
+    held = iter(loader)
+    next(held)
+    with pytest.warns(UserWarning, match=r"set_epoch\(3\) came after the iteration over epoch 2 began"):
+        loader.set_epoch(3)

@@ -328,9 +328,12 @@ def test_an_abandoned_epoch_cancels_its_requests_on_the_event_loop(tmp_path):
 
     from zarr.core.sync import _get_loop
 
+    from zarrtorch._read import fetch
+
     def pending_requests() -> int:
         async def count():
-            return sum("_get_all" in repr(t.get_coro()) for t in asyncio.all_tasks() if not t.done())
+            assert all(t in asyncio.all_tasks() for t in fetch._LIVE)  # every fetch_soon task is tracked there
+            return sum(not t.done() for t in fetch._LIVE)
 
         return asyncio.run_coroutine_threadsafe(count(), _get_loop()).result(timeout=10)
 

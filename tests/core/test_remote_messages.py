@@ -204,3 +204,41 @@ def test_an_unconsolidated_store_over_http_opens_by_name_and_says_why_it_lists_n
             ZarrIterableDataset(url)
         with pytest.raises(KeyError, match=r"unknown array name 'y'.*consolidate_metadata"):
             ZarrIterableDataset(url, variables=["y"])
+
+
+_LEFT_EARLY_THEN_EXIT = """
+import sys
+import numpy as np
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset, Windows, prepare_zarr
+from zarrtorch.course.servers import HttpStoreServer
+
+root = sys.argv[1]
+prepare_zarr({"x": np.arange(400, dtype=np.float32)}, root + "/w.zarr", chunk_rows=4, progress=False, overwrite=True)
+with HttpStoreServer(root, delay_ms=float(sys.argv[2])) as server:
+    ds = ZarrIterableDataset(server.url + "/w.zarr", windows=Windows(history=2, lead=4))
+    loader = ZarrDataLoader(ds, batch_size=8)
+    try:
+        for batch in loader:
+            raise KeyboardInterrupt  # a notebook's Ctrl-C at the first batch, many requests still in flight
+    except KeyboardInterrupt:
+        pass
+    loader.set_epoch(1)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_requests_in_flight_at_exit_leave_nothing_to_print(tmp_path):
+    """An epoch left at its first batch cancels its requests on zarr's event loop; a process that exited before
+    they had unwound printed "Task was destroyed but it is pending!" for each (and "Future exception was never
+    retrieved" once the server had gone). At exit they are now given a moment to finish."""
+    for delay_ms in ("0", "50", "200"):
+        done = subprocess.run(
+            [sys.executable, "-c", _LEFT_EARLY_THEN_EXIT, str(tmp_path), delay_ms],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
+        for noise in ("Task was destroyed", "never retrieved", "Exception ignored", "Traceback", "Warning"):
+            assert noise not in done.stderr, (delay_ms, done.stderr)

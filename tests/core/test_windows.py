@@ -8,6 +8,8 @@ The store's row ``t`` holds ``x[t] = (t, -t, t / 2)`` and ``y[t] = 10 t``: each 
 
 from __future__ import annotations
 
+import contextlib
+import time
 import warnings
 
 import numpy as np
@@ -16,9 +18,11 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, audit, loader_memory, prepare_zarr
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, audit, loader_memory, prepare_zarr
+from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError, PieceReader
 from zarrtorch.buffer import buffer_rng
+from zarrtorch.course.servers import NO_ANSWER, HttpStoreServer
 from zarrtorch.plan import EpochSpec, Topology
 from zarrtorch.window_stream import chunk_reads, held_chunks_bound, window_rows, worker_window_batches
 from zarrtorch.windows import Windows, WindowStarts
@@ -523,3 +527,59 @@ def test_a_resume_kept_to_a_tight_limit_reads_every_window_once(store, monkeypat
         after += [check(b, w) for b in loader]
     old, new = np.concatenate(before), np.concatenate(after)
     assert not np.isin(new, old).any() and set(old.tolist()) | set(new.tolist()) == set(valid_starts(w, ROWS))
+
+
+def static_store(tmp_path, name="static.zarr"):
+    """A store whose static array has several chunks (3 x 3, partial at the edges)."""
+    path = write(tmp_path / name, rows=40, chunk=4, static=False)
+    group = zarr.open_group(path, mode="a")
+    field = np.arange(5 * 7, dtype=np.float32).reshape(5, 7) + 1
+    group.create_array("orography", shape=field.shape, dtype=field.dtype, chunks=(2, 3))[:] = field
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(path)
+    return path, field
+
+
+def test_a_static_array_of_several_chunks_is_read_whole(tmp_path):
+    path, field = static_store(tmp_path)
+    ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=1, static=("orography",)))
+    np.testing.assert_array_equal(ds.static["orography"], field)
+    batch = next(iter(ZarrDataLoader(ds, batch_size=4)))
+    np.testing.assert_array_equal(batch["orography"][0].numpy(), field)
+
+
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_a_missing_static_chunk_is_an_error_not_zeros(tmp_path, where):
+    """The static arrays were read with ``array[...]``: a missing chunk came back as zeros in every batch."""
+    path, _ = static_store(tmp_path)
+    (path / "orography" / "c" / "1" / "2").unlink()
+    w = Windows(history=2, lead=1, static=("orography",))
+    with contextlib.ExitStack() as stack:
+        source = str(path)
+        if where == "http":
+            source = f"{stack.enter_context(HttpStoreServer(tmp_path)).url}/{path.name}"
+        with pytest.raises(ChunkReadError, match=r"missing chunk \(1, 2\) of static array 'orography'"):
+            ZarrIterableDataset(source, windows=w)
+        ds = ZarrIterableDataset(source, windows=w, read=ReadOptions(check_chunks=False))  # what zarr would read
+        assert (ds.static["orography"][2:4, 6:7] == 0).all() and (ds.static["orography"][:2] > 0).all()
+
+
+@pytest.mark.parametrize("fault", [503, NO_ANSWER], ids=["503", "no answer"])
+def test_a_static_chunk_that_fails_keeps_to_the_retry_policy(tmp_path, fault):
+    """A static chunk that never answered held the constructor for 5 minutes whatever the RetryPolicy; a 503
+    was not retried. Now: two attempts, then an error naming it, in about the policy's time."""
+    path, _ = static_store(tmp_path)
+    policy = RetryPolicy(timeout_s=0.5, retries=1, backoff_s=0.05)
+    with HttpStoreServer(tmp_path, faults={r"orography/c/0/1$": fault}) as server:
+        began = time.monotonic()
+        with pytest.raises(ChunkReadError, match=r"chunk \(0, 1\) of static array 'orography'.*2 attempts") as err:
+            ZarrIterableDataset(
+                f"{server.url}/{path.name}",
+                windows=Windows(history=2, lead=1, static=("orography",)),
+                read=ReadOptions(retry=policy),
+            )
+        assert time.monotonic() - began < 30  # bounded (it was 301 s); the policy's own time is about 1.1 s
+        assert server.requests[f"{path.name}/orography/c/0/1"] == 2
+        if fault == NO_ANSWER:
+            assert "no answer within 0.5 s" in str(err.value)

@@ -13,6 +13,9 @@ This module is the only user of zarr's internal API (the codec pipeline, chunk s
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+from collections.abc import Callable
 from dataclasses import replace
 
 import numcodecs
@@ -29,7 +32,11 @@ from zarrtorch._util.sizes import ceil_div
 
 def chunk_key(arr: zarr.Array, chunk: int) -> str:
     """The store key of chunk (or shard) ``chunk`` along the first axis of a first-axis-chunked array."""
-    coords = (chunk,) + (0,) * (arr.ndim - 1)
+    return key_at(arr, (chunk,) + (0,) * (arr.ndim - 1))
+
+
+def key_at(arr: zarr.Array, coords: tuple[int, ...]) -> str:
+    """The store key of the chunk (or shard) at ``coords`` of the array's chunk grid."""
     return f"{arr.store_path.path}/{arr.metadata.encode_chunk_key(coords)}".lstrip("/")
 
 
@@ -42,22 +49,61 @@ def read_chunk(arr: zarr.Array, chunk: int, *, policy: RetryPolicy | None, check
 
 
 async def _read_chunk(arr: zarr.Array, chunk: int, policy: RetryPolicy | None, check_missing: bool) -> np.ndarray:
+    return await _read_chunk_at(arr, (chunk,) + (0,) * (arr.ndim - 1), policy, check_missing)
+
+
+async def _read_chunk_at(
+    arr: zarr.Array, coords: tuple[int, ...], policy: RetryPolicy | None, check_missing: bool
+) -> np.ndarray:
     inner = arr._async_array
     prototype = default_buffer_prototype()
     config = replace(inner.config, order=inner.order) if inner.metadata.zarr_format == 2 else inner.config
-    coords = (chunk,) + (0,) * (arr.ndim - 1)
     spec = inner.metadata.get_chunk_spec(coords, config, prototype=prototype)
-    raw = await get_buffer(arr.store_path.store, chunk_key(arr, chunk), policy)
+    raw = await get_buffer(arr.store_path.store, key_at(arr, coords), policy)
     codecs = getattr(inner.metadata, "codecs", ())
     _check_framing(inner.metadata, spec, raw)
-    if codecs and isinstance(codecs[0], ShardingCodec):
-        rows = min(spec.shape[0], arr.shape[0] - chunk * spec.shape[0])
+    if codecs and isinstance(codecs[0], ShardingCodec):  # first-axis-chunked arrays only (read_whole refuses others)
+        rows = min(spec.shape[0], arr.shape[0] - coords[0] * spec.shape[0])
         await _check_shard(codecs[0], raw, spec, rows, check_missing)
     (decoded,) = await inner.codec_pipeline.decode([(raw, spec)])
     if decoded is None or tuple(decoded.shape) != tuple(spec.shape):
         got = "nothing" if decoded is None else f"shape {tuple(decoded.shape)}"
         raise ValueError(f"its {len(raw)} stored bytes decode to {got}, not the chunk's shape {tuple(spec.shape)}")
     return decoded.as_numpy_array()
+
+
+def read_whole(
+    arr: zarr.Array, *, policy: RetryPolicy | None, check_missing: bool = True, fail: Callable | None = None
+) -> np.ndarray:
+    """The whole of a small array (a static field: orography, a land-sea mask), every chunk read and checked as
+    the loader's chunks are, instead of ``arr[...]``: that reads a missing chunk as fill values and waits on a
+    remote request without a deadline. ``fail(coords, key, exc)`` turns a chunk's error into the caller's
+    (``FileNotFoundError`` for a missing one, with ``check_missing``; otherwise the fill value, as zarr reads
+    it). Sharded arrays are refused with ``ValueError``: their index is checked along the first axis only."""
+    if getattr(arr, "shards", None) is not None:
+        raise ValueError("it is sharded: a static array is read whole once, so write it without shards")
+    grid = tuple(ceil_div(n, c) for n, c in zip(arr.shape, arr.chunks, strict=True))
+    out = np.empty(arr.shape, dtype=arr.dtype)
+    fill = arr.fill_value if arr.fill_value is not None else 0
+
+    async def one(coords):
+        where = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, arr.chunks, arr.shape, strict=True))
+        try:
+            whole = await _read_chunk_at(arr, coords, policy, check_missing)
+        except FileNotFoundError as exc:
+            if check_missing:
+                raise (fail(coords, key_at(arr, coords), exc) if fail else exc) from None
+            out[where] = fill
+            return
+        except Exception as exc:
+            raise (fail(coords, key_at(arr, coords), exc) if fail else exc) from None
+        out[where] = whole[tuple(slice(0, s.stop - s.start) for s in where)]
+
+    async def every():
+        await asyncio.gather(*(one(c) for c in itertools.product(*(range(g) for g in grid))))
+
+    sync(every())
+    return out
 
 
 def _check_framing(metadata, spec, raw) -> None:

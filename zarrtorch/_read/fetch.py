@@ -10,7 +10,9 @@ at once. When the retries are spent the caller names the store and the chunk (:c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -52,7 +54,7 @@ def is_permanent(exc: BaseException) -> bool:
 def _exhausted(policy: RetryPolicy, exc: BaseException) -> RetriesExhausted:
     return RetriesExhausted(
         f"{policy.retries + 1} attempts failed (timeout {policy.timeout_s:g} s each); last: "
-        f"{type(exc).__name__}: {exc or 'no answer'}"
+        f"{type(exc).__name__}: {str(exc) or f'no answer within {policy.timeout_s:g} s'}"
     )
 
 
@@ -124,4 +126,48 @@ def fetch_soon(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPo
     """:func:`get_many` started on zarr's event loop, returning at once: a future of the same list. No thread
     waits for the answers: a blocked thread per request in flight (hundreds at 100 ms) fought the event loop
     for the GIL."""
-    return asyncio.run_coroutine_threadsafe(_get_all(requests, policy), _get_loop())
+    _settle_at_exit_once()
+    return asyncio.run_coroutine_threadsafe(_tracked(requests, policy), _get_loop())
+
+
+# fetch_soon's tasks not finished yet (touched on zarr's loop only). A cancelled one (an epoch left early) still
+# has to unwind its requests on the loop; a process that exits first printed "Task was destroyed but it is
+# pending!" for each, so at exit they are given a moment to finish, before zarr stops its loop.
+_LIVE: set[asyncio.Task] = set()
+_SETTLE_S = 2.0
+_exit_hook: list[bool] = []
+
+
+async def _tracked(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:
+    task = asyncio.current_task()
+    _LIVE.add(task)
+    try:
+        return await _get_all(requests, policy)
+    finally:
+        _LIVE.discard(task)
+
+
+async def _settle(timeout_s: float) -> None:
+    tasks = [t for t in _LIVE if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
+
+
+def _settle_now() -> None:
+    """Cancel the unfinished requests and wait (at most :data:`_SETTLE_S`) until they have unwound."""
+    if not _LIVE:
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(_settle(_SETTLE_S), _get_loop()).result(timeout=_SETTLE_S + 1)
+    except Exception:  # the loop is gone already: nothing more to settle
+        pass
+
+
+def _settle_at_exit_once() -> None:
+    # registered after zarr's own exit hook (zarr.core.sync is imported above), so it runs first
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_settle_now)
+        os.register_at_fork(after_in_child=_LIVE.clear)  # the parent's tasks are not this process's

@@ -77,6 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
         if owner.delay_s:
             time.sleep(owner.delay_s)
         status = next((code for pattern, code in owner.faults.items() if re.search(pattern, key)), None)
+        if status == NO_ANSWER:
+            owner.release.wait()  # this key's requests are accepted and never answered
+            return
         path = stored_file(owner.root, key)
         if status is None and path is None:
             status = 404
@@ -115,9 +118,13 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+NO_ANSWER = -1  # a fault that is no status: the request is accepted and never answered
+
+
 class HttpStoreServer:
     """Serve ``root`` at ``http://127.0.0.1:PORT/``; ``delay_ms`` per request; ``faults`` maps a regex of
-    the key to an HTTP status returned instead of the file; :meth:`hang` makes it stop answering."""
+    the key to an HTTP status returned instead of the file (or :data:`NO_ANSWER`); :meth:`hang` makes it stop
+    answering altogether."""
 
     def __init__(self, root: str | os.PathLike, *, delay_ms: float = 0.0, faults: dict[str, int] | None = None):
         self.root = Path(root).resolve()

@@ -1,0 +1,41 @@
+"""A window's static arrays (no time axis: orography, a land-sea mask), read whole once, checked like chunks.
+
+They were read with ``array[...]``, outside every safeguard of the time arrays: a missing chunk came back as
+zeros in every batch, and a request that never answered held the dataset's constructor for minutes whatever
+the ``RetryPolicy``. Here each chunk is one checked read (:func:`zarrtorch._read.chunks.read_whole`) and a
+failure is a :class:`~zarrtorch._read.reader.ChunkReadError` naming the array, the chunk and the store.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+from zarrtorch._read.chunks import read_whole
+from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._read.reader import ChunkReadError
+from zarrtorch._read.source import is_local, redact, store_label
+
+
+def static_array(
+    name: str, arr: zarr.Array, *, retry: RetryPolicy, check_chunks: bool = True, secrets: tuple[str, ...] = ()
+) -> np.ndarray:
+    """The whole of static array ``name``, or a :class:`ChunkReadError` saying which chunk failed and why
+    (``retry``: a remote store's deadline and retries; ``secrets``: never shown in a message)."""
+
+    def where(coords, key) -> str:
+        return f"chunk {tuple(coords)} of static array {name!r}, key {key!r} in store {store_label(arr, secrets)}"
+
+    def fail(coords, key, exc) -> ChunkReadError:
+        if isinstance(exc, FileNotFoundError):
+            return ChunkReadError(
+                f"missing {where(coords, key)}: Zarr would read it as the fill value. Rewrite the store, or pass "
+                "ReadOptions(check_chunks=False) if it was written with write_empty_chunks=False"
+            )
+        return ChunkReadError(f"cannot read {where(coords, key)}: {redact(f'{type(exc).__name__}: {exc}', secrets)}")
+
+    policy = None if is_local(arr) else retry
+    try:
+        return read_whole(arr, policy=policy, check_missing=check_chunks, fail=fail)
+    except ValueError as exc:  # refused before any read (a sharded static array)
+        raise ValueError(f"static array {name!r}: {exc}") from None
