@@ -28,6 +28,7 @@ import lightning as L
 import numpy as np
 
 from zarrtorch._read.source import is_url, open_arrays
+from zarrtorch._util.process import TopologyUnknown
 from zarrtorch._util.sizes import ceil_div
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import check_first_axis_layout
@@ -49,7 +50,7 @@ class _TrainedBatches:
 
     def __call__(self) -> int | None:
         dm = self._datamodule()
-        trainer = getattr(dm, "_trainer", None) if dm is not None else None
+        trainer = getattr(dm, "trainer", None) if dm is not None else None
         if trainer is None or getattr(trainer.state, "fn", None) != "fit":
             return None
         return trainer.fit_loop.epoch_loop.batch_progress.current.processed
@@ -201,6 +202,7 @@ class ZarrDataModule(L.LightningDataModule):
         self.val_dataset: ZarrIterableDataset | None = None
         self._train_loader: ZarrDataLoader | None = None
         self._train_state: dict | None = None  # a checkpoint's loader state, for the next training loader
+        self._reload_setting: int | None = None  # the trainer's own, while a reload after a resumed epoch is due
 
     # -- data ---------------------------------------------------------------------------------------
     def _dataset_options(self) -> tuple[bool, int]:
@@ -230,7 +232,7 @@ class ZarrDataModule(L.LightningDataModule):
         for nothing)."""
         if self.pin_memory is not None:
             return self.pin_memory
-        trainer = getattr(self, "_trainer", None)
+        trainer = getattr(self, "trainer", None)
         device = getattr(getattr(trainer, "strategy", None), "root_device", None)
         return device is not None and device.type == "cuda"
 
@@ -243,13 +245,65 @@ class ZarrDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ZarrDataLoader:
         if self.train_dataset is None:
             self.setup("fit")
+        trainer = getattr(self, "trainer", None)
+        resumed = self._train_loader
+        if self._reload_setting is not None and resumed is not None and self._train_state is None:
+            if trainer is not None and trainer.current_epoch <= resumed.epoch:
+                # Lightning reloads at the resumed epoch's own start: that epoch has still to run, and Lightning's
+                # counters are restored by now (not yet when the state was loaded into this loader)
+                self._align_with_the_trainers_count(resumed, trainer)
+                return resumed
         loader = ZarrDataLoader(self.train_dataset, batch_size=self.batch_size, drop_last=True, **self._loader_kwargs())
         loader.consumed_batches = _TrainedBatches(self)
         if self._train_state is not None:
             loader.load_state_dict(self._train_state)
             self._train_state = None
+            self._align_with_the_trainers_count(loader, trainer)
+            self._reload_after_a_resumed_epoch(loader, trainer)
+        elif self._reload_setting is not None and trainer is not None:  # that reload: the next epoch, whole
+            trainer.reload_dataloaders_every_n_epochs, self._reload_setting = self._reload_setting, None
+            loader.set_epoch(trainer.current_epoch)
         self._train_loader = loader
         return loader
+
+    @staticmethod
+    def _align_with_the_trainers_count(loader: ZarrDataLoader, trainer) -> None:
+        """A checkpoint taken at an epoch's last batch holds the next epoch's start; Lightning resumes it as that
+        next epoch, but with its batch counter still at the last epoch's length. On as many ranks that length is
+        the next epoch's too, and Lightning starts the epoch afresh; on fewer ranks the epoch is longer and
+        Lightning would skip its first batches' worth (2 ranks -> 1: batches 10-19 of 20 asked for, so half the
+        epoch untrained). The loader then counts those batches as done (:meth:`ZarrDataLoader.count_as_done`)."""
+        if trainer is None or getattr(trainer.state, "fn", None) != "fit":
+            return
+        counted = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        try:
+            before = loader.batches_before()
+        except TopologyUnknown:
+            return
+        # the state is an epoch's start (a checkpoint at the last batch of the one before, on any number of
+        # ranks) and Lightning goes on from its batch counter: unless that counter reaches the epoch's length
+        # here (then Lightning starts the epoch afresh itself), its first batches' worth would be skipped
+        starts_epoch = before == 0 and loader.epoch in (trainer.current_epoch, trainer.current_epoch + 1)
+        if starts_epoch and 0 < counted < len(loader):
+            loader.count_as_done(counted)
+
+    def _reload_after_a_resumed_epoch(self, loader: ZarrDataLoader, trainer) -> None:
+        """Lightning counts the training batches of an epoch once, when it first builds the loader, and stops
+        every later epoch at that count. An epoch resumed on another number of ranks has another length than
+        the whole epochs after it (2 ranks -> 1: 17 batches, then 20, of which the last 3 were never trained),
+        and Lightning's own batch counter is restored only after this loader is built (see
+        :meth:`_align_with_the_trainers_count`). So the loader is asked for again at the next epoch's start:
+        the resumed loader itself while its epoch has still to run, a new one after it; then Lightning's own
+        ``reload_dataloaders_every_n_epochs`` is put back."""
+        if trainer is not None and getattr(trainer.state, "fn", None) == "fit":
+            self._arm_reload(trainer)
+
+    def _arm_reload(self, trainer) -> None:
+        """Have Lightning build the training loader again at the next epoch's start (once; then its own setting
+        is put back)."""
+        if trainer is not None and self._reload_setting is None:
+            self._reload_setting = trainer.reload_dataloaders_every_n_epochs
+            trainer.reload_dataloaders_every_n_epochs = 1
 
     # -- checkpoints: the training loader's position travels with the DataModule's state ------------
     def state_dict(self) -> dict:
@@ -263,6 +317,9 @@ class ZarrDataModule(L.LightningDataModule):
         if self._train_state is not None and self._train_loader is not None:
             self._train_loader.load_state_dict(self._train_state)
             self._train_state = None
+            # the loader was built before (for ``estimated_stepping_batches``) and Lightning counted its batches
+            # then: have it asked for again at the resumed epoch's start, where the counts can be reconciled
+            self._arm_reload(getattr(self, "trainer", None))
 
     def val_dataloader(self) -> ZarrDataLoader:
         if self.val_dataset is None:

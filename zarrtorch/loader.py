@@ -165,6 +165,7 @@ class ZarrDataLoader(DataLoader):
         self._run: EpochRun | None = None  # the newest iteration: older iterators refuse to go on
         self._set_since_run = True  # set_epoch or load_state_dict since the newest iteration began
         self._run_iterator: weakref.ref | None = None  # the newest iteration's iterator, while something holds it
+        self._counted_ahead: tuple[int, int] | None = None  # (epoch, batches) a trainer counts as done: count_as_done
         self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
         self._last_workers: weakref.ref | None = None  # the last epoch's DataLoader iterator, with workers
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
@@ -192,6 +193,7 @@ class ZarrDataLoader(DataLoader):
             )
         if epoch != self._epoch:
             self._start = None
+            self._counted_ahead = None
         self._epoch = epoch
         self._set_since_run = True
 
@@ -226,7 +228,30 @@ class ZarrDataLoader(DataLoader):
         rank). In an epoch resumed on another topology: the batches yielded before, plus what every rank
         yields of the rest."""
         rank, world = self.topology()
-        return self._length(rank, world, self._start_point(world)[0])
+        return self._length(rank, world, self._start_point(world)[0]) + self._counted(self._epoch)
+
+    def count_as_done(self, batches: int) -> None:
+        """A trainer counts ``batches`` batches of the epoch the next ``iter()`` runs as done that this loader never
+        yielded (Lightning, resumed from a checkpoint taken at an epoch's last batch on more ranks, keeps its batch
+        counter, 10, though its epoch is the next one, of 20 batches here): ``len()`` counts them too, so that the
+        trainer still asks for every batch of the epoch, and the trainer's count of consumed batches
+        (``consumed_batches``) is taken less them. Until that epoch ends or another one is set."""
+        self._counted_ahead = (self._epoch, int(batches)) if int(batches) > 0 else None
+
+    def _counted(self, epoch: int) -> int:
+        ahead = self._counted_ahead
+        return ahead[1] if ahead is not None and ahead[0] == epoch else 0
+
+    def batches_before(self) -> int:
+        """Batches of the epoch the next ``iter()`` runs that were yielded before it (by a loaded state)."""
+        rank, world = self.topology()
+        return self._start_point(world)[1]
+
+    def batches_per_epoch(self) -> int:
+        """Batches this rank yields in a whole epoch started afresh on this topology: ``len()`` differs from it
+        only in an epoch resumed on another topology."""
+        rank, world = self.topology()
+        return self._length(rank, world, ())
 
     def __iter__(self):
         if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
@@ -295,6 +320,8 @@ class ZarrDataLoader(DataLoader):
 
     def _finished(self, run: EpochRun) -> None:
         run.done = True
+        if self._counted(run.epoch):
+            self._counted_ahead = None
         if run.epoch == self._epoch:
             self._start = None  # iterated again without set_epoch, the epoch starts from its beginning
 
@@ -327,7 +354,10 @@ class ZarrDataLoader(DataLoader):
                 f"consumed_batches() said {consumed} batches were consumed: it must count the batches of this epoch "
                 "the consumer has finished with (an integer >= 0), or return None"
             )
-        return run.position if consumed is None else max(run.start, min(run.position, int(consumed)))
+        if consumed is None:
+            return run.position
+        consumed = int(consumed) - self._counted(run.epoch)  # in the trainer's count, not yielded by this loader
+        return max(run.start, min(run.position, consumed))
 
     def state_dict(self) -> dict:
         """Where this rank is (epoch, batches already yielded), the topology and the set-up, as a plain dict
@@ -414,6 +444,8 @@ def resumed_history(saved: LoaderCheckpoint, world: int, num_workers: int) -> tu
     """The segments before a resume of ``saved`` on ``world`` ranks x ``num_workers`` workers: the saved
     ones, plus the saved topology's own when the new one differs."""
     history = saved.segments
-    if (saved.world_size, saved.num_workers) != (world, num_workers):
+    if (saved.world_size, saved.num_workers) != (world, num_workers) and saved.segment_batches > 0:
+        # a segment of no batches consumed nothing (an epoch's start, as a checkpoint at the last batch of the
+        # epoch before holds it): without it the epoch runs in the same order as one started afresh
         history += (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
     return history

@@ -392,3 +392,23 @@ def test_building_the_datamodule_does_not_touch_cuda(store, monkeypatch):
     dm.trainer = trainer
     assert dm._pinned() is False  # a CPU strategy
     assert ZarrDataModule(store, batch_size=8, pin_memory=True)._pinned() is True
+
+
+def test_the_datamodule_sees_its_trainer(tmp_path):
+    """The DataModule looked for its trainer as ``_trainer``, which LightningDataModule does not have: it never
+    pinned memory for a CUDA rank, and never told the loader how many batches the trainer had consumed."""
+    from types import SimpleNamespace
+
+    from zarrtorch.lightning import _TrainedBatches
+
+    dm = ZarrDataModule(make_store(tmp_path / "d.zarr"), batch_size=4)
+    assert dm._loader_kwargs()["pin_memory"] is False  # no trainer yet
+    progress = SimpleNamespace(current=SimpleNamespace(processed=7))
+    for device, pinned in (("cuda", True), ("cpu", False)):
+        dm.trainer = SimpleNamespace(
+            strategy=SimpleNamespace(root_device=torch.device(device)),
+            state=SimpleNamespace(fn="fit"),
+            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+        )
+        assert dm._loader_kwargs()["pin_memory"] is pinned
+    assert _TrainedBatches(dm)() == 7

@@ -33,12 +33,14 @@ torch.set_num_threads(1)
 
 class Rows(L.Callback):
     def __init__(self):
-        self.rows = []
+        self.rows, self.epochs = [], []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.rows.append(batch["index"].tolist())
+        self.epochs.append(trainer.current_epoch)
         with open(f"{out}/rows_{phase}_{trainer.global_rank}.json", "w") as f:
-            json.dump({"epoch": trainer.current_epoch, "rows": self.rows, "len": len(trainer.train_dataloader)}, f)
+            json.dump({"epoch": trainer.current_epoch, "rows": self.rows, "epochs": self.epochs,
+                       "len": len(trainer.train_dataloader)}, f)
 
 
 dm = ZarrDataModule(store, batch_size=16 if "batch16" in flags else 8, return_index=True, seed=11, buffer_chunks=2)
@@ -55,12 +57,19 @@ if phase == "first":  # a job that ends after 3 steps, with a checkpoint there (
     ckpt = ModelCheckpoint(dirpath=f"{out}/ckpt", every_n_train_steps=3, save_last=True, save_top_k=0)
     trainer = L.Trainer(max_steps=3, callbacks=[Rows(), ckpt], **kw)
     trainer.fit(model, **data)
+elif phase == "last":  # a whole epoch, checkpointed by step count at its last batch
+    dm.setup("fit")
+    from zarrtorch import ZarrDataLoader
+    n = len(ZarrDataLoader(dm.train_dataset, batch_size=8, drop_last=True, rank=0, world_size=devices))
+    ckpt = ModelCheckpoint(dirpath=f"{out}/ckpt", every_n_train_steps=n, save_last=True, save_top_k=0)
+    trainer = L.Trainer(max_steps=n, callbacks=[Rows(), ckpt], **kw)
+    trainer.fit(model, **data)
 elif phase == "epoch":  # a whole epoch, checkpointed at its end (the course CLI's default)
     ckpt = ModelCheckpoint(dirpath=f"{out}/ckpt", save_last=True, save_top_k=0)
     trainer = L.Trainer(callbacks=[Rows(), ckpt], **kw)
     trainer.fit(model, **data)
-else:  # "second" continues the first's epoch, "next" trains the epoch after the checkpointed one
-    kw["max_epochs"] = 2 if phase == "next" else 1
+else:  # "second" continues the first's epoch, "next" trains the epoch after the checkpointed one, "two" both
+    kw["max_epochs"] = 2 if phase in ("next", "two") else 1
     trainer = L.Trainer(callbacks=[Rows()], enable_checkpointing=False, **kw)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -157,3 +166,43 @@ def test_a_refused_state_shows_its_own_message_under_lightning(store, tmp_path):
     assert proc.returncode != 0
     assert "batch_size: saved 8, now 16" in proc.stderr, proc.stderr[-3000:]
     assert "Please call iter(combined_loader) first" not in proc.stderr
+
+
+def epoch_rows(run: dict, epoch: int) -> list[list[int]]:
+    return [rows for rows, e in zip(run["rows"], run["epochs"], strict=True) if e == epoch]
+
+
+@pytest.mark.slow
+def test_resume_on_fewer_devices_then_whole_epochs(store, tmp_path):
+    """2 ranks -> 1: the resumed epoch is 17 batches long on one rank, the next ones 20. Lightning counts an
+    epoch's batches once, at its first loader, and stopped every later epoch at 17: 3 batches of each epoch
+    never trained, silently. The DataModule now has the loader built again after the resumed epoch."""
+    first = fit(store, tmp_path, 2, "first")
+    (second,) = fit(store, tmp_path, 1, "two")
+    fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
+    before = [x for r in first for b in r["rows"] for x in b]
+    resumed = [x for b in epoch_rows(second, 0) for x in b]
+    assert len(set(before + resumed)) == len(before + resumed), "a row of epoch 0 trained twice"
+    assert fit_rows - len(before) - len(resumed) < 8
+    ds = ZarrIterableDataset(store, seed=11, buffer_chunks=2, row_range=(0, fit_rows))
+    expected = ds.batch_row_ids(epoch=1, batch_size=8, drop_last=True)
+    got = epoch_rows(second, 1)
+    assert len(got) == len(expected), f"epoch 1 trained {len(got)} of its {len(expected)} batches"
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_at_an_epochs_last_batch_resumed_on_fewer_devices(store, tmp_path):
+    """A step-count checkpoint that falls on epoch 0's last batch, on 2 ranks, resumed on 1: Lightning resumed
+    it as epoch 1 but kept its batch counter (the 2-rank epoch's length, half the 1-rank one) and trained only
+    the first half of epoch 1, silently. Now it trains all of epoch 1, in its order, and nothing of epoch 0."""
+    first = fit(store, tmp_path, 2, "last")
+    (second,) = fit(store, tmp_path, 1, "two")
+    fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
+    assert sum(len(r["rows"]) for r in first) * 8 > fit_rows - 2 * 8  # epoch 0, whole, on 2 ranks
+    ds = ZarrIterableDataset(store, seed=11, buffer_chunks=2, row_range=(0, fit_rows))
+    expected = ds.batch_row_ids(epoch=1, batch_size=8, drop_last=True)
+    assert set(second["epochs"]) == {1}
+    got = second["rows"]
+    assert len(got) == len(expected), f"epoch 1 trained {len(got)} of its {len(expected)} batches"
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
