@@ -444,8 +444,6 @@ def resumed_history(saved: LoaderCheckpoint, world: int, num_workers: int) -> tu
     """The segments before a resume of ``saved`` on ``world`` ranks x ``num_workers`` workers: the saved
     ones, plus the saved topology's own when the new one differs."""
     history = saved.segments
-    if (saved.world_size, saved.num_workers) != (world, num_workers) and saved.segment_batches > 0:
-        # a segment of no batches consumed nothing (an epoch's start, as a checkpoint at the last batch of the
-        # epoch before holds it): without it the epoch runs in the same order as one started afresh
+    if (saved.world_size, saved.num_workers) != (world, num_workers):
         history += (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
     return history
