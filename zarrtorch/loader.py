@@ -382,7 +382,7 @@ class ZarrDataLoader(DataLoader):
             raise ValueError(
                 "cannot resume this loader: the state was saved with other data or settings ("
                 + "; ".join(diff)
-                + "). Resume with the saved batch_size, seed, shuffle, buffer_chunks, drop_last and store, or "
+                + "). Resume with the saved batch_size, seed, shuffle, buffer_chunks, drop_last, windows and store, or "
                 "start the epoch afresh with loader.set_epoch(epoch) instead of load_state_dict."
             )
         try:
@@ -421,6 +421,7 @@ def checkpoint_of(
         plan_version=PLAN_VERSION,
         fingerprint=spec.fingerprint(),
         history=tuple(tuple(seg) for seg in history),
+        windows=spec.windows,
     )
 
 

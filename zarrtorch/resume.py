@@ -15,6 +15,7 @@ that worker's buffer schedule up to where it stopped. A checkpoint stores three 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
@@ -211,6 +212,7 @@ class LoaderCheckpoint:
     plan_version: int
     fingerprint: str  # zarrtorch.plan.plan_fingerprint of the set-up: equal exactly when the batches are
     history: tuple[tuple[int, int, int], ...] = ()  # (world_size, num_workers, batches) of earlier segments
+    windows: str | None = ""  # Windows.describe() ("" for rows), named when it differs; None: saved before it was
 
     # where the rank is and on which topology; every other field must match to resume
     POSITION = ("epoch", "batches_seen", "rank", "world_size", "num_workers", "history")
@@ -225,7 +227,7 @@ class LoaderCheckpoint:
         if not isinstance(state, dict):
             raise TypeError(f"a ZarrDataLoader state is a dict (from state_dict()), got {type(state).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in state]
+        missing = [n for n in names if n not in state and n != "windows"]
         if missing and set(missing) <= {"plan_version", "fingerprint"}:
             raise ValueError(
                 "this loader state was saved by a zarrtorch whose plan (plan version 1) gives other batches than "
@@ -237,7 +239,8 @@ class LoaderCheckpoint:
                 f"not a ZarrDataLoader state: keys {missing} are missing (saved by "
                 "ZarrDataLoader.state_dict() of zarrtorch >= 0.1?)"
             )
-        values = {n: state[n] for n in names}
+        values = {n: state[n] for n in names if n in state}
+        values.setdefault("windows", None)  # saved before the field existed: the fingerprint still tells
         values["history"] = tuple(tuple(int(v) for v in seg) for seg in values["history"])
         counts = {n: values[n] for n in ("epoch", "batches_seen", "rank", "num_workers")}
         counts.update({f"history[{i}]": min(seg) for i, seg in enumerate(values["history"])})
@@ -266,8 +269,15 @@ class LoaderCheckpoint:
                 "batches than this one's (version 3 orders chunks by a keyed bijection, computed per position), "
                 "so the position cannot be carried over"
             ]
+        if None not in (self.windows, other.windows) and self.windows != other.windows:  # the rest follows from it
+            return [
+                f"windows: saved {describe_windows(self.windows)}, now {describe_windows(other.windows)}: "
+                "samples of other windows are other samples"
+            ]
         out = []
         for f in dataclasses.fields(self):
+            if f.name == "windows":
+                continue
             if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):
                 out.append(f"{f.name}: saved {getattr(self, f.name)!r}, now {getattr(other, f.name)!r}")
         if out == [f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r}"]:
@@ -276,3 +286,19 @@ class LoaderCheckpoint:
                 "state was saved by another zarrtorch or NumPy whose plan or random numbers differ"
             ]
         return out
+
+
+def describe_windows(described: str) -> str:
+    """``Windows.describe()`` as a user wrote it, or "rows" for a loader of rows."""
+    if not described:
+        return "rows (no windows=)"
+    try:
+        history, lead, stride, segments, block_chunks = ast.literal_eval(described)
+    except (ValueError, SyntaxError, TypeError):
+        return described
+    return (
+        f"Windows(history={history}, lead={lead}, stride={stride}"
+        + (f", segments={segments}" if segments else "")
+        + (f", block_chunks={block_chunks}" if block_chunks else "")
+        + ")"
+    )

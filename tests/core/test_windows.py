@@ -583,3 +583,28 @@ def test_a_static_chunk_that_fails_keeps_to_the_retry_policy(tmp_path, fault):
         assert server.requests[f"{path.name}/orography/c/0/1"] == 2
         if fault == NO_ANSWER:
             assert "no answer within 0.5 s" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "other, named",
+    [
+        (Windows(history=1, lead=2), "now Windows(history=1, lead=2, stride=1)"),  # the same span: same counts
+        (Windows(history=2, lead=2, block_chunks=3), "block_chunks=3"),
+        (None, "now rows (no windows=)"),
+    ],
+)
+def test_a_state_of_other_windows_is_refused_naming_them(store, other, named):
+    """The refusal once spoke of chunk_rows, or of "another zarrtorch or NumPy" when the counts agreed."""
+    saved_with = Windows(history=2, lead=2)
+    first = ZarrDataLoader(ZarrIterableDataset(store, windows=saved_with, seed=1), batch_size=4)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    again = ZarrDataLoader(ZarrIterableDataset(store, windows=other, seed=1), batch_size=4)
+    with pytest.raises(ValueError, match=r"windows: saved Windows\(history=2, lead=2, stride=1\)") as err:
+        again.load_state_dict(state)
+    assert named in str(err.value) and "windows and store" in str(err.value)
+    legacy = {k: v for k, v in state.items() if k != "windows"}  # saved before the field: the fingerprint decides
+    same = ZarrDataLoader(ZarrIterableDataset(store, windows=saved_with, seed=1), batch_size=4)
+    same.load_state_dict(legacy)
+    assert len(list(same)) == len(first) - 1
