@@ -161,7 +161,9 @@ class ZarrIterableDataset(IterableDataset):
         if self.starts.n == 0:
             raise ValueError(no_windows_message(windows, self.layout.rows, row_range))
         self.layout = FirstAxisLayout(
-            rows=self.starts.n, chunk_rows=windows.block_rows(self.store_chunk_rows), sharded=self.layout.sharded
+            rows=self.starts.n,
+            chunk_rows=windows.block_rows(self.store_chunk_rows, self.starts.n),
+            sharded=self.layout.sharded,
         )
         self._store_rows = next(iter(self.arrays.values())).shape[0]
 

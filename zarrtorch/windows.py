@@ -25,6 +25,9 @@ import numpy as np
 from zarrtorch._util.sizes import ceil_div
 
 HALO_PARTS = 20  # the default block's halo is at most 1/20 of its rows: about 1.05 decodes per chunk
+# and a period has at least this many default blocks: a short period in one block was split the same way every
+# epoch (each rank always the same windows, and with drop_last the same last windows never trained)
+MIN_BLOCKS = 4
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Windows:
         segments: ``[(start, stop), ...]`` rows with no gap inside; a window never straddles two. Default: all
             rows form one segment. ``from_mask`` makes them from a bool per row (False: missing).
         block_chunks: store chunks per block (the plan's unit, see the module's docstring). Default: the fewest
-            whose halo is at most ``1 / HALO_PARTS`` of the block.
+            whose halo is at most ``1 / HALO_PARTS`` of the block, and at most a ``MIN_BLOCKS``-th of the period.
 
     A batch holds ``name`` ``(batch, history, *row shape)`` for each input array, ``name + "_target"``
     ``(batch, lead, *row shape)`` for each target array, ``name`` ``(batch, *shape)`` for each static array, and
@@ -119,10 +122,13 @@ class Windows:
             raise ValueError("Windows(inputs=()) gives samples without inputs: name at least one array")
         return tuple(inputs), tuple(targets)
 
-    def block_rows(self, chunk_rows: int) -> int:
+    def block_rows(self, chunk_rows: int, starts: int | None = None) -> int:
         """Window ids per block: ``block_chunks`` chunks, by default the fewest whose halo (``span - 1`` rows)
-        is at most ``1 / HALO_PARTS`` of the block's rows."""
+        is at most ``1 / HALO_PARTS`` of the block's rows, but no more than leave ``MIN_BLOCKS`` blocks in a
+        period of ``starts`` window starts (when given)."""
         chunks = self.block_chunks or max(1, ceil_div((self.span - 1) * HALO_PARTS, chunk_rows))
+        if self.block_chunks is None and starts is not None:
+            chunks = min(chunks, max(1, int(starts) // (MIN_BLOCKS * int(chunk_rows))))
         return int(chunks) * int(chunk_rows)
 
     def describe(self) -> str:

@@ -608,3 +608,26 @@ def test_a_state_of_other_windows_is_refused_naming_them(store, other, named):
     same = ZarrDataLoader(ZarrIterableDataset(store, windows=saved_with, seed=1), batch_size=4)
     same.load_state_dict(legacy)
     assert len(list(same)) == len(first) - 1
+
+
+def test_a_short_period_is_split_anew_every_epoch(tmp_path):
+    """140 window starts in 4-row chunks: the default block (60 chunks, 240 starts) held the whole period, so
+    every epoch split it the same way: each of 3 ranks always trained the same windows, and with drop_last the
+    same last 20 were never trained (found under Lightning DDP). Blocks are now at most a MIN_BLOCKS-th of it."""
+    path = write(tmp_path / "short.zarr", rows=152, chunk=4, static=False)
+    w = Windows(history=3, lead=2, stride=2)  # span 9: 144 starts in 152 rows
+    ds = ZarrIterableDataset(path, windows=w, seed=5, return_index=True)
+    assert ds.rows // ds.chunk_rows >= 4
+    trained, rank0 = set(), []
+    for epoch in range(4):
+        mine = []
+        for rank in range(3):
+            loader = ZarrDataLoader(ds, batch_size=8, drop_last=True, rank=rank, world_size=3)
+            loader.set_epoch(epoch)
+            starts = [s for b in loader for s in check(b, w).tolist()]
+            assert len(starts) == len(set(starts))
+            trained |= set(starts)
+            mine.append(set(starts)) if rank == 0 else None
+        rank0.append(mine[0])
+    assert trained == set(valid_starts(w, 152)), "some windows were never trained in 4 epochs"
+    assert len({frozenset(s) for s in rank0}) > 1, "rank 0 trained the same windows every epoch"
