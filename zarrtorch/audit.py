@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -196,9 +197,17 @@ def audit(
 def load_state(path) -> dict:
     """A loader state from a JSON file (``loader.state_dict()``) or a Lightning checkpoint (``.ckpt``)."""
     path = os.fspath(path)
-    if path.endswith(".json"):
-        with open(path) as f:
-            return json.load(f)
+    if path.lower().endswith(".json"):
+        try:
+            with open(path) as f:
+                state = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}): the state file is cut short or damaged") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} holds a JSON {type(state).__name__}, not a loader state (a dict)")
+        return state
+    import pickle
+
     import torch
 
     found = []
@@ -213,7 +222,13 @@ def load_state(path) -> dict:
             for value in obj:
                 walk(value)
 
-    walk(torch.load(path, map_location="cpu", weights_only=False))
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as exc:
+        raise ValueError(
+            f"{path} is neither a JSON state (.json) nor a readable PyTorch/Lightning checkpoint ({exc})"
+        ) from None
+    walk(checkpoint)
     if not found:
         raise ValueError(f"{path} holds no ZarrDataLoader state (was the training loader a ZarrDataLoader?)")
     return found[0]
@@ -238,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.batch_size is None and a.state is None:
         p.error("--batch-size is required (or --state, which holds it)")
+    for name, least in (("world_size", 1), ("batch_size", 1), ("num_workers", 0), ("ranks_per_node", 0)):
+        value = getattr(a, name)
+        if value is not None and value < least:
+            p.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+    if not (a.node_memory_gib >= 0 and math.isfinite(a.node_memory_gib)):
+        p.error(f"--node-memory-gib must be a number >= 0, got {a.node_memory_gib}")
+    if a.state is not None and a.batch_size is not None:
+        p.error("--batch-size comes from --state (the saved run's): give one or the other")
     try:
         report = audit(
             a.store,
@@ -254,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks_per_node=a.ranks_per_node,
             node_memory_gib=a.node_memory_gib,
         )
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, LookupError, TypeError) as exc:  # OSError: a missing path, an unreachable server
         print(f"audit: {exc}", file=sys.stderr)
         return 2
     extra = {"loader_bytes_per_node": report.loader_bytes_per_node, "fits": report.fits, "ok": report.ok}

@@ -162,7 +162,7 @@ def prepare_zarr(
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
             zarr.consolidate_metadata(out)  # lets xarray.open_zarr open the store without a warning
-    final = out if is_url(store) else str(Path(os.fspath(store).removeprefix("file://")))
+    final = out if is_url(store) else str(Path(os.fspath(store).removeprefix("file://")).expanduser())
     group = zarr.open_group(final, mode="r")
     names = group.attrs["zarrtorch"]["variables"]
     check_first_axis_layout({n: group[n] for n in names}, allow_shards=shard_chunks is not None)
@@ -229,6 +229,20 @@ def _checked_mapping(source: Mapping) -> dict:
     for n, a in source.items():
         if not hasattr(a, "shape") or not hasattr(a, "dtype") or len(a.shape) == 0:
             raise TypeError(f"{n!r} is not an array with a first axis (got {type(a).__name__})")
+        if str(n) in out:
+            first = next(k for k in source if str(k) == str(n))
+            raise ValueError(f"two arrays would both be stored as {str(n)!r}: the keys {first!r} and {n!r}")
+        if isinstance(a, np.ma.MaskedArray):
+            raise TypeError(
+                f"{n!r} is a masked array: its mask would be lost. Write a.filled(value) (and the mask as an array "
+                "of its own if the model needs it)"
+            )
+        kind = getattr(np.dtype(a.dtype) if not type(a).__module__.startswith("torch") else None, "kind", "f")
+        if kind in "MmOSUV":
+            raise TypeError(
+                f"{n!r} has dtype {a.dtype}, which a tensor cannot hold: convert it to numbers first (datetimes: "
+                "a.astype('datetime64[s]').astype('int64'); categories: integer codes)"
+            )
         out[str(n)] = _TorchRows(a) if type(a).__module__.startswith("torch") else a
     names = list(out)
     rows = int(out[names[0]].shape[0])
@@ -323,12 +337,15 @@ def target_store(store: str | os.PathLike, storage_options: dict | None, overwri
     if not is_url(store):
         if storage_options:
             raise ValueError(f"storage_options apply to a URL (s3://...), not to the local path {store}")
-        path = Path(os.fspath(store).removeprefix("file://"))
-        if path.exists() or path.is_symlink():
+        path = Path(os.fspath(store).removeprefix("file://")).expanduser()  # "~/x.zarr", as the loader reads it
+        if path.is_symlink():
+            path = path.resolve()  # the link's target is replaced; the link goes on pointing at it
+        if path.exists():
             if not path.is_dir():
                 raise FileExistsError(f"{path} is a file, not a Zarr store: remove it or choose another path")
             if not overwrite:
                 raise FileExistsError(f"{path} exists: pass overwrite=True to replace it, or choose another path")
+            _refuse_other_directory(path)
             yield from _replace_when_done(path)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,7 +371,40 @@ def target_store(store: str | os.PathLike, storage_options: dict | None, overwri
     yield remote
 
 
+ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")  # what a Zarr store (v3, v2 group, v2 array) holds at its root
+
+
+def _refuse_other_directory(path: Path) -> None:
+    """``overwrite=True`` replaces a Zarr store, never a directory of something else (it once deleted a
+    ``model.pt`` given as the path by mistake). An empty directory is fine."""
+    if any((path / marker).exists() for marker in ZARR_MARKERS):
+        return
+    held = sorted(p.name for p in path.iterdir())
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise FileExistsError(
+            f"{path} is a directory that is not a Zarr store (it holds {shown}): overwrite=True replaces only a "
+            "Zarr store. Choose another path, or remove the directory yourself if its contents can go"
+        )
+
+
+def _leftovers_of_dead_writers(path: Path) -> None:
+    """A writer killed mid-write leaves ``.NAME.writing-PID`` (and ``.NAME.old-PID``) beside the store: removed
+    once no process of that PID runs."""
+    for stale in path.parent.glob(f".{path.name}.*-*"):
+        kind, _, pid = stale.name.rpartition("-")
+        if not kind.endswith((".writing", ".old")) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except PermissionError:  # another user's running process
+            pass
+
+
 def _replace_when_done(path: Path):
+    _leftovers_of_dead_writers(path)
     writing = path.with_name(f".{path.name}.writing-{os.getpid()}")
     shutil.rmtree(writing, ignore_errors=True)
     try:

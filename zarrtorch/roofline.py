@@ -298,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             buffer_chunks=a.buffer_chunks,
             step_ms=a.step_ms,
         )
-    except ChunkReadError as exc:  # a missing or damaged chunk: its message names it, no traceback needed
+    except (ChunkReadError, ValueError, OSError, LookupError) as exc:  # each message names what is wrong
         print(f"zarrtorch roofline: {exc}", file=sys.stderr)
-        return 1
+        return 2 if not isinstance(exc, ChunkReadError) else 1
     if a.json:
         print(json.dumps({**asdict(report), "ceiling": report.ceiling, "binding": report.binding}, indent=1))
     else:

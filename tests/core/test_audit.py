@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -120,3 +121,26 @@ def test_memory_per_node_is_every_ranks_loader_and_refuses_a_node_too_small(stor
     cli = subprocess.run(run, capture_output=True, text=True)
     assert cli.returncode == 1 and json.loads(cli.stdout)["fits"] is False
     assert audit(store, world_size=2, batch_size=16).fits  # no node given: nothing to refuse
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--world-size", "0", "--batch-size", "4"], "--world-size must be >= 1, got 0"),
+        (["--world-size", "2", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--world-size", "2", "--batch-size", "4", "--node-memory-gib", "nan"], "--node-memory-gib must be"),
+        (["--world-size", "2", "--state", "{cut}"], "is not valid JSON .*cut short or damaged"),
+        (["--world-size", "2", "--state", "{junk}"], "neither a JSON state .* nor a readable PyTorch"),
+        (["--world-size", "2", "--state", "{cut}", "--batch-size", "4"], "--batch-size comes from --state"),
+    ],
+)
+def test_cli_refuses_bad_arguments_with_a_message(store, tmp_path, args, needle):
+    """These were tracebacks (IndexError, UnpicklingError, a bare JSON error), or a batch size of 0 audited as 1."""
+    (tmp_path / "cut.json").write_text('{"epoch": 0, "batches_se')
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    args = [a.format(cut=tmp_path / "cut.json", junk=tmp_path / "junk.ckpt") for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "zarrtorch", "audit", str(store), *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(needle, done.stderr), done.stderr

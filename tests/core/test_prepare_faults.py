@@ -4,6 +4,9 @@ and a dataset whose dates are not its first dimension."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -149,3 +152,59 @@ def test_rewriting_a_remote_store_from_itself_is_refused(s3, opened_with):
     # another URL in the same bucket is not the target: writing there works
     out = prepare_zarr(source, f"{url}-rechunked", chunk_rows=30, progress=False, storage_options=options)
     np.testing.assert_array_equal(out["x"][:], x)
+
+
+def test_overwrite_replaces_a_zarr_store_never_another_directory(tmp_path):
+    """overwrite=True on a directory of something else (a results folder given by mistake) deleted its files."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "model.pt").write_text("weeks of training")
+    with pytest.raises(FileExistsError, match=r"not a Zarr store \(it holds model.pt\)"):
+        prepare_zarr({"x": np.zeros(5)}, results, overwrite=True, progress=False)
+    assert (results / "model.pt").read_text() == "weeks of training"
+    (tmp_path / "empty").mkdir()
+    prepare_zarr({"x": np.arange(5.0)}, tmp_path / "empty", overwrite=True, progress=False)  # nothing to lose
+    assert zarr.open_group(str(tmp_path / "empty"), mode="r")["x"][:].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_home_path_is_where_the_loader_looks(tmp_path, monkeypatch):
+    """ "~/x.zarr" was written to a folder named "~" in the working directory, and the loader (which expands
+    it) then found no store."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    prepare_zarr({"x": np.arange(6.0)}, "~/x.zarr", progress=False)
+    assert (tmp_path / "home" / "x.zarr").is_dir() and not (tmp_path / "~").exists()
+    assert ZarrIterableDataset("~/x.zarr", shuffle=False).rows == 6
+
+
+def test_a_link_to_a_store_is_rewritten_in_its_target(tmp_path):
+    prepare_zarr({"x": np.zeros(4)}, tmp_path / "real.zarr", progress=False)
+    (tmp_path / "link.zarr").symlink_to(tmp_path / "real.zarr")
+    prepare_zarr({"x": np.ones(4)}, tmp_path / "link.zarr", overwrite=True, progress=False)
+    assert (tmp_path / "link.zarr").is_symlink()
+    assert zarr.open_group(str(tmp_path / "real.zarr"), mode="r")["x"][:].tolist() == [1, 1, 1, 1]
+
+
+def test_a_dead_writers_leftovers_are_removed(tmp_path):
+    """A writer killed mid-write left ``.NAME.writing-PID`` beside the store for good."""
+    prepare_zarr({"x": np.zeros(4)}, tmp_path / "s.zarr", progress=False)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".s.zarr.writing-{int(dead.stdout)}"
+    stale.mkdir()
+    prepare_zarr({"x": np.ones(4)}, tmp_path / "s.zarr", overwrite=True, progress=False)
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        ({1: np.zeros(3), "1": np.ones(3)}, r"both be stored as '1': the keys 1 and '1'"),
+        ({"x": np.ma.masked_array(np.zeros(3), mask=[1, 0, 0])}, "masked array: its mask would be lost"),
+        ({"t": np.array(["2020-01-01"] * 3, dtype="datetime64[D]")}, "dtype datetime64.* a tensor cannot hold"),
+        ({"s": np.array(["a", "b", "c"])}, "dtype <U1.* a tensor cannot hold"),
+    ],
+)
+def test_what_would_be_lost_or_unreadable_is_refused(tmp_path, source, needle):
+    with pytest.raises((TypeError, ValueError), match=needle):
+        prepare_zarr(source, tmp_path / "s.zarr", progress=False)
+    assert not (tmp_path / "s.zarr").exists()
