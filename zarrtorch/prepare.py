@@ -175,6 +175,13 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
     if rows == 0:
         raise LayoutError(f"dimension {dim!r} has zero rows: there is nothing to write")
     arrays = {n: ds[n] for n in names}
+    for n, a in arrays.items():
+        if a.dtype.kind in "MmOSUV":  # stored CF-encoded or as text, then refused by the loader as not numbers
+            raise TypeError(
+                f"variable {n!r} has dtype {a.dtype}, which a tensor cannot hold: convert it to numbers "
+                f"(ds[{n!r}].astype('datetime64[s]').astype('int64') for dates), or leave it out "
+                "(variables=[...] or ds.drop_vars)"
+            )
     nbytes_row = row_bytes(arrays)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
     shard_rows = shard_shape(chunk_rows, shard_chunks, rows)
@@ -330,9 +337,10 @@ def rows_for_chunk_mb(row_bytes: int, chunk_mb: float) -> int:
 @contextlib.contextmanager
 def target_store(store: str | os.PathLike, storage_options: dict | None, overwrite: bool, sources=()):
     """What zarr and xarray write to: the local path, or an fsspec store for a URL. An existing store is
-    replaced only with ``overwrite``, and a local one only once the new one is complete: the new store is
-    written beside it and then moved into place, so data read lazily from the old store (rechunking a store
-    in place) is still there while it is read, and a failed write leaves the old store as it was.
+    replaced only with ``overwrite``. A local store appears only once complete (a writer killed midway once
+    left a store whose metadata said it was whole, and the loader ran into the missing chunks thousands of rows
+    later): it is written beside its place and then moved there, so data read lazily from an old store
+    (rechunking a store in place) is still there while it is read, and a failed write leaves it as it was.
     ``sources``: arrays being written, to refuse a remote target they are read from."""
     if not is_url(store):
         if storage_options:
@@ -349,11 +357,7 @@ def target_store(store: str | os.PathLike, storage_options: dict | None, overwri
             yield from _replace_when_done(path)
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            yield str(path)
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+        yield from _replace_when_done(path)  # a writer killed midway leaves no store that looks complete
         return
     remote = zarr.storage.FsspecStore.from_url(store, storage_options=storage_options, read_only=False)
     fs, path = remote.fs, remote.path
@@ -412,6 +416,9 @@ def _replace_when_done(path: Path):
     except BaseException:
         shutil.rmtree(writing, ignore_errors=True)
         raise
+    if not path.exists():
+        writing.rename(path)
+        return
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
     path.rename(old)
     writing.rename(path)

@@ -208,3 +208,48 @@ def test_what_would_be_lost_or_unreadable_is_refused(tmp_path, source, needle):
     with pytest.raises((TypeError, ValueError), match=needle):
         prepare_zarr(source, tmp_path / "s.zarr", progress=False)
     assert not (tmp_path / "s.zarr").exists()
+
+
+_WRITER = """
+import sys
+import numpy as np
+from zarrtorch import prepare_zarr
+print("start", flush=True)
+prepare_zarr({"x": np.ones((400_000, 64), np.float32)}, sys.argv[1], chunk_rows=1000, progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_a_writer_killed_midway_leaves_no_store_that_looks_whole(tmp_path):
+    """The store was written in place: killed after 20 of 400 chunks, it held metadata saying it was whole,
+    and a loader yielded 10,000 rows before it met the first missing chunk. Now it is written beside its place
+    and moved there once complete; the next write removes what the dead writer left."""
+    import os
+    import signal
+    import time
+
+    target = tmp_path / "s.zarr"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(target)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "start"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(tmp_path.glob(".s.zarr.writing-*/x/c/*"))) < 5:
+        time.sleep(0.01)
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait()
+    assert list(tmp_path.glob(".s.zarr.writing-*/x/c/*")), "the writer was killed before it wrote a chunk"
+    assert not target.exists()
+    with pytest.raises(FileNotFoundError, match="no Zarr store"):
+        ZarrIterableDataset(target)
+    prepare_zarr({"x": np.arange(10.0)}, target, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
+
+
+def test_a_datetime_variable_is_refused_by_name(tmp_path):
+    """xarray stored it CF-encoded as int64 and listed it for training; the loader then refused the store and
+    told the user to write it again with prepare_zarr, which had written it."""
+    time = np.arange(6).astype("datetime64[D]")
+    ds = xr.Dataset({"t2m": ("time", np.zeros(6, np.float32)), "valid": ("time", time + 1)}, coords={"time": time})
+    with pytest.raises(TypeError, match=r"variable 'valid' has dtype datetime64.*variables=\[\.\.\.\]"):
+        prepare_zarr(ds, tmp_path / "s.zarr", progress=False)
+    prepare_zarr(ds, tmp_path / "s.zarr", variables=["t2m"], progress=False)  # without it, as the message says
+    assert ZarrIterableDataset(tmp_path / "s.zarr").rows == 6
