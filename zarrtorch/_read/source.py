@@ -128,6 +128,12 @@ def _open_path(path: str | os.PathLike, storage_options: dict | None = None, pol
         raise ValueError(f"storage_options apply to remote stores (a URL such as s3://...), not to {text}")
     local = Path(text.removeprefix("file://")).expanduser()
     if not local.exists():
+        unfinished = sorted(local.parent.glob(f".{local.name}.writing-*")) if local.name else []
+        if unfinished:  # zarrtorch.prepare_zarr moves a store into place only once it is complete
+            raise FileNotFoundError(
+                f"no Zarr store at {local}: its writing did not finish ({unfinished[0].name} is what was written "
+                "before it stopped). Run prepare_zarr again (it removes that leftover)"
+            )
         raise FileNotFoundError(
             f"no Zarr store at {local}: check the path, or create the course data with "
             "`python -m zarrtorch make-data` (or zarrtorch.prepare_zarr for your own data)"
