@@ -272,7 +272,11 @@ class ZarrIterableDataset(IterableDataset):
         held = held_chunks(
             buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads), row_shuffle=row_shuffle
         )
-        return held * self.chunk_rows * self.row_bytes
+        # a buffer smaller than a batch grows to hold the batch (zarrtorch.buffer.buffer_capacity): batches of
+        # 8,192 rows from a buffer of 1,024 once held 64 MiB per worker more than was counted
+        batch = self.config.batch_size if self.config is not None else 0
+        grown = max(0, batch - self.buffer_rows) if row_shuffle else 0
+        return (held * self.chunk_rows + grown) * self.row_bytes
 
     def _window_chunks_held(self, decode_threads: int, row_shuffle: bool) -> int:
         """Store chunks one worker holds at most with ``windows`` (:mod:`zarrtorch.window_stream`): those its window

@@ -157,6 +157,22 @@ def test_memory_bound_in_process(tracked, tmp_path, chunks):
     assert last["reads_before_first_batch"] <= ahead + 1
 
 
+def test_memory_bound_counts_a_buffer_grown_to_a_batch(tracked, tmp_path):
+    """A batch larger than the shuffle buffer makes the buffer grow to hold it: batches of 8,192 rows of 8 KiB
+    from a buffer of 1,024 held 64 MiB more per worker than worker_memory_bytes counted (found by measuring)."""
+    ds = ZarrIterableDataset(
+        make_store(tmp_path / "d.zarr", 96),
+        buffer_chunks=BUFFER_CHUNKS,
+        transform=report_in_batch,
+        read=ReadOptions(decode_threads=THREADS),
+    )
+    batch = 48 * CHUNK  # more rows than the buffer's chunks and the reads in flight together
+    loader = ZarrDataLoader(ds, batch_size=batch, work_ahead=0)
+    last = [{k: int(v) for k, v in b.items() if k not in ("x", "y")} for b in loader][-1]
+    assert last["buffer_bytes"] > BUFFER_CHUNKS * chunk_bytes(ds)  # it did grow past the buffer's chunks
+    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
+
+
 @pytest.mark.slow
 def test_memory_bound_per_worker(tracked, tmp_path):
     """The same bound in each of two forked DataLoader workers (the instrumented class is inherited)."""
