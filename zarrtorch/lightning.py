@@ -259,7 +259,7 @@ class ZarrDataModule(L.LightningDataModule):
             loader.load_state_dict(self._train_state)
             self._train_state = None
             self._align_with_the_trainers_count(loader, trainer)
-            self._reload_after_a_resumed_epoch(loader, trainer)
+            self._arm_reload(trainer)
         elif self._reload_setting is not None and trainer is not None:  # that reload: the next epoch, whole
             trainer.reload_dataloaders_every_n_epochs, self._reload_setting = self._reload_setting, None
             loader.set_epoch(trainer.current_epoch)
@@ -287,21 +287,15 @@ class ZarrDataModule(L.LightningDataModule):
         if starts_epoch and 0 < counted < len(loader):
             loader.count_as_done(counted)
 
-    def _reload_after_a_resumed_epoch(self, loader: ZarrDataLoader, trainer) -> None:
-        """Lightning counts the training batches of an epoch once, when it first builds the loader, and stops
-        every later epoch at that count. An epoch resumed on another number of ranks has another length than
-        the whole epochs after it (2 ranks -> 1: 17 batches, then 20, of which the last 3 were never trained),
-        and Lightning's own batch counter is restored only after this loader is built (see
-        :meth:`_align_with_the_trainers_count`). So the loader is asked for again at the next epoch's start:
-        the resumed loader itself while its epoch has still to run, a new one after it; then Lightning's own
-        ``reload_dataloaders_every_n_epochs`` is put back."""
-        if trainer is not None and getattr(trainer.state, "fn", None) == "fit":
-            self._arm_reload(trainer)
-
     def _arm_reload(self, trainer) -> None:
-        """Have Lightning build the training loader again at the next epoch's start (once; then its own setting
-        is put back)."""
-        if trainer is not None and self._reload_setting is None:
+        """Have Lightning ask for the training loader again at the next epoch's start, once (its own
+        ``reload_dataloaders_every_n_epochs`` is put back then). Lightning counts an epoch's batches only when it
+        builds the loader, and stops every later epoch at that count; an epoch resumed on another number of ranks
+        has another length than the whole epochs after it (2 ranks -> 1: 17 batches, then 20, the last 3 never
+        trained). Its counters are restored only after a first loader is built, so this is done after every
+        resume: the reload returns the resumed loader while its epoch has still to run (reconciled with those
+        counters, :meth:`_align_with_the_trainers_count`), a new one after it."""
+        if trainer is not None and getattr(trainer.state, "fn", None) == "fit" and self._reload_setting is None:
             self._reload_setting = trainer.reload_dataloaders_every_n_epochs
             trainer.reload_dataloaders_every_n_epochs = 1
 

@@ -247,12 +247,6 @@ class ZarrDataLoader(DataLoader):
         rank, world = self.topology()
         return self._start_point(world)[1]
 
-    def batches_per_epoch(self) -> int:
-        """Batches this rank yields in a whole epoch started afresh on this topology: ``len()`` differs from it
-        only in an epoch resumed on another topology."""
-        rank, world = self.topology()
-        return self._length(rank, world, ())
-
     def __iter__(self):
         if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
             self._stop_work_ahead, stop = None, self._stop_work_ahead
