@@ -200,3 +200,15 @@ def test_resume_first_batch_benchmark(tmp_path):
         assert data[key]["seconds"] > 0, key
         assert data["runs"][key][0]["rows"] == 64, key  # a full first batch
     assert data["runs"]["resumed 0w"][0]["batches"] == data["runs"]["resumed 2w"][0]["batches"]  # len() per rank
+
+
+def test_node_script_passes_only_flags_its_benchmarks_take():
+    """benchmarks/node.sh is run on a loaned node, where a wrong flag costs a loan: every ``--flag`` it passes to
+    a benchmark script is one that script's argument parser defines."""
+    script = (ROOT / "benchmarks" / "node.sh").read_text()
+    calls = re.findall(r"(benchmarks/\w+\.py)((?:[^\n]|\\\n)*)", script)
+    assert {name for name, _ in calls} == {"benchmarks/windows.py", "benchmarks/remote.py"}
+    for name, args in calls:
+        defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
+        passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
+        assert passed and passed <= defined, (name, passed - defined)
