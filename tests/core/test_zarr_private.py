@@ -58,3 +58,26 @@ def test_zarr_runs_its_event_loop_in_a_thread_of_its_own():
 
     where = asyncio.run_coroutine_threadsafe(thread_name(), loop)
     assert where.result(timeout=5) not in ("", threading.current_thread().name)
+
+
+def test_chunk_keys_built_once_equal_zarrs_encoder(tmp_path):
+    """The reader's per-array key function gives zarr's own key for every chunk, whatever the key encoding,
+    separator, format or group path; an encoding it cannot read around falls back to zarr's encoder."""
+    from zarrtorch._read.chunks import chunk_keys
+
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    arrays = [
+        group.create_array("a", shape=(300, 2), chunks=(7, 2), dtype="f4"),
+        group.require_group("nested").create_array("b", shape=(300,), chunks=(3,), dtype="i2"),
+        group.create_array(
+            "c", shape=(300, 2, 2), chunks=(5, 1, 2), dtype="f4", chunk_key_encoding={"name": "v2", "separator": "."}
+        ),
+        group.create_array(
+            "d", shape=(300, 4), chunks=(9, 4), dtype="u1", chunk_key_encoding={"name": "default", "separator": "."}
+        ),
+        zarr.create_array(str(tmp_path / "v2.zarr"), shape=(300, 3), chunks=(4, 3), dtype="f8", zarr_format=2),
+    ]
+    for arr in arrays:
+        keys = chunk_keys(arr)
+        assert [keys(c) for c in range(arr.cdata_shape[0])] == [chunk_key(arr, c) for c in range(arr.cdata_shape[0])]
+    assert chunk_keys(arrays[2])(12) == "c/12.0.0" and chunk_keys(arrays[1])(99) == "nested/b/c/99"

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zarr
 
-from zarrtorch._read.chunks import chunk_key, read_chunk
+from zarrtorch._read.chunks import chunk_key, chunk_keys, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import direct_decoder
 from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many
@@ -87,6 +87,7 @@ class PieceReader:
         self._pool: ThreadPoolExecutor | None = None  # the reading threads, once started
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
+        self._keys = {name: chunk_keys(arr) for name, arr in arrays.items()}  # chunk -> store key
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
         # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
@@ -131,7 +132,7 @@ class PieceReader:
     def _fetch_together(self, chunk: int) -> dict[str, bytes | Exception]:
         if len(self._together) < 2:
             return {}
-        keys = [(self.arrays[n].store_path.store, chunk_key(self.arrays[n], chunk)) for n in self._together]
+        keys = [(self.arrays[n].store_path.store, self._keys[n](chunk)) for n in self._together]
         return dict(zip(self._together, get_many(keys, self.policy), strict=True))
 
     def _read_checked(
@@ -172,7 +173,7 @@ class PieceReader:
             raise fetched
         decode = self._direct[name]
         if decode is not None:
-            return decode(chunk_key(arr, chunk), fetched, into)
+            return decode(self._keys[name](chunk), fetched, into)
         policy = None if is_local(arr) else self.policy
         return read_chunk(arr, chunk, policy=policy, check_missing=self.check_missing)
 
@@ -221,7 +222,7 @@ class PieceReader:
         pool = self._pool or _reading_pool(self.threads if fetch_ahead else threads)
         self._pool = None
         handed_over = False  # the threads run reads submitted by after_last: let them finish
-        todo = iter(pieces[len(ready) + len(pending) :])
+        todo = map(tuple, np.asarray(pieces[len(ready) + len(pending) :]).tolist())  # (start, stop) as ints
 
         timing: dict = {}  # future -> [requested, done] (monotonic seconds), for the requests in flight
         group = self.pieces_per_read
@@ -233,7 +234,7 @@ class PieceReader:
 
         def read_ahead():
             while len(pending) < self.prefetch:
-                task = [(int(a), int(b)) for a, b in itertools.islice(todo, group)]
+                task = list(itertools.islice(todo, group))
                 if not task:
                     return
                 times = [time.monotonic(), None]
@@ -285,9 +286,9 @@ class PieceReader:
         out: concurrent.futures.Future = concurrent.futures.Future()
         names = list(self.arrays)
         keys = [
-            (arr.store_path.store, chunk_key(arr, a // self.chunk_rows))
+            (arr.store_path.store, self._keys[name](a // self.chunk_rows))
             for a, _ in task
-            for arr in self.arrays.values()
+            for name, arr in self.arrays.items()
         ]
 
         def decode(raw: list) -> None:
