@@ -9,6 +9,7 @@ every remote array, made from the array's picklable description.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -218,6 +219,8 @@ def open_arrays(
         else:
             arrays = {n: _member(source, n, available) for n in names}
         names = None
+        if source.metadata.consolidated_metadata is not None:
+            check_consolidated(arrays, retry or RetryPolicy())
     elif isinstance(source, Mapping):
         arrays = dict(source)
         for n, a in arrays.items():
@@ -237,6 +240,55 @@ def open_arrays(
             raise KeyError(f"unknown array name(s) {missing}: available are {sorted(arrays)}")
         arrays = {n: arrays[n] for n in names}
     return arrays
+
+
+def check_consolidated(arrays: dict[str, zarr.Array], policy: RetryPolicy) -> None:
+    """Refuse arrays whose group's consolidated metadata no longer says what their own metadata says. Zarr
+    (and xarray) open a consolidated group from that one copy, so rows appended or an array resized after it
+    was written stayed invisible: 20 appended rows of 60 were never streamed, silently, and a shrunk array
+    was read past its end. One read of each array's own metadata (a request per array over a network)."""
+    for name, arr in arrays.items():
+        try:
+            own = _own_metadata(arr, policy)
+        except FileNotFoundError:
+            own = None
+        mine, theirs = _fields(arr.metadata), _fields(own) if own is not None else {}
+        if own is not None and mine == theirs:
+            continue
+        consolidate = (
+            "Consolidate the store again once: zarr.consolidate_metadata(path) (xarray: to_zarr(..., "
+            "consolidated=True) on its last write)"
+        )
+        if own is None:
+            raise ValueError(
+                f"array {name!r} of {store_label(arr)} is listed in the group's consolidated metadata, but the "
+                "store holds no metadata of its own for it (removed or moved after the store was consolidated). "
+                f"{consolidate}"
+            )
+        fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        said = "; ".join(f"{k} {mine.get(k)} where its own says {theirs.get(k)}" for k in fields[:3])
+        raise ValueError(
+            f"array {name!r} of {store_label(arr)}: the group's consolidated metadata says {said}. It was "
+            "written before the array last changed (rows appended, a resize, new attributes), and zarr reads "
+            f"a consolidated group from it alone, so rows would be lost or read past the array's end. {consolidate}"
+        )
+
+
+def _fields(metadata) -> dict[str, str]:
+    """Each field of an array's metadata as comparable text (a NaN fill value equals a NaN one)."""
+    return {k: json.dumps(v, sort_keys=True, default=repr) for k, v in metadata.to_dict().items()}
+
+
+def _own_metadata(arr: zarr.Array, policy: RetryPolicy):
+    """The array's metadata read from its own document (``zarr.json``, ``.zarray``), not the group's copy."""
+
+    def attempt():
+        opening = zarr.api.asynchronous.open_array(
+            store=arr.store_path.store, path=arr.path, mode="r", zarr_format=arr.metadata.zarr_format
+        )
+        return within(opening, policy.timeout_s).metadata
+
+    return attempt() if is_local(arr) else with_retries(attempt, policy)
 
 
 def is_local(arr: zarr.Array | zarr.Group) -> bool:
