@@ -26,7 +26,7 @@ from zarrtorch._read.source import all_local, for_this_process, open_arrays, sec
 from zarrtorch._read.static import static_array
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
-from zarrtorch._util.sizes import held_chunks, pieces_per_read, row_bytes
+from zarrtorch._util.sizes import held_chunks, native, pieces_per_read, row_bytes
 from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng
@@ -203,8 +203,9 @@ class ZarrIterableDataset(IterableDataset):
 
     @property
     def columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Row shape and dtype of each array as stored: the shuffle buffer's columns."""
-        return {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in self.arrays.items()}
+        """Row shape and dtype of each array as stored, in this machine's byte order (a tensor has no other;
+        Zarr v2 arrays may be stored big-endian): the shuffle buffer's columns."""
+        return {n: (tuple(a.shape[1:]), native(a.dtype)) for n, a in self.arrays.items()}
 
     @property
     def decoded_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -225,7 +226,7 @@ class ZarrIterableDataset(IterableDataset):
         w = self.windows
         out = {n: ((w.history, *decoded[n][0]), decoded[n][1]) for n in self.inputs}
         out.update({n + "_target": ((w.lead, *decoded[n][0]), decoded[n][1]) for n in self.targets})
-        out.update({n: (a.shape, a.dtype) for n, a in self.static.items()})
+        out.update({n: (a.shape, native(a.dtype)) for n, a in self.static.items()})
         return out
 
     @property

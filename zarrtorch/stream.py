@@ -15,6 +15,7 @@ import numpy as np
 from zarrtorch._read.early import staged_pieces
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._util.pool import Pools
+from zarrtorch._util.sizes import native
 from zarrtorch.buffer import INDEX_ONLY, RowCursor, SlotBuffer, buffer_capacity, schedule
 from zarrtorch.plan import WorkerPlan
 
@@ -117,7 +118,7 @@ def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip:
             dest = out(len(index)) if out is not None else None
             if dest is None:
                 columns = {"index": index, **data[rows[0][0]]}
-                dest = {n: np.empty((len(index), *a.shape[1:]), dtype=a.dtype) for n, a in columns.items()}
+                dest = {n: np.empty((len(index), *a.shape[1:]), dtype=native(a.dtype)) for n, a in columns.items()}
             dest["index"][:] = index
             for name, column in dest.items():
                 if name != "index":

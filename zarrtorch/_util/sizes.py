@@ -36,3 +36,9 @@ def held_chunks(*, buffer_chunks: int, in_flight: int, row_shuffle: bool) -> int
     """Chunks of decoded data one reading process holds at most: the shuffle buffer (when rows are
     shuffled), one per read in flight (decoded ahead) and the chunk being consumed."""
     return (int(buffer_chunks) if row_shuffle else 0) + int(in_flight) + 1
+
+
+def native(dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order: what a batch holds (``torch.from_numpy`` refuses any other)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
