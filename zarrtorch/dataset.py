@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from zarrtorch._read.columns import check_stack, packings, stack_columns
+from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packings, stack_columns
 from zarrtorch._read.early import EarlyReads, reads_early
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
@@ -116,6 +116,7 @@ class ZarrIterableDataset(IterableDataset):
         self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
         self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
         self._in_flight: InFlight | None = None  # per process too
+        check_tensor_dtypes({**self.arrays, **self.static}, chosen=variables is not None)
         self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
         self.packings = packings(self.arrays, read.decode_cf)
         self.stack = check_stack(stack, self.decoded_columns)

@@ -5,17 +5,25 @@ Reanalysis and climate-model downloads (ERA5, CMIP) often pack a field into int1
 add_offset``, and the fill marks a missing value. Zarr returns the packed integers; streaming them raw would
 train on -32768 where xarray shows NaN. The loader keeps the packed rows in its buffer (half the memory of
 floats) and decodes each batch as it is gathered: float32 (float64 for 32-bit and wider packed integers),
-NaN where the fill was. Arrays with CF-encoded times (``units: "hours since ..."``) are refused: decode them
-with xarray and write them again with :func:`zarrtorch.prepare_zarr`, or leave them out.
+NaN where the fill was. A float array's fill that is a number (-9999) is NaN too, as xarray shows it; xarray's
+base64 fill values (Zarr v3) are read; booleans are streamed as stored. Arrays with CF-encoded times
+(``units: "hours since ..."``), dates, durations and text are refused by name: decode or encode them as numbers
+and write them again with :func:`zarrtorch.prepare_zarr`, or leave them out.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import zarr
+
+from zarrtorch._util.sizes import native
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,32 @@ class Packing:
             rows[missing] = np.nan
 
 
+def check_tensor_dtypes(arrays: Mapping[str, zarr.Array], chosen: bool) -> None:
+    """Refuse arrays a tensor cannot hold (text, dates, durations, objects) before the first batch, by name:
+    picked from a store by default, a text variable along time once failed inside ``torch.from_numpy``
+    at the first batch, naming nothing. ``chosen``: the user named the arrays (``variables=``)."""
+    for name, arr in arrays.items():
+        dtype = np.dtype(arr.dtype)
+        if dtype.kind not in "MmOSUV":
+            continue
+        what = {"M": "dates", "m": "durations"}.get(dtype.kind, "text or objects")
+        fix = (
+            "convert them to numbers (hours since a date: xarray's ds[name].astype('datetime64[h]').astype('int64')) "
+            "and write the store again with zarrtorch.prepare_zarr"
+            if dtype.kind in "Mm"
+            else "encode it as numbers (category codes) and write the store again with zarrtorch.prepare_zarr"
+        )
+        numeric = sorted(n for n, a in arrays.items() if np.dtype(a.dtype).kind not in "MmOSUV")
+        leave_out = f"leave it out ({'variables=' if chosen else 'pass variables='}{numeric})"
+        raise TypeError(f"array {name!r} holds {what} ({dtype}), which a tensor cannot hold: {leave_out}, or {fix}")
+
+
 def _number(value, name: str, where: str) -> float:
+    if isinstance(value, str):  # zarr v3 JSON ("NaN", "Infinity"), or xarray's base64 of a little-endian double
+        with contextlib.suppress(ValueError):
+            return float(value)
+        with contextlib.suppress(ValueError, binascii.Error, struct.error):
+            return struct.unpack("<d", base64.b64decode(value, validate=True))[0]
     try:
         return float(np.asarray(value).reshape(-1)[0])
     except (TypeError, ValueError, IndexError):
@@ -54,7 +87,7 @@ def packing(name: str, arr: zarr.Array) -> Packing | None:
     units = str(attrs.get("units", ""))
     if " since " in units:
         raise ValueError(
-            f"array {name!r} holds CF-encoded times (units {units!r}): leave it out (arrays=[...]), or decode it "
+            f"array {name!r} holds CF-encoded times (units {units!r}): leave it out (variables=[...]), or decode it "
             "with xarray and write it again with zarrtorch.prepare_zarr"
         )
     dtype = np.dtype(arr.dtype)
@@ -64,12 +97,14 @@ def packing(name: str, arr: zarr.Array) -> Packing | None:
     if arr.metadata.zarr_format == 2 and "_ARRAY_DIMENSIONS" in attrs and arr.fill_value is not None:
         fills.append(arr.fill_value)  # xarray writes a v2 array's _FillValue as its Zarr fill value
     packed = "scale_factor" in attrs or "add_offset" in attrs
-    if not packed and (dtype.kind == "f" or not fills):
-        return None  # floats with a NaN (or no) fill read as xarray reads them; integers without a fill too
+    if not packed and (dtype.kind == "b" or not fills):
+        return None  # as stored: arrays without a fill, and booleans (xarray makes objects of a masked bool)
     wrap = 2 ** (8 * dtype.itemsize) if str(attrs.get("_Unsigned", "")).lower() == "true" and dtype.kind == "i" else 0
-    wide = dtype.itemsize >= (8 if dtype.kind == "f" else 4)  # float32 cannot hold every such value exactly
     values = [_number(f, "fill value", name) for f in fills]
     values = [v % wrap if wrap else v for v in values if not np.isnan(v)]
+    if not packed and dtype.kind == "f":  # a float's fill (-9999) read as NaN, as xarray does; NaN fills are NaN
+        return Packing(1.0, 0.0, tuple(values), 0, native(dtype)) if values else None
+    wide = dtype.itemsize >= (8 if dtype.kind == "f" else 4)  # float32 cannot hold every such value exactly
     return Packing(scale, offset, tuple(values), wrap, np.dtype(np.float64 if wide else np.float32))
 
 
