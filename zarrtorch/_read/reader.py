@@ -88,6 +88,7 @@ class PieceReader:
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         self._keys = {name: chunk_keys(arr) for name, arr in arrays.items()}  # chunk -> store key
+        self._no_bytes = {name for name, arr in arrays.items() if 0 in arr.shape[1:]}
         # remote arrays decoded directly: their chunks of one row range are requested together
         self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
         # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
@@ -148,6 +149,9 @@ class PieceReader:
         fetched = self._fetch_together(chunk) if fetched is None else fetched
         out = {}
         for name, arr in self.arrays.items():
+            if name in self._no_bytes:  # rows of zero elements (shape (n, 0)): zarr writes no chunk, none is read
+                out[name] = np.empty((stop - start, *arr.shape[1:]), dtype=arr.dtype)
+                continue
             target = into.get(name) if into is not None else None
             try:
                 whole = self._read_chunk(name, arr, chunk, fetched.get(name), target)
