@@ -208,6 +208,7 @@ def open_arrays(
         source = _open_path(source, storage_options, retry)
     elif storage_options:
         raise ValueError("storage_options apply when the source is a URL; an opened group already has its store")
+    consolidated = False  # a group read from its consolidated metadata
     if isinstance(source, zarr.Array):
         arrays = {source.basename or "data": source}
     elif isinstance(source, zarr.Group):
@@ -219,8 +220,7 @@ def open_arrays(
         else:
             arrays = {n: _member(source, n, available) for n in names}
         names = None
-        if source.metadata.consolidated_metadata is not None:
-            check_consolidated(arrays, retry or RetryPolicy())
+        consolidated = source.metadata.consolidated_metadata is not None
     elif isinstance(source, Mapping):
         arrays = dict(source)
         for n, a in arrays.items():
@@ -239,7 +239,34 @@ def open_arrays(
         if missing:
             raise KeyError(f"unknown array name(s) {missing}: available are {sorted(arrays)}")
         arrays = {n: arrays[n] for n in names}
+    for name, arr in arrays.items():
+        check_url_safe(name, arr)
+    if consolidated:
+        check_consolidated(arrays, retry or RetryPolicy())
     return arrays
+
+
+_URL_SPECIAL = "%#?"
+
+
+def check_url_safe(name: str, arr: zarr.Array) -> None:
+    """Refuse an array read over HTTP whose path holds ``%``, ``#`` or ``?``: fsspec puts keys in URLs as they
+    are, so the server reads ``%41`` as ``A`` (another array's chunks, silently: found by a break-test) and cuts
+    a key at ``#`` or ``?`` (every chunk then looked missing)."""
+    fs = getattr(arr.store_path.store, "fs", None)
+    protocols = getattr(fs, "protocol", ()) or ()
+    if isinstance(protocols, str):
+        protocols = (protocols,)
+    if not any(str(p).startswith("http") for p in protocols):
+        return
+    odd = sorted({c for c in arr.path if c in _URL_SPECIAL})
+    if odd:
+        raise ValueError(
+            f"array {name!r} (path {arr.path!r}) cannot be read over HTTP: its path holds {' '.join(odd)}, which "
+            "fsspec leaves unencoded in a URL, so another key would be read (%41 is A) or the key cut short. "
+            "Write it again under another name (zarrtorch.prepare_zarr({'new_name': ...}, ...)), or read the store "
+            "from a path or from S3"
+        )
 
 
 def check_consolidated(arrays: dict[str, zarr.Array], policy: RetryPolicy) -> None:
