@@ -161,11 +161,17 @@ async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing
         raise ValueError(f"the shard holds {len(raw)} bytes, fewer than its index alone ({size})")
     at_start = codec.index_location == ShardingCodecIndexLocation.start
     index = await codec._decode_shard_index(raw[:size] if at_start else raw[len(raw) - size :], per_shard)
-    entries = index.offsets_and_lengths[: ceil_div(rows, codec.chunk_shape[0])].reshape(-1, 2)
+    grid = index.offsets_and_lengths[: ceil_div(rows, codec.chunk_shape[0])]
+    entries = grid.reshape(-1, 2)
     present = entries[:, 0] != MAX_UINT_64
     if check_missing and not present.all():
-        absent = np.nonzero(~present)[0].tolist()
-        raise ValueError(f"the shard has no bytes for its inner chunk(s) {absent}: zarr would read them as fill values")
+        absent = [tuple(c) for c in np.argwhere(grid[..., 0] == MAX_UINT_64).tolist()]  # inner chunks' coordinates
+        raise ValueError(
+            f"the shard has no bytes for its inner chunk(s) {absent[:8]}{' ...' if len(absent) > 8 else ''} (their "
+            "coordinates in the shard): zarr would read them as fill values. Rewrite the store (zarrtorch.prepare_zarr "
+            "writes every chunk), or pass ReadOptions(check_chunks=False) if it was written with "
+            "write_empty_chunks=False"
+        )
     ends = entries[present, 0].astype(np.uint64) + entries[present, 1].astype(np.uint64)
     if len(ends) and int(ends.max()) > len(raw):
         raise ValueError(f"the shard's index points past its {len(raw)} bytes: it is cut short or damaged")
