@@ -254,8 +254,9 @@ def test_lesson_06_ranks_are_its_own_inside_a_slurm_job(tmp_path):
 
 
 def test_one_rule_for_workers_in_the_cluster_pages():
-    """The course teaches one rule (lesson 04, CHECKLIST step 2): ``--workers 0`` and C - 1 decode threads. No
-    page or script here may suggest other workers as the remedy."""
+    """The course teaches one rule for the train command (lesson 04, CHECKLIST step 2): ``--workers 0`` and C - 1
+    decode threads. No page or script here may pass the command other workers (the step's measured exception,
+    forecast windows, is not that command's)."""
     for path in sorted(SLURM.iterdir()):
         text = path.read_text()
         assert not re.search(r"`--workers`|--workers [1-9]|--workers \$", text), path.name
