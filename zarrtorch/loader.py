@@ -279,6 +279,7 @@ class ZarrDataLoader(DataLoader):
                 f"epoch {run.epoch} of a ZarrDataLoader",
             )
         self.dataset.bind(self.config, self.epoch_state, self.ring)
+        self._drop_dead_workers()
         if self.ring is not None:
             self._stop_earlier_workers()
             self.ring.start_epoch()
@@ -286,8 +287,7 @@ class ZarrDataLoader(DataLoader):
         self.epoch_state.publish(EpochView(run.epoch, skip - earlier, rank, world, history))
         self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
         try:
-            with frozen_objects(self.config.num_workers > 0):  # workers start here
-                inner = super().__iter__()
+            inner = self._start_workers()
         finally:
             self.dataset._loader_starting = False
         self._last_workers = weakref.ref(inner) if self.config.num_workers else None
@@ -298,6 +298,29 @@ class ZarrDataLoader(DataLoader):
         iterator = EpochIterator(inner, self, run, transform)
         self._run_iterator = weakref.ref(iterator)
         return iterator
+
+    def _start_workers(self):
+        """DataLoader's iterator for the epoch (workers start or, persistent, resume here). Persistent workers
+        that die as they resume (a terminal's Ctrl-C reached them too, and they were still exiting when the next
+        epoch began) are replaced once, instead of the epoch failing with "worker exited unexpectedly"."""
+        try:
+            with frozen_objects(self.config.num_workers > 0):
+                return super().__iter__()
+        except RuntimeError:
+            kept = getattr(self, "_iterator", None)
+            if kept is None or all(w.is_alive() for w in worker_processes(kept)):
+                raise
+            stop_workers(self, kept)
+        with frozen_objects(self.config.num_workers > 0):
+            return super().__iter__()
+
+    def _drop_dead_workers(self) -> None:
+        """Persistent workers of which one has died since the last epoch (killed between epochs, in the training
+        step, or by a terminal's Ctrl-C, which reaches them too) are replaced: DataLoader would hand out their
+        iterator again and fail every later epoch with "worker exited unexpectedly" (found by a break-test)."""
+        kept = getattr(self, "_iterator", None)
+        if kept is not None and any(not w.is_alive() for w in worker_processes(kept)):
+            stop_workers(self, kept)
 
     def _stop_earlier_workers(self) -> None:
         """Workers of an earlier epoch still running (not persistent, and their iterator still referenced)
