@@ -17,10 +17,23 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from zarrtorch._util.process import TopologyUnknown, check_ranks_agree, distributed_topology, frozen_objects
+from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._util.process import (
+    TopologyUnknown,
+    check_ranks_agree,
+    distributed_topology,
+    frozen_objects,
+    process_state,
+)
 from zarrtorch._workers.ring import make_ring, pin_copy
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig
-from zarrtorch._workers.torch_private import EpochSampler, set_sampler, stop_workers, worker_processes
+from zarrtorch._workers.torch_private import (
+    EpochSampler,
+    awaited_worker,
+    set_sampler,
+    stop_workers,
+    worker_processes,
+)
 from zarrtorch._workers.workahead import WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.options import check_loader_settings
@@ -49,6 +62,17 @@ SUPERSEDED = (
     "a loader runs one epoch at a time (its workers, shared slots and position belong to the newest "
     "iterator). Use the newest iterator, or finish this one before starting another"
 )
+
+
+def worker_timeout_s(policy: RetryPolicy | None) -> float:
+    """How long the loader waits for a worker's next batch by default (DataLoader's own default is forever: a
+    stopped or deadlocked worker hung the loop for good, found by a break-test): at least 5 minutes, and twice
+    what one chunk read may take before it fails (every attempt of the retry policy, with its back-offs), plus a
+    minute for a worker's start."""
+    policy = policy or RetryPolicy()
+    attempts = policy.retries + 1
+    one_read = attempts * policy.timeout_s + policy.backoff_s * (2**policy.retries - 1)
+    return max(300.0, 2 * one_read + 60.0)
 
 
 class EpochIterator:
@@ -81,7 +105,10 @@ class EpochIterator:
             # iterator, which is not safe to shut down under it: that thread sees the death within seconds too
             if self._stop_ahead is not None and not self._stop_ahead(timeout_s=30.0, quiet=True):
                 raise
+            stalled = loader._stalled(self._inner, exc)
             if stop_workers(loader, self._inner):
+                if stalled is not None:
+                    raise stalled from None
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
                 # would keep this loader and its next workers for the garbage collector); the message
                 # already carries the worker's traceback
@@ -139,6 +166,8 @@ class ZarrDataLoader(DataLoader):
         if positional:
             drop_last, num_workers = positional_arguments(positional, drop_last, num_workers)
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
+        if int(num_workers) > 0 and kwargs.get("timeout") is None:  # DataLoader's own default waits forever
+            kwargs["timeout"] = worker_timeout_s(dataset.read.retry)
         self.work_ahead = int(work_ahead)
         self.check_ranks = bool(check_ranks)
         persistent = bool(kwargs.get("persistent_workers"))
@@ -313,6 +342,24 @@ class ZarrDataLoader(DataLoader):
             stop_workers(self, kept)
         with frozen_objects(self.config.num_workers > 0):
             return super().__iter__()
+
+    def _stalled(self, iterator, exc: Exception) -> RuntimeError | None:
+        """DataLoader's "timed out after N seconds", said again with the worker it waited for and the fix."""
+        if not str(exc).startswith("DataLoader timed out after"):
+            return None
+        awaited = awaited_worker(iterator)
+        who = "a worker"
+        if awaited is not None:
+            wid, process = awaited
+            state = process_state(process.pid)
+            who = f"worker {wid} (pid {process.pid}{', ' + state if state else ''})"
+        return RuntimeError(
+            f"ZarrDataLoader: {who} sent no batch within {self.timeout:g} s (the loader's timeout; by default "
+            "twice what a chunk read may take before its retries give up, plus a minute), so it is stuck: "
+            "stopped, deadlocked, or waiting on a file system that does not answer. Its workers were stopped; a "
+            "new iter() starts fresh ones. If a batch can take longer (a slow transform), pass "
+            "timeout=<seconds> to ZarrDataLoader (timeout=0 waits forever)"
+        )
 
     def _drop_dead_workers(self) -> None:
         """Persistent workers of which one has died since the last epoch (killed between epochs, in the training

@@ -229,3 +229,38 @@ def test_persistent_workers_killed_during_a_step_are_replaced(store):
     del it
     loader.set_epoch(1)
     assert rows_of(loader) == list(range(ROWS))
+
+
+@pytest.mark.parametrize(("transport", "work_ahead"), [("ring", 2), ("queue", 0)])
+def test_a_stopped_worker_is_named_within_the_timeout_and_nothing_remains(store, transport, work_ahead):
+    """A worker that stops sending (SIGSTOP here; a deadlock or a hung file system alike) hung the loop for good:
+    DataLoader waits forever by default (found by a break-test helper). The loader's timeout names the worker
+    and its state, stops the workers (none left), and the next epoch runs with fresh ones."""
+    before = baseline()
+    loader = loader_for(store, 2, work_ahead, transport=transport, timeout=3)
+    it = iter(loader)
+    next(it)
+    victim = it.workers[1].pid
+    os.kill(victim, signal.SIGSTOP)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {victim}, stopped .*sent no batch within 3 s.*timeout="):
+        for batch in it:
+            del batch
+    assert time.monotonic() - start < 15
+    assert victim not in children()
+    del it
+    assert sum(1 for _ in loader) == len(loader)
+    del loader
+    assert settles_to(before) == before
+
+
+def test_workers_wait_a_bounded_time_by_default(store):
+    from zarrtorch import ReadOptions, RetryPolicy
+    from zarrtorch.loader import worker_timeout_s
+
+    ds = ZarrIterableDataset(store)
+    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2).timeout == worker_timeout_s(RetryPolicy()) >= 300
+    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=0).timeout == 0  # no worker to wait for
+    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, timeout=0).timeout == 0  # asked to wait forever
+    slow = ZarrIterableDataset(store, read=ReadOptions(retry=RetryPolicy(timeout_s=300, retries=3)))
+    assert ZarrDataLoader(slow, batch_size=BATCH, num_workers=2).timeout > 2 * 4 * 300  # a read may take longer

@@ -178,3 +178,27 @@ def test_workers_seed_torch_from_the_main_generator():
         return list(DataLoader(Draw(), batch_size=None, num_workers=1, multiprocessing_context="fork"))
 
     assert run() == run()
+
+
+def test_the_awaited_worker_is_the_one_whose_batch_is_next():
+    """``awaited_worker`` reads DataLoader's private ``_task_info`` / ``_rcvd_idx``: the worker whose batch comes
+    next, in turn (worker 0 first), with its process; ``None`` once that batch has arrived."""
+    from torch.utils.data import get_worker_info
+
+    from zarrtorch._workers.torch_private import awaited_worker
+
+    class SlowSecond(IterableDataset):
+        def __iter__(self):
+            wid = get_worker_info().id
+            if wid == 1:
+                time.sleep(1.5)
+            return iter([wid] * 3)
+
+    it = iter(DataLoader(SlowSecond(), batch_size=None, num_workers=2, multiprocessing_context="fork"))
+    assert next(it) == 0
+    wid, process = awaited_worker(it)  # worker 1 is still asleep: its batch is the one awaited
+    assert wid == 1 and process is worker_processes(it)[1]
+    assert next(it) == 1
+    time.sleep(0.5)  # worker 0's next batch has arrived by now
+    assert awaited_worker(it) is None
+    del it

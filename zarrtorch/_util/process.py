@@ -131,3 +131,16 @@ def check_ranks_agree(value: str, what: str, timeout_s: float = RANK_CHECK_TIMEO
             f"the ranks computed different plans for {what}, so they would read overlapping rows: {lines}. "
             "Run every rank with the same arguments, data, zarrtorch and NumPy versions"
         )
+
+
+_STATES = {"T": "stopped (SIGSTOP or a debugger)", "t": "stopped by a debugger", "D": "in an uninterruptible read"}
+
+
+def process_state(pid: int) -> str:
+    """What ``/proc`` says of process ``pid`` when it explains a silence (stopped, stuck in a read), else ``""``."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return _STATES.get(state, "")

@@ -17,10 +17,15 @@ each, the documented-but-implicit DataLoader behaviour the loader counts on:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import weakref
 
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+from zarrtorch._util.process import process_state
 
 
 def set_sampler(loader: DataLoader, sampler: Sampler) -> None:
@@ -44,10 +49,30 @@ def stop_workers(loader: DataLoader, iterator) -> bool:
     """
     if not isinstance(iterator, _MultiProcessingDataLoaderIter):
         return False
+    for worker in worker_processes(iterator):  # a stopped one (SIGSTOP) would sit out DataLoader's 5 s join
+        if process_state(worker.pid).startswith("stopped"):  # continued, it sees the shutdown and ends itself
+            with contextlib.suppress(OSError):
+                os.kill(worker.pid, signal.SIGCONT)
     iterator._shutdown_workers()
+    for worker in worker_processes(iterator):  # DataLoader's SIGTERM waits while a worker is stopped
+        worker.join(1.0)
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5.0)
     if getattr(loader, "_iterator", None) is iterator:  # persistent workers: start fresh ones next time
         loader._iterator = None
     return True
+
+
+def awaited_worker(iterator) -> tuple[int, object] | None:
+    """(worker id, process) of the worker whose batch a multi-process DataLoader iterator waits for next, or
+    ``None``. Why: DataLoader's timeout error names no worker; the iterator keeps, for each batch index it
+    has asked for and not received, a one-tuple of the worker's id in the private ``_task_info``."""
+    info = getattr(iterator, "_task_info", {}).get(getattr(iterator, "_rcvd_idx", None))
+    workers = worker_processes(iterator)
+    if not info or len(info) != 1 or not 0 <= info[0] < len(workers):
+        return None
+    return info[0], workers[info[0]]
 
 
 def worker_processes(iterator) -> list:
