@@ -9,6 +9,9 @@ starts an epoch. Lightning calls ``set_epoch`` on a loader's sampler, so the sam
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import warnings
 import weakref
 from collections.abc import Callable
@@ -30,11 +33,12 @@ from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig
 from zarrtorch._workers.torch_private import (
     EpochSampler,
     awaited_worker,
+    bound_waits,
     set_sampler,
     stop_workers,
     worker_processes,
 )
-from zarrtorch._workers.workahead import WorkAhead
+from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.options import check_loader_settings
 from zarrtorch.plan import PLAN_VERSION, EpochSpec, Segment, Topology
@@ -100,6 +104,8 @@ class EpochIterator:
         except StopIteration:
             loader._finished(self._run)
             raise
+        except ProducerSilent as silent:
+            raise self._unblock(silent) from None
         except Exception as exc:
             # a worker's death is signalled in this thread while the work-ahead thread may be inside DataLoader's
             # iterator, which is not safe to shut down under it: that thread sees the death within seconds too
@@ -122,6 +128,25 @@ class EpochIterator:
     def __len__(self) -> int:
         return self._run.length - self._run.start
 
+    def _unblock(self, silent: ProducerSilent) -> RuntimeError:
+        """The work-ahead thread is blocked inside a batch that never arrives whole (a worker stopped after it
+        queued the batch: receiving it waits on that worker, with no timeout). Its workers are continued (a
+        stopped one ends at shutdown), or killed if the thread still does not come out; then stopped."""
+        loader, inner = self._loader, self._inner
+        error = loader._stalled(inner, f"DataLoader timed out after {silent}")
+        workers = worker_processes(inner)
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                os.kill(worker.pid, signal.SIGCONT)
+        if not self._stop_ahead(timeout_s=10.0, quiet=True):
+            for worker in workers:
+                with contextlib.suppress(Exception):  # torch's SIGCHLD handler may raise here: they are ours
+                    worker.kill()
+            self._stop_ahead(timeout_s=30.0, quiet=True)
+        with contextlib.suppress(Exception):
+            stop_workers(loader, inner)
+        return error
+
     @property
     def workers(self) -> list:
         """This epoch's worker processes (empty with ``num_workers=0``)."""
@@ -141,7 +166,12 @@ class ZarrDataLoader(DataLoader):
     ``"ring"`` (the default) preallocated shared-memory slots wrapped without a copy, each slot reused once
     nothing references its batch any more (:mod:`zarrtorch._workers.ring`); ``"queue"`` DataLoader's own way (a new
     shared-memory segment per batch). Other DataLoader arguments (``pin_memory``, ``prefetch_factor``,
-    ``persistent_workers``, ``multiprocessing_context``...) pass through. ``check_ranks``: under a process
+    ``persistent_workers``, ``multiprocessing_context``...) pass through; ``timeout`` (seconds a worker's next batch
+    may take; ``worker_timeout_s``) defaults to :func:`worker_timeout_s`, not DataLoader's forever; a dead worker is
+    still named within seconds. A worker stopped whole (SIGSTOP, a
+    debugger) after it queued a batch blocks the receiving of that batch: with ``work_ahead`` the consumer gives
+    up a minute after ``timeout``; with ``work_ahead=0`` and ``transport="queue"`` nothing bounds that wait.
+    ``check_ranks``: under a process
     group, every epoch's first ``iter()`` checks that all ranks computed the same plan (one small all-gather).
     Every argument after ``batch_size`` is passed by name (``DataLoader``'s third positional one is
     ``shuffle``, this loader's used to be ``drop_last``).
@@ -166,8 +196,9 @@ class ZarrDataLoader(DataLoader):
         if positional:
             drop_last, num_workers = positional_arguments(positional, drop_last, num_workers)
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
-        if int(num_workers) > 0 and kwargs.get("timeout") is None:  # DataLoader's own default waits forever
-            kwargs["timeout"] = worker_timeout_s(dataset.read.retry)
+        # seconds a worker's next batch may take: DataLoader's own default waits forever (bound_waits)
+        asked = kwargs.pop("timeout", None)
+        self.worker_timeout_s = float(worker_timeout_s(dataset.read.retry) if asked is None else asked)
         self.work_ahead = int(work_ahead)
         self.check_ranks = bool(check_ranks)
         persistent = bool(kwargs.get("persistent_workers"))
@@ -319,9 +350,15 @@ class ZarrDataLoader(DataLoader):
             inner = self._start_workers()
         finally:
             self.dataset._loader_starting = False
+        bound_waits(inner, self.worker_timeout_s)
         self._last_workers = weakref.ref(inner) if self.config.num_workers else None
         if self.work_ahead > 0:
-            inner = WorkAhead(inner, self.work_ahead, convert=self.receive)
+            # the consumer's own limit, past DataLoader's: receiving a batch whose worker stopped after queueing
+            # it waits for that worker without any timeout (found stuck in a test)
+            silent_s, wait_s = None, self.worker_timeout_s
+            if self.config.num_workers and wait_s > 0:
+                silent_s = wait_s + max(5.0, min(60.0, wait_s))
+            inner = WorkAhead(inner, self.work_ahead, convert=self.receive, timeout_s=silent_s)
             self._stop_work_ahead = inner.stopper()
         transform = self.dataset.transform if self.config.transform_in_consumer else None
         iterator = EpochIterator(inner, self, run, transform)
@@ -346,7 +383,7 @@ class ZarrDataLoader(DataLoader):
     def _stalled(self, iterator, exc: Exception) -> RuntimeError | None:
         """DataLoader's "timed out after N seconds", said again with the worker it waited for and the fix."""
         if not str(exc).startswith("DataLoader timed out after"):
-            return None
+            return None  # another error: said as it is
         awaited = awaited_worker(iterator)
         who = "a worker"
         if awaited is not None:
@@ -354,7 +391,7 @@ class ZarrDataLoader(DataLoader):
             state = process_state(process.pid)
             who = f"worker {wid} (pid {process.pid}{', ' + state if state else ''})"
         return RuntimeError(
-            f"ZarrDataLoader: {who} sent no batch within {self.timeout:g} s (the loader's timeout; by default "
+            f"ZarrDataLoader: {who} sent no batch within {self.worker_timeout_s:g} s (the loader's timeout; by default "
             "twice what a chunk read may take before its retries give up, plus a minute), so it is stuck: "
             "stopped, deadlocked, or waiting on a file system that does not answer. Its workers were stopped; a "
             "new iter() starts fresh ones. If a batch can take longer (a slow transform), pass "

@@ -231,7 +231,7 @@ def test_persistent_workers_killed_during_a_step_are_replaced(store):
     assert rows_of(loader) == list(range(ROWS))
 
 
-@pytest.mark.parametrize(("transport", "work_ahead"), [("ring", 2), ("queue", 0)])
+@pytest.mark.parametrize(("transport", "work_ahead"), [("ring", 2), ("ring", 0), ("queue", 2)])
 def test_a_stopped_worker_is_named_within_the_timeout_and_nothing_remains(store, transport, work_ahead):
     """A worker that stops sending (SIGSTOP here; a deadlock or a hung file system alike) hung the loop for good:
     DataLoader waits forever by default (found by a break-test helper). The loader's timeout names the worker
@@ -259,8 +259,10 @@ def test_workers_wait_a_bounded_time_by_default(store):
     from zarrtorch.loader import worker_timeout_s
 
     ds = ZarrIterableDataset(store)
-    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2).timeout == worker_timeout_s(RetryPolicy()) >= 300
-    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=0).timeout == 0  # no worker to wait for
-    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, timeout=0).timeout == 0  # asked to wait forever
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=2)
+    assert loader.worker_timeout_s == worker_timeout_s(RetryPolicy()) >= 300
+    assert loader.timeout == 0  # DataLoader's own: it would look at the workers only once that ran out
+    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, timeout=0).worker_timeout_s == 0  # wait forever
+    assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, timeout=7).worker_timeout_s == 7
     slow = ZarrIterableDataset(store, read=ReadOptions(retry=RetryPolicy(timeout_s=300, retries=3)))
-    assert ZarrDataLoader(slow, batch_size=BATCH, num_workers=2).timeout > 2 * 4 * 300  # a read may take longer
+    assert ZarrDataLoader(slow, batch_size=BATCH, num_workers=2).worker_timeout_s > 2 * 4 * 300

@@ -202,3 +202,13 @@ def test_the_awaited_worker_is_the_one_whose_batch_is_next():
     time.sleep(0.5)  # worker 0's next batch has arrived by now
     assert awaited_worker(it) is None
     del it
+
+
+def test_every_batch_is_taken_through_get_data():
+    """``bound_waits`` replaces ``_get_data`` on the iterator: DataLoader must take every batch (and the persistent
+    workers' resume acknowledgements) through it, by way of ``_try_get_data(timeout)``."""
+    import inspect
+
+    assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._next_data)
+    assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._reset)
+    assert list(inspect.signature(_MultiProcessingDataLoaderIter._try_get_data).parameters) == ["self", "timeout"]

@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import weakref
 
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from zarrtorch._util.process import process_state
@@ -62,6 +64,35 @@ def stop_workers(loader: DataLoader, iterator) -> bool:
     if getattr(loader, "_iterator", None) is iterator:  # persistent workers: start fresh ones next time
         loader._iterator = None
     return True
+
+
+def bound_waits(iterator, timeout_s: float) -> None:
+    """Make a multi-process DataLoader iterator give up on a batch after ``timeout_s`` s, still checking its
+    workers' liveness every ``MP_STATUS_CHECK_INTERVAL`` s.
+
+    Why: DataLoader's own ``timeout=`` waits on its queue for the whole timeout and looks at its workers only
+    after it, so a worker killed meanwhile was named after minutes instead of seconds; its default (0) waits
+    forever on a worker that is alive but sends nothing (stopped, deadlocked). ``_next_data`` (and ``_reset``,
+    for persistent workers) take every batch through ``_get_data``: replaced on this instance by a loop of short
+    ``_try_get_data`` waits, which check the workers each time, under one deadline. Holds the iterator weakly."""
+    if not isinstance(iterator, _MultiProcessingDataLoaderIter) or not timeout_s or timeout_s <= 0:
+        return
+    ref = weakref.ref(iterator)
+
+    def get_data():
+        it = ref()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if it._pin_memory and not it._pin_memory_thread.is_alive():
+                raise RuntimeError("Pin memory thread exited unexpectedly")
+            left = deadline - time.monotonic()
+            success, data = it._try_get_data(max(0.01, min(MP_STATUS_CHECK_INTERVAL, left)))
+            if success:
+                return data
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"DataLoader timed out after {timeout_s:g} seconds")
+
+    iterator._get_data = get_data
 
 
 def awaited_worker(iterator) -> tuple[int, object] | None:

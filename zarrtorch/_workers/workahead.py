@@ -29,6 +29,11 @@ POLL_S = 0.0005  # how soon a producer with no room looks again at first
 MAX_POLL_S = 0.02  # the longest it sleeps between looks: the delay, once room appears after a long pause
 
 
+class ProducerSilent(RuntimeError):
+    """The work-ahead thread handed over nothing within the consumer's limit: it is blocked (in a worker's
+    batch that never arrives whole)."""
+
+
 STOPPED = (False, RuntimeError("the work-ahead thread was stopped before the epoch ended (a newer epoch started)"))
 
 
@@ -66,7 +71,9 @@ class Handoff:
         self._closed = True
         self._ready.set()
 
-    def get(self):
+    def get(self, timeout_s: float | None = None):
+        """The next item; ``(False, ProducerSilent(...))`` after ``timeout_s`` without one (``None``: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
                 return self._items.popleft()
@@ -74,6 +81,8 @@ class Handoff:
                 pass
             if self._closed and not self._items:
                 return STOPPED
+            if deadline is not None and time.monotonic() > deadline:
+                return (False, ProducerSilent(f"the work-ahead thread handed over nothing for {timeout_s:g} s"))
             self._waiting = True  # set before looking again: an item appended after the look sets _ready
             self._ready.clear()
             if not self._items and not self._closed:
@@ -86,8 +95,9 @@ class WorkAhead:
     there when given. Errors reach the consumer with their traceback; dropping the iterator (a ``break``)
     stops the thread within a millisecond once its current item is in; :meth:`stopper` also waits."""
 
-    def __init__(self, inner: Iterator, depth: int, convert: Callable | None = None):
+    def __init__(self, inner: Iterator, depth: int, convert: Callable | None = None, timeout_s: float | None = None):
         self.inner = inner
+        self.timeout_s = timeout_s  # the consumer's limit on one wait (ProducerSilent after it)
         self._handoff = Handoff(depth)
         self._stop = threading.Event()
         self._finished = False
@@ -108,7 +118,9 @@ class WorkAhead:
     def __next__(self):
         if self._finished:
             raise StopIteration
-        ok, item = self._handoff.get()
+        ok, item = self._handoff.get(self.timeout_s)
+        if not ok and isinstance(item, ProducerSilent):
+            raise item  # the thread goes on: the caller decides (it may unblock the thread and stop it)
         if ok:
             return item
         self._finished = True
