@@ -136,3 +136,48 @@ def test_ddp_elastic_resume(store, tmp_path, before, after):
     for rank, res in enumerate(new):  # epoch 1 is an ordinary epoch of the new topology
         plan = ds.batch_row_ids(epoch=1, rank=rank, world_size=w1, num_workers=k1, batch_size=batch, drop_last=False)
         np.testing.assert_array_equal(res["index_1"], np.concatenate(plan))
+
+
+CHECK_SCRIPT = """
+import os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+from zarrtorch._util.process import group_timeout_s
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=77))
+print("group timeout", group_timeout_s())
+ds = ZarrIterableDataset(sys.argv[1], seed=rank)  # a seed per rank: overlapping rows if unchecked
+loader = ZarrDataLoader(ds, batch_size=8, rank=dist.get_rank(), world_size=dist.get_world_size())
+try:
+    next(iter(loader))
+    print("NOT REFUSED")
+except RuntimeError as exc:
+    print("refused:", exc)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_ranks_given_explicitly_are_still_checked_and_wait_the_groups_timeout(store):
+    """rank=/world_size= equal to the process group's (as DistributedSampler users pass them) turned the ranks'
+    agreement check off: ranks with other seeds read overlapping rows, 120 twice and 120 never of 600 (found by a
+    break-test helper). And the check waits the group's own timeout, not a fixed 300 s."""
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank)}
+        env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHECK_SCRIPT, str(store)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    for log in logs:
+        assert "group timeout 77.0" in log, log[-3000:]
+        assert "refused: the ranks computed different plans" in log, log[-3000:]

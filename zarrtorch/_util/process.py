@@ -90,7 +90,27 @@ def frozen_objects(when: bool = True):
         gc.unfreeze()  # in this process only: the forked workers keep theirs frozen
 
 
-RANK_CHECK_TIMEOUT_S = 300.0  # how long a rank waits for the others to start the same epoch before it says so
+RANK_CHECK_TIMEOUT_S = 1800.0  # torch's default for a process group, where the group's own cannot be read
+
+
+def group_timeout_s() -> float:
+    """The default process group's timeout (``init_process_group(timeout=...)``), which the ranks' check waits
+    too: a fixed 300 s refused a valid job whose rank 0 evaluated for 320 s between epochs under a 30-minute
+    group timeout (found by a break-test). Read from the group's CPU (gloo) or CUDA backend options, private
+    to torch; torch's 30 minutes where they cannot be read."""
+    import torch
+    import torch.distributed as dist
+
+    group = dist.distributed_c10d._get_default_group()
+    for device in ("cpu", "cuda"):
+        try:
+            timeout = group._get_backend(torch.device(device)).options._timeout
+            return float(timeout.total_seconds())
+        except Exception:
+            continue
+    return RANK_CHECK_TIMEOUT_S
+
+
 _CHECK_GROUPS: dict[str, tuple] = {}  # "group": (the default process group, the gloo group checks run in)
 
 
@@ -106,7 +126,7 @@ def _check_group(timeout_s: float):
     return _CHECK_GROUPS["group"][1]
 
 
-def check_ranks_agree(value: str, what: str, timeout_s: float = RANK_CHECK_TIMEOUT_S) -> None:
+def check_ranks_agree(value: str, what: str, timeout_s: float | None = None) -> None:
     """Raise unless every rank of the process group passes the same ``value`` (one small all-gather).
 
     Why: every rank computes its share of an epoch by itself; ranks that disagree on an input (another seed,
@@ -114,13 +134,15 @@ def check_ranks_agree(value: str, what: str, timeout_s: float = RANK_CHECK_TIMEO
     import torch.distributed as dist
 
     values: list = [None] * dist.get_world_size()
+    timeout_s = group_timeout_s() if timeout_s is None else float(timeout_s)
     try:
         dist.all_gather_object(values, value, group=_check_group(timeout_s))
     except RuntimeError as exc:
         raise RuntimeError(
-            f"the ranks did not all start {what} within {timeout_s:g} s ({type(exc).__name__}: {exc}). Every rank "
-            "must iterate the loader, in the same order as the others (a loader iterated on one rank only, "
-            "say to look at a batch, needs check_ranks=False)"
+            f"the ranks did not all start {what} within {timeout_s:g} s, the process group's timeout "
+            f"({type(exc).__name__}: {exc}): a rank is late (an evaluation or a checkpoint on one rank only: give "
+            "init_process_group a longer timeout) or dead, or the ranks iterate their loaders in different orders "
+            "(a loader iterated on one rank only, say to look at a batch, needs check_ranks=False)"
         ) from exc
     if len(set(values)) > 1:
         by_value: dict = {}
