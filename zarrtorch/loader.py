@@ -117,8 +117,14 @@ class EpochIterator:
                     raise stalled from None
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
                 # would keep this loader and its next workers for the garbage collector); the message
-                # already carries the worker's traceback
-                raise exc.with_traceback(None) from None
+                # already carries the worker's traceback. An error of this process's own (receiving a batch
+                # from a worker that exited) keeps its traceback: without it, "FileNotFoundError" said nothing
+                if "Original Traceback" in str(exc) or isinstance(exc, RuntimeError):  # a worker's, or its death
+                    raise exc.with_traceback(None) from None
+                raise RuntimeError(
+                    f"receiving a batch from a DataLoader worker failed ({type(exc).__name__}: {exc}): the worker "
+                    "exited or stopped while sending it. Its workers were stopped; a new iter() starts fresh ones"
+                ) from exc
             raise
         if self._transform is not None:
             batch = self._transform(batch)

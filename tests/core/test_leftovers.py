@@ -266,3 +266,34 @@ def test_workers_wait_a_bounded_time_by_default(store):
     assert ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, timeout=7).worker_timeout_s == 7
     slow = ZarrIterableDataset(store, read=ReadOptions(retry=RetryPolicy(timeout_s=300, retries=3)))
     assert ZarrDataLoader(slow, batch_size=BATCH, num_workers=2).worker_timeout_s > 2 * 4 * 300
+
+
+class ExitInWorkerOne:
+    """A transform that ends worker 1 with ``sys.exit(0)`` at its third batch (code a transform calls)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, batch):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and info.id == 1:
+            self.calls += 1
+            if self.calls == 3:
+                import sys
+
+                sys.exit(0)
+        return batch
+
+
+def test_a_worker_that_exits_while_sending_is_an_error_that_says_so(store):
+    """A worker that exits normally mid-epoch: the batch it was sending cannot be received, and the error was a
+    bare "FileNotFoundError: [Errno 2]" whose traceback the loader had dropped (found by a break-test helper)."""
+    ds = ZarrIterableDataset(store, transform=ExitInWorkerOne())
+    loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, multiprocessing_context="fork", transport="queue")
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - which error comes depends on the timing; all name a worker
+        for batch in loader:
+            del batch
+    assert isinstance(raised.value, RuntimeError) and "worker" in str(raised.value), repr(raised.value)
+    assert sum(1 for _ in ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)) > 0
