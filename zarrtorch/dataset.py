@@ -36,7 +36,7 @@ from zarrtorch.plan import EpochSpec, RankPlan, Topology, resume_roles, shuffles
 from zarrtorch.resume import batches_of, resumed_plan
 from zarrtorch.stream import stream_batches
 from zarrtorch.window_stream import chunk_reads, held_chunks_bound, stream_windows, worker_window_batches
-from zarrtorch.windows import Windows, WindowStarts, no_windows_message
+from zarrtorch.windows import Windows, WindowStarts, check_rows, no_windows_message
 
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store starts with
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
@@ -130,6 +130,7 @@ class ZarrIterableDataset(IterableDataset):
         self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
         self.keep_in_memory, self.return_index = bool(keep_in_memory), bool(return_index)
         self.return_padding = bool(return_padding)
+        self._check_batch_keys()
         self.transform = transform
         self.config: LoaderConfig | None = None  # set by the ZarrDataLoader that iterates this dataset
         self.epoch_state: EpochState | None = None
@@ -138,6 +139,27 @@ class ZarrIterableDataset(IterableDataset):
         self._kept_for: int | None = None  # the (logical) worker whose share they are
         self._early: EarlyReads | None = None  # the next epoch's first reads, started as this one ends
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
+
+    def _check_batch_keys(self) -> None:
+        """Refuse arrays whose batch key another one takes: an array named ``index`` or ``padding`` (the loader's
+        own keys), or ``x_target`` beside ``x``'s targets; one silently replaced the other's data (found by a
+        break-test)."""
+        if self.windows is None:
+            keys = [(n, f"array {n!r}") for n in self.arrays]
+        else:
+            keys = [(n, f"input array {n!r}") for n in self.inputs]
+            keys += [(n + "_target", f"the targets of {n!r}") for n in self.targets]
+            keys += [(n, f"static array {n!r}") for n in self.static]
+        keys.append(("index", "the loader's window starts or row numbers"))
+        if self.return_padding:
+            keys.append(("padding", "the loader's padding flags (return_padding=True)"))
+        owners: dict[str, list[str]] = {}
+        for key, owner in keys:
+            owners.setdefault(key, []).append(owner)
+        clashes = {k: v for k, v in owners.items() if len(v) > 1}
+        if clashes:
+            said = "; ".join(f"{k!r} would hold {' and '.join(v)}" for k, v in clashes.items())
+            raise ValueError(f"two things share one key of a batch: {said}. Rename the array (prepare_zarr)")
 
     def _static_arrays(self, source, names, read: ReadOptions) -> dict[str, np.ndarray]:
         """The static arrays, whole: taken out of the time arrays if opened with them."""
@@ -158,7 +180,11 @@ class ZarrIterableDataset(IterableDataset):
         if keep_in_memory:
             raise ValueError("keep_in_memory=True is not available with windows=")
         self.inputs, self.targets = windows.roles(list(self.arrays))
+        check_rows(windows, self.layout.rows)
         self.starts = WindowStarts.of(windows, self.layout.rows, row_range)
+        # the period's first row, in the plan's fingerprint: a state of another period of as many windows was
+        # taken for this one (found by a break-test: 32 of the new period's windows never yielded)
+        self._period_from = 0 if row_range is None else int(row_range[0])
         if self.starts.n == 0:
             raise ValueError(no_windows_message(windows, self.layout.rows, row_range))
         self.layout = FirstAxisLayout(
@@ -312,7 +338,7 @@ class ZarrIterableDataset(IterableDataset):
             shuffle=self.shuffle,
             buffer_chunks=self.buffer_chunks,
             freeze_partition=self.keep_in_memory,
-            row_offset=self.row_offset,
+            row_offset=self.row_offset if self.windows is None else self._period_from,
             windows=self.windows.describe() if self.windows is not None else "",
         )
 

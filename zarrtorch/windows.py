@@ -60,8 +60,15 @@ class Windows:
     static: tuple[str, ...] = ()
     segments: tuple[tuple[int, int], ...] | None = None
     block_chunks: int | None = None
+    mask_rows: int | None = field(
+        default=None, compare=False
+    )  # from_mask: the mask's length, checked against the store
 
     def __post_init__(self):
+        for name in ("history", "lead", "stride", "block_chunks"):  # stride=1.9 ran as 1 while it said 1.9
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _whole(value, f"Windows({name}=...)"))
         for name in ("inputs", "targets", "static"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -69,7 +76,9 @@ class Windows:
             if value is not None:
                 object.__setattr__(self, name, tuple(str(v) for v in value))
         if self.segments is not None:
-            segs = tuple(sorted((int(a), int(b)) for a, b in self.segments))
+            segs = tuple(
+                sorted((_whole(a, "a segment's start"), _whole(b, "a segment's stop")) for a, b in self.segments)
+            )
             for (a, b), (c, _) in zip(segs, segs[1:] + ((None, None),), strict=True):
                 if not 0 <= a < b:
                     raise ValueError(f"segment ({a}, {b}) must satisfy 0 <= start < stop")
@@ -83,14 +92,31 @@ class Windows:
             )
         if self.block_chunks is not None and int(self.block_chunks) < 1:
             raise ValueError(f"block_chunks={self.block_chunks}: a block holds at least one chunk")
+        if self.lead and self.targets == ():
+            raise ValueError(
+                f"Windows(lead={self.lead}, targets=()) returns no target steps: name target arrays, or lead=0"
+            )
+        if not self.lead and self.targets:
+            raise ValueError(f"Windows(lead=0, targets={list(self.targets)}) has no target steps: give lead >= 1")
 
     @classmethod
     def from_mask(cls, valid_rows, **kwargs) -> Windows:
         """Windows whose steps all fall on rows where ``valid_rows`` (a bool per row) is True and no False row
         lies between them: each run of True rows is one segment."""
-        valid = np.asarray(valid_rows, dtype=bool)
+        given = np.asarray(valid_rows)
+        if (
+            given.ndim != 1
+            or given.dtype.kind not in "biu"
+            or (given.dtype.kind != "b" and not np.isin(given, (0, 1)).all())
+        ):
+            raise ValueError(
+                f"Windows.from_mask takes one bool per store row (a 1-D array of True/False), got {given.dtype} of "
+                f"shape {given.shape}: a float mask's NaN would count as True"
+            )
+        valid = given.astype(bool)
         edges = np.flatnonzero(np.diff(np.concatenate([[False], valid, [False]]).astype(np.int8)))
-        return cls(segments=tuple(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)), **kwargs)
+        segments = tuple(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+        return cls(segments=segments, mask_rows=len(valid), **kwargs)
 
     @property
     def steps(self) -> int:
@@ -134,6 +160,26 @@ class Windows:
     def describe(self) -> str:
         """The settings that change which windows there are and how they are grouped (in the plan's fingerprint)."""
         return repr((self.history, self.lead, self.stride, self.segments, self.block_chunks))
+
+
+def _whole(value, what: str) -> int:
+    """``value`` as an int, refused when it is not a whole number (a float row, a fraction of a stride)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) or value != int(value):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def check_rows(windows: Windows, rows: int) -> None:
+    """Refuse a mask or segments that do not fit a store of ``rows`` rows: a mask of 60 rows for a store of 100
+    made rows 60-99 missing, a segment past the end was dropped or clipped, silently (found by a break-test)."""
+    if windows.mask_rows is not None and windows.mask_rows != rows:
+        raise ValueError(
+            f"the mask given to Windows.from_mask has {windows.mask_rows} rows, the store {rows}: one bool per "
+            "store row (a mask made for another store or period?)"
+        )
+    past = [seg for seg in windows.segments or () if seg[1] > rows]
+    if past:
+        raise ValueError(f"segments {past} reach past the store's {rows} rows: give rows of this store")
 
 
 @dataclass(frozen=True)

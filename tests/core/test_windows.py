@@ -358,6 +358,64 @@ def test_refusals_name_the_problem(store):
         Windows(inputs="x")
 
 
+def test_settings_that_would_be_read_otherwise_are_refused(store):
+    """Each was accepted and read another way, silently (found by a break-test helper): stride=1.9 ran as 1, a
+    float segment was truncated, a mask of 60 rows made rows 60-239 missing, a segment past the store was
+    dropped, a NaN in a float mask counted as valid, targets=() with a lead returned no targets."""
+    for bad in ({"stride": 1.9}, {"history": 2.5}, {"lead": True}, {"segments": [(0.9, 40.7)]}):
+        with pytest.raises(ValueError, match="whole number"):
+            Windows(**bad)
+    assert Windows(history=np.int64(2), stride=2.0).stride == 2  # whole numbers of any type are fine
+    with pytest.raises(ValueError, match="returns no target steps"):
+        Windows(lead=3, targets=())
+    with pytest.raises(ValueError, match="has no target steps"):
+        Windows(lead=0, targets=("x",))
+    with pytest.raises(ValueError, match="one bool per store row"):
+        Windows.from_mask(np.where(np.arange(ROWS) % 7 == 0, np.nan, 1.0))
+    with pytest.raises(ValueError, match=rf"has 60 rows, the store {ROWS}"):
+        ZarrIterableDataset(store, windows=Windows.from_mask(np.ones(60, bool)))
+    with pytest.raises(ValueError, match=rf"segments \[\(200, 300\)\] reach past the store's {ROWS} rows"):
+        ZarrIterableDataset(store, windows=Windows(segments=[(0, 40), (200, 300)]))
+    assert ZarrIterableDataset(store, windows=Windows.from_mask(np.arange(ROWS) % 50 != 7)).rows > 0
+
+
+def test_arrays_whose_batch_key_another_takes_are_refused(tmp_path):
+    """An array named x_target beside x's targets, or named index or padding, had its data replaced by the
+    other's in every batch, silently (found by a break-test helper)."""
+    t = np.arange(40, dtype=np.float32)
+    prepare_zarr(
+        {"x": t, "x_target": t + 1000, "index": t, "padding": t}, tmp_path / "s.zarr", chunk_rows=4, progress=False
+    )
+    path = tmp_path / "s.zarr"
+    with pytest.raises(ValueError, match="'x_target' would hold input array 'x_target' and the targets of 'x'"):
+        ZarrIterableDataset(path, windows=Windows(history=2, lead=2, inputs=("x", "x_target"), targets=("x",)))
+    with pytest.raises(ValueError, match="'index' would hold array 'index' and the loader's"):
+        ZarrIterableDataset(path, variables=["x", "index"])
+    with pytest.raises(ValueError, match="'padding' would hold input array 'padding'"):
+        ZarrIterableDataset(path, windows=Windows(inputs=("x", "padding"), targets=("x",)), return_padding=True)
+    assert ZarrIterableDataset(path, variables=["x", "padding"]).rows == 40  # no padding key asked for
+
+
+def test_a_state_of_another_period_is_refused(store):
+    """With windows, a state saved on row_range (0, 100) was taken for (100, 200): as many windows, so nothing
+    differed but the rows, and 32 of the new period's windows were never yielded (found by a break-test helper)."""
+    w = Windows(history=2, lead=1)
+    first = ZarrDataLoader(ZarrIterableDataset(store, windows=w, row_range=(0, 100)), batch_size=8)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    for period in ((100, 200), (50, 150)):
+        later = ZarrDataLoader(ZarrIterableDataset(store, windows=w, row_range=period), batch_size=8)
+        with pytest.raises(ValueError, match=rf"row_offset: saved 0, now {period[0]}"):
+            later.load_state_dict(state)
+        with pytest.raises(ValueError, match="audit the store"):
+            audit(store, windows=w, row_range=period, state=state, world_size=1, batch_size=8)
+    same = ZarrDataLoader(ZarrIterableDataset(store, windows=w, row_range=(0, 100)), batch_size=8)
+    same.load_state_dict(state)
+    assert len(list(same)) == len(same) - 4
+
+
 @pytest.mark.parametrize("workers, stride", [(0, 1), (0, 2), (2, 1)])
 def test_wide_rows_gathered_from_held_chunks_hold_the_same_data(tmp_path, workers, stride):
     """Rows of a gridded field (1,600 bytes) gathered from the held chunks as bytes (7-row chunks: windows cross
