@@ -66,7 +66,10 @@ class RemainderStream:
     topology and batches per rank), the ``segment``-th of the epoch. Kept in stream order, saved worker after
     saved worker (the stream's order); the rows left out of that segment (``drop_last``) come last.
 
-    A row read twice in that segment (evaluation padding) counts as consumed if either copy was."""
+    A row read twice in that segment (its own rank's copy and another rank's padding) counts as consumed when its
+    own copy was yielded: a padding copy is flagged (``return_padding``) and left out of a metric, so a row whose
+    only yielded copy was padding would never have counted (found by a break-test: one window in 23 missing from
+    an evaluation resumed on another world size). It may be yielded once more after the resume."""
 
     def __init__(self, spec: EpochSpec, epoch: int, parent, segment: int, past: Segment):
         self.spec, self.epoch, self.parent, self.segment, self.past = spec, epoch, parent, segment, past
@@ -88,7 +91,6 @@ class RemainderStream:
         pad = min(world * budget.rows_per_rank - n, n) if budget.batches_per_rank else 0
         self._pad = max(pad, 0)  # stream positions [0, pad) were also read past the end, as padding
         self._cache: dict[int, np.ndarray] = {}
-        self._padding_taken = None
         lengths = [self._length(i) for i in range(len(self._workers))]
         tail = n - world * budget.rows_per_rank if budget.batches_per_rank else n
         self._tail_start = n - max(tail, 0)
@@ -124,17 +126,6 @@ class RemainderStream:
         yielded[positions] = True
         return expand(stream_slice(self.parent, start, start + read)), yielded
 
-    def _padding_consumed(self) -> np.ndarray:
-        """Rows of positions ``[0, pad)`` that a worker reading them (as its own or as padding) yielded."""
-        if self._padding_taken is None:
-            rows = expand(self.parent.pieces(0, self._pad))
-            taken = [rows_read[yielded] for rows_read, yielded in map(self._simulated, self._involved_workers())]
-            self._padding_taken = rows[np.isin(rows, np.concatenate(taken or [np.zeros(0, np.int64)]))]
-        return self._padding_taken
-
-    def _involved_workers(self) -> list[int]:
-        return [i for i in range(len(self._workers)) if self._involved(i)]
-
     def _rows_left(self, i: int) -> np.ndarray:
         """Saved worker ``i``'s leftovers as ``(k, 2)`` row ranges, in stream order (computed once)."""
         if i not in self._cache:
@@ -143,8 +134,6 @@ class RemainderStream:
             rows_read, yielded = self._simulated(i)
             inside = min(len(rows_read), stop_in - start)
             left = rows_read[:inside][~yielded[:inside]]
-            if self._involved(i):
-                left = left[~np.isin(left, self._padding_consumed())]
             rest = self.parent.pieces(start + len(rows_read), stop_in) if start + len(rows_read) < stop_in else None
             self._cache[i] = np.concatenate(
                 [rows_to_runs(left, self.spec.chunk_rows)] + ([rest] if rest is not None else [])

@@ -162,6 +162,13 @@ def segment_batches(
     return yielded
 
 
+def owned_rows(setup: Setup, stream: list[int], world: int, rank: int) -> set[int]:
+    """The rows ``rank`` reads as its own share of ``stream`` (not the padding past the stream's end)."""
+    n = len(stream)
+    per_rank = n // (world * setup.batch) * setup.batch if setup.drop_last else -(-n // world)
+    return set(stream[rank * per_rank : min(n, (rank + 1) * per_rank)])
+
+
 def epoch_batches(setup: Setup, epoch: int, history: tuple, world: int, workers: int, rank: int) -> list[list[int]]:
     """The batches ``rank`` yields in the part of ``epoch`` after ``history`` ((world, workers, batches) of
     each earlier segment): the rows no rank consumed there, in the epoch's order, split again."""
@@ -174,8 +181,9 @@ def epoch_batches(setup: Setup, epoch: int, history: tuple, world: int, workers:
             earlier = segment_batches(setup, epoch, stream, index, w_, k_, r)
             if done > len(earlier):
                 raise Refused("the state counts more batches than that segment had")
+            own = owned_rows(setup, stream, w_, r)  # a rank's copy of a row another rank pads with is its own
             for batch in earlier[:done]:
-                consumed.update(batch)
+                consumed.update(row for row in batch if row in own)  # a padding copy does not count
         stream = [r for r in stream if r not in consumed]
     return segment_batches(setup, epoch, stream, len(history), world, workers, rank)
 
