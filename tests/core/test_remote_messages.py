@@ -263,3 +263,44 @@ def test_names_a_url_cannot_hold_are_refused_over_http(tmp_path, odd):
     np.testing.assert_array_equal(
         np.concatenate([b[odd].numpy() for b in ZarrDataLoader(local, batch_size=4)]), np.arange(8) + 500
     )
+
+
+def every_row(url, policy) -> list[int]:
+    ds = ZarrIterableDataset(url, seed=1, return_index=True, read=ReadOptions(retry=policy, requests_in_flight=1))
+    return sorted(int(i) for b in ZarrDataLoader(ds, batch_size=8) for i in b["index"])
+
+
+@pytest.mark.parametrize("fault", ["garbled", "cut short"])
+def test_a_transfer_fault_is_tried_again_not_blamed_on_the_chunk(served, fault):
+    """Two answers that ended an epoch at once, with no retry (found by a break-test helper): bytes that are not
+    HTTP (aiohttp calls them a 400 the server never sent, which read as permanent), and half a chunk sent as if it
+    were all of it (complete to HTTP; the decode then fails, outside the request's retries). The first is
+    retried like a reset; the second fetched once more before the chunk is called damaged."""
+    from zarrtorch.course.servers import CUT_SHORT, GARBLED
+
+    code = GARBLED if fault == "garbled" else CUT_SHORT
+    policy = RetryPolicy(timeout_s=5, retries=2, backoff_s=0.05)
+    with HttpStoreServer(served, faults={r"x/c/3$": code}, fault_times=1) as server:
+        assert every_row(f"{server.url}/s.zarr", policy) == list(range(80))
+        assert server.requests["s.zarr/x/c/3"] == 2  # once faulted, once answered
+    with HttpStoreServer(served, faults={r"x/c/3$": CUT_SHORT}) as server:  # every answer cut: the chunk is damaged
+        with pytest.raises(ChunkReadError, match=r"chunk 3 .*the same once fetched again: the stored chunk is damaged"):
+            every_row(f"{server.url}/s.zarr", policy)
+
+
+def test_retry_after_is_waited_for(served):
+    """A 503 with Retry-After: 1 s: the retries (0.05 s back-off) ran out within 0.15 s, before the server's stated
+    wait, and failed an epoch the server would have finished (found by a break-test helper)."""
+    import threading
+
+    policy = RetryPolicy(timeout_s=5, retries=2, backoff_s=0.05)
+    with HttpStoreServer(served, faults={r"x/c/3$": 503}, retry_after_s=1) as server:
+        threading.Timer(0.6, server.faults.clear).start()  # the server is back after 0.6 s
+        start = time.monotonic()
+        assert every_row(f"{server.url}/s.zarr", policy) == list(range(80))
+        assert time.monotonic() - start >= 1.0
+    with HttpStoreServer(served, faults={r"x/c/3$": 429}, retry_after_s=0.2) as server:  # never back: said
+        with pytest.raises(
+            ChunkReadError, match=r"the server asked to wait 0.2 s \(Retry-After\).*RetryPolicy\(retries"
+        ):
+            every_row(f"{server.url}/s.zarr", policy)

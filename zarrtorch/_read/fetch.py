@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import email.utils
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -44,17 +45,64 @@ class RetriesExhausted(RuntimeError):
 
 def is_permanent(exc: BaseException) -> bool:
     """Errors that another attempt cannot fix: a missing or forbidden object, refused credentials, bad
-    input. Anything else (timeouts, resets, 5xx) is worth another try."""
+    input. Anything else (timeouts, resets, 5xx, an answer that was not HTTP) is worth another try."""
+    if _garbled(exc):
+        return False
     if isinstance(exc, (FileNotFoundError, PermissionError, KeyError, ValueError, TypeError, ImportError)):
         return True
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
 
 
+def _garbled(exc: BaseException) -> bool:
+    """An answer the client could not parse (a bad status line, bytes after a body on a kept-alive connection):
+    aiohttp calls it a "400" the server never sent, which read as permanent ended an epoch at the first stray
+    byte, blaming a chunk that was answered right (found by a break-test)."""
+    try:
+        from aiohttp.http_exceptions import HttpProcessingError
+    except ImportError:
+        return False
+    return isinstance(exc.__cause__, HttpProcessingError)
+
+
+def short(text: str, most: int = 400) -> str:
+    """``text`` cut to ``most`` characters: an error quoting a response's bytes ran to 6,737."""
+    text = str(text)
+    return text if len(text) <= most else f"{text[: most - 30]}... ({len(text)} characters)"
+
+
+def wait_before_retry(policy: RetryPolicy, attempt: int, exc: BaseException) -> float:
+    """Seconds before the next attempt: the policy's back-off, doubled per attempt, or the server's Retry-After
+    where longer (a 429 or 503 that says how long: it was ignored, and the retries ran out before the server's
+    stated wait, found by a break-test), up to a minute or the request timeout."""
+    wait = policy.backoff_s * 2**attempt
+    after = retry_after_s(exc)
+    return max(wait, min(after, max(60.0, policy.timeout_s))) if after is not None else wait
+
+
+def retry_after_s(exc: BaseException) -> float | None:
+    """The Retry-After of an HTTP error (seconds, or a date), or ``None``."""
+    headers = getattr(exc, "headers", None)
+    value = headers.get("Retry-After") if headers is not None and hasattr(headers, "get") else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
 def _exhausted(policy: RetryPolicy, exc: BaseException) -> RetriesExhausted:
+    after = retry_after_s(exc)
+    said = f", the server asked to wait {after:g} s (Retry-After)" if after is not None else ""
     return RetriesExhausted(
-        f"{policy.retries + 1} attempts failed (timeout {policy.timeout_s:g} s each); last: "
-        f"{type(exc).__name__}: {str(exc) or f'no answer within {policy.timeout_s:g} s'}"
+        f"{policy.retries + 1} attempts failed (timeout {policy.timeout_s:g} s each{said}); last: "
+        f"{type(exc).__name__}: {short(exc) or f'no answer within {policy.timeout_s:g} s'}. More attempts or a "
+        "longer back-off: ReadOptions(retry=RetryPolicy(retries=..., backoff_s=...))"
     )
 
 
@@ -68,7 +116,7 @@ def with_retries(attempt: Callable[[], T], policy: RetryPolicy) -> T:
                 raise
             if n == policy.retries:
                 raise _exhausted(policy, exc) from exc
-            time.sleep(policy.backoff_s * 2**n)
+            time.sleep(wait_before_retry(policy, n, exc))
     raise AssertionError("unreachable")
 
 
@@ -91,7 +139,7 @@ async def get_buffer(store: zarr.abc.store.Store, key: str, policy: RetryPolicy 
                 raise
             if n == policy.retries:
                 raise _exhausted(policy, exc) from exc
-            await asyncio.sleep(policy.backoff_s * 2**n)
+            await asyncio.sleep(wait_before_retry(policy, n, exc))
     raise AssertionError("unreachable")
 
 

@@ -21,7 +21,7 @@ import zarr
 from zarrtorch._read.chunks import chunk_key, chunk_keys, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import direct_decoder
-from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many
+from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
@@ -37,6 +37,13 @@ def reading_threads(threads: int, prefetch: int) -> int:
 def _reading_pool(threads: int) -> ThreadPoolExecutor:
     """An epoch's reading threads, named so that profiles and ``--by-thread`` tell them apart."""
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
+
+
+_REFETCHED = "zarrtorch: fetched again, with the same result"
+
+
+def _refetched(exc: BaseException) -> bool:
+    return _REFETCHED in getattr(exc, "__notes__", ())
 
 
 class ChunkReadError(RuntimeError):
@@ -162,8 +169,10 @@ class PieceReader:
                 fill = arr.fill_value if arr.fill_value is not None else 0  # what zarr reads a missing chunk as
                 out[name] = whole = np.full((stop - start, *arr.shape[1:]), fill, dtype=arr.dtype)
             except Exception as exc:  # the cause is not chained: its text may hold a credential, redacted here
-                why = redact(f"{type(exc).__name__}: {exc}", self.secrets)
-                raise ChunkReadError(f"cannot read {self._where(name, arr, chunk, start, stop)}: {why}") from None
+                why = short(redact(f"{type(exc).__name__}: {exc}", self.secrets))
+                twice = " (the same once fetched again: the stored chunk is damaged)" if _refetched(exc) else ""
+                where = self._where(name, arr, chunk, start, stop)
+                raise ChunkReadError(f"cannot read {where}: {why}{twice}") from None
             if target is not None and whole is not target:  # not decoded in place: copied there
                 target[start - first : stop - first] = out[name]
                 out[name] = target[start - first : stop - first]
@@ -176,10 +185,23 @@ class PieceReader:
         if isinstance(fetched, Exception):
             raise fetched
         decode = self._direct[name]
-        if decode is not None:
-            return decode(self._keys[name](chunk), fetched, into)
-        policy = None if is_local(arr) else self.policy
-        return read_chunk(arr, chunk, policy=policy, check_missing=self.check_missing)
+        local = is_local(arr)
+        try:
+            if decode is not None:
+                return decode(self._keys[name](chunk), fetched, into)
+            return read_chunk(arr, chunk, policy=None if local else self.policy, check_missing=self.check_missing)
+        except (ValueError, RuntimeError) as damaged:
+            if local or isinstance(damaged, ChunkReadError):
+                raise
+            # bytes that do not decode may have been damaged on the way (a body cut short that looked whole to
+            # HTTP, found by a break-test): fetched once more before the chunk is called damaged
+            try:
+                if decode is not None:
+                    return decode(self._keys[name](chunk), None, into)
+                return read_chunk(arr, chunk, policy=self.policy, check_missing=self.check_missing)
+            except (ValueError, RuntimeError):
+                damaged.add_note(_REFETCHED)
+                raise damaged from None
 
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of

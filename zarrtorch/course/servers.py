@@ -77,18 +77,28 @@ class _Handler(BaseHTTPRequestHandler):
         if owner.delay_s:
             time.sleep(owner.delay_s)
         status = next((code for pattern, code in owner.faults.items() if re.search(pattern, key)), None)
+        if status is not None and owner.fault_times is not None and owner.requests[key] > owner.fault_times:
+            status = None  # this key's faults are spent: answered as stored from now on
+        if status == GARBLED:  # not HTTP at all: the client cannot parse it
+            self.wfile.write(b"GARBAGE-NOT-HTTP\r\n\r\n")
+            self.close_connection = True
+            return
         if status == NO_ANSWER:
             owner.release.wait()  # this key's requests are accepted and never answered
             return
         path = stored_file(owner.root, key)
         if status is None and path is None:
             status = 404
-        if status is not None:
+        if status is not None and status != CUT_SHORT:
             self.send_response(status)
+            if owner.retry_after_s is not None and status in (429, 503):
+                self.send_header("Retry-After", f"{owner.retry_after_s:g}")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         data = path.read_bytes()
+        if status == CUT_SHORT:  # half the object, with a Content-Length that says half: complete to HTTP
+            data = data[: len(data) // 2]
         asked = byte_range(self.headers.get("Range", ""), len(data))
         if asked:
             start, stop = asked
@@ -119,17 +129,30 @@ class _Server(ThreadingHTTPServer):
 
 
 NO_ANSWER = -1  # a fault that is no status: the request is accepted and never answered
+GARBLED = -2  # a fault that answers bytes that are not HTTP
+CUT_SHORT = -3  # a fault that answers the first half of the object as if it were all of it
 
 
 class HttpStoreServer:
     """Serve ``root`` at ``http://127.0.0.1:PORT/``; ``delay_ms`` per request; ``faults`` maps a regex of
-    the key to an HTTP status returned instead of the file (or :data:`NO_ANSWER`); :meth:`hang` makes it stop
-    answering altogether."""
+    the key to an HTTP status returned instead of the file (or :data:`NO_ANSWER`, :data:`GARBLED`,
+    :data:`CUT_SHORT`), for each key's first ``fault_times`` requests (all when ``None``), with a Retry-After of
+    ``retry_after_s`` on a 429 or 503; :meth:`hang` makes it stop answering altogether."""
 
-    def __init__(self, root: str | os.PathLike, *, delay_ms: float = 0.0, faults: dict[str, int] | None = None):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        delay_ms: float = 0.0,
+        faults: dict[str, int] | None = None,
+        fault_times: int | None = None,
+        retry_after_s: float | None = None,
+    ):
         self.root = Path(root).resolve()
         self.delay_s = delay_ms / 1000
         self.faults = dict(faults or {})
+        self.fault_times = fault_times  # each key's first requests that get its fault (None: all of them)
+        self.retry_after_s = retry_after_s  # sent with a 429 or 503 fault
         self.hanging = threading.Event()
         self.release = threading.Event()
         self.requests: dict[str, int] = {}
