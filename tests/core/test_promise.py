@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -120,6 +121,23 @@ def test_torchrun_environment_before_the_process_group(store, no_torchrun_env):
     everything = np.concatenate(seen)
     assert len(set(lengths)) == 1 and lengths[0] == ROWS // 4 // BATCH + 1
     assert len(everything) == ROWS and set(everything.tolist()) == set(range(ROWS))
+
+
+def test_slurm_tasks_without_a_rank_are_warned_about_once(store, no_torchrun_env):
+    """Slurm's SLURM_NTASKS=2 with no RANK and no process group: each task reads every row as rank 0 of 1 (Slurm's
+    own variables are not taken for ranks: a sweep's independent tasks would miss rows). It was silent (found by a
+    break-test helper); it is a warning with the fix, once per process."""
+    from zarrtorch._util import process
+
+    no_torchrun_env.setenv("SLURM_NTASKS", "2")
+    no_torchrun_env.setenv("SLURM_PROCID", "1")
+    no_torchrun_env.setattr(process, "_WARNED", {})
+    loader = ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)
+    with pytest.warns(UserWarning, match=r"SLURM_NTASKS=2 .*rank 0 of 1.*export RANK=\$SLURM_PROCID"):
+        assert loader.topology() == (0, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        len(loader)  # said once
 
 
 @pytest.mark.parametrize(

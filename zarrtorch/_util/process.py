@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import warnings
 from datetime import timedelta
 
 
@@ -54,6 +55,7 @@ def environment_topology(env: dict | None = None) -> tuple[int, int]:
             "or pass rank= and world_size= to ZarrDataLoader"
         ) from None
     if world is None and rank is None:
+        _say_slurm_tasks_are_not_ranks(env)
         return 0, 1
     if world is None or world < 1:
         raise TopologyUnknown(
@@ -72,6 +74,26 @@ def environment_topology(env: dict | None = None) -> tuple[int, int]:
     if not 0 <= rank < world:
         raise TopologyUnknown(f"RANK={rank} is outside [0, WORLD_SIZE={world}): fix the job's environment")
     return rank, world
+
+
+def _say_slurm_tasks_are_not_ranks(env) -> None:
+    """Warn, once, where Slurm started several tasks but nothing says they are DDP ranks: Slurm's own
+    variables are not taken for ranks (independent tasks of a sweep would each read a share and miss the rest),
+    so before ``init_process_group`` each task reads every row as rank 0 of 1 (found by a break-test)."""
+    tasks = str(env.get("SLURM_NTASKS", "")).strip()
+    if not tasks.isdigit() or int(tasks) < 2 or _WARNED.get("slurm"):
+        return
+    _WARNED["slurm"] = True
+    warnings.warn(
+        f"SLURM_NTASKS={tasks} but no process group and no RANK/WORLD_SIZE: this task is taken for rank 0 of 1 and "
+        "reads every row. If the tasks are DDP ranks, call torch.distributed.init_process_group before the loader "
+        "counts or iterates, or export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS (Lightning sets up the group "
+        "before it asks for batches)",
+        stacklevel=4,
+    )
+
+
+_WARNED: dict[str, bool] = {}
 
 
 @contextlib.contextmanager
