@@ -165,19 +165,25 @@ def test_a_keyboard_interrupt_leaves_nothing_and_the_loader_runs_again(store, nu
 def test_a_killed_worker_is_named_within_seconds_and_nothing_remains(store, work_ahead):
     before = baseline()
     loader = loader_for(store, 2, work_ahead)
-    it = iter(loader)
-    next(it)
-    victim = it.workers[1].pid
-    os.kill(victim, signal.SIGKILL)
-    start = time.monotonic()
-    with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid\(?s?\)? ?{victim}\)?.*(killed|exited)"):
-        for batch in it:
-            del batch  # a training step that keeps nothing
-    assert time.monotonic() - start < 15
-    del it
+    fault_worker_one(loader, signal.SIGKILL, r"DataLoader worker \(pid\(?s?\)? ?{victim}\)?.*(killed|exited)")
     assert sum(1 for _ in loader) == len(loader)  # a new epoch starts fresh workers
     del loader
     assert settles_to(before) == before
+
+
+def fault_worker_one(loader, signum: int, match: str) -> int:
+    """Start an epoch, send worker 1 ``signum`` after the first batch, and check that the epoch ends within
+    15 s with an error matching ``match`` (``{victim}``: the worker's pid); the pid."""
+    it = iter(loader)
+    next(it)
+    victim = it.workers[1].pid
+    os.kill(victim, signum)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=match.replace("{victim}", str(victim))):
+        for batch in it:
+            del batch  # a training step that keeps nothing
+    assert time.monotonic() - start < 15
+    return victim
 
 
 def rows_of(loader) -> list[int]:
@@ -238,17 +244,9 @@ def test_a_stopped_worker_is_named_within_the_timeout_and_nothing_remains(store,
     and its state, stops the workers (none left), and the next epoch runs with fresh ones."""
     before = baseline()
     loader = loader_for(store, 2, work_ahead, transport=transport, timeout=3)
-    it = iter(loader)
-    next(it)
-    victim = it.workers[1].pid
-    os.kill(victim, signal.SIGSTOP)
-    start = time.monotonic()
-    with pytest.raises(RuntimeError, match=rf"worker 1 \(pid {victim}, stopped .*sent no batch within 3 s.*timeout="):
-        for batch in it:
-            del batch
-    assert time.monotonic() - start < 15
+    said = r"worker 1 \(pid {victim}, stopped .*no batch within 3 s.*timeout="
+    victim = fault_worker_one(loader, signal.SIGSTOP, said)
     assert victim not in children()
-    del it
     assert sum(1 for _ in loader) == len(loader)
     del loader
     assert settles_to(before) == before
