@@ -124,7 +124,16 @@ def plan_split(rows: int, chunk_rows: int, val_fraction: float, halo: int = 0) -
     if n_chunks < 2:
         raise ValueError(f"the store has {n_chunks} chunk(s): a split by whole chunks needs at least 2")
     val_chunks = min(n_chunks - 1, max(1, int(round(val_fraction * n_chunks))))
-    return SplitPlan(int(rows), int(chunk_rows), (n_chunks - val_chunks) * int(chunk_rows), int(halo))
+    split = (n_chunks - val_chunks) * int(chunk_rows)
+    # the gap after the fitting period's targets, then one whole window (a shorter period was refused with a
+    # message about a row_range the user never gave, found by a break-test)
+    if halo and rows - split < 2 * int(halo) + 1:
+        raise ValueError(
+            f"the validation period (the last {rows - split} rows, {val_chunks} chunk(s) of {chunk_rows}) cannot hold "
+            f"the {halo} rows kept free after the fitting period's targets and one window of {halo + 1} rows: raise "
+            "val_fraction, or use windows of fewer steps"
+        )
+    return SplitPlan(int(rows), int(chunk_rows), split, int(halo))
 
 
 class ZarrDataModule(L.LightningDataModule):

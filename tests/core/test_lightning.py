@@ -76,6 +76,13 @@ def test_plan_split_by_whole_chunks():
         plan_split(10, 10, 0.2)
     with pytest.raises(ValueError):
         plan_split(100, 10, 1.0)
+    # windows of 11 rows: the validation period needs the 10-row gap and one window; 167 rows in chunks of 27 left
+    # 5 rows, refused with a row_range the user never gave (found by a break-test helper)
+    with pytest.raises(
+        ValueError, match=r"validation period \(the last 5 rows.*one window of 11 rows: raise val_fraction"
+    ):
+        plan_split(167, 27, 0.2, halo=10)
+    assert plan_split(167, 27, 0.2, halo=2).val_rows == 5  # a gap of 2 and a window of 3 fit
 
 
 def test_datamodule_splits_by_row_windows_without_copying(tmp_path):
