@@ -379,7 +379,16 @@ class ZarrDataLoader(DataLoader):
         if not torch.distributed.is_initialized():
             return False
         own = (torch.distributed.get_rank(), torch.distributed.get_world_size())
-        return self._fixed_topology is None or self._fixed_topology == own
+        given = self._fixed_topology
+        if given is not None and given[1] == own[1] and given[0] != own[0]:
+            # not a simulation (the group's size), yet another rank's share: LOCAL_RANK passed on a second node
+            # read rank 0's rows twice and left a third of the epoch out (found by a break-test)
+            raise ValueError(
+                f"rank={given[0]} was given, but this process is rank {own[0]} of the process group's {own[1]}: "
+                "pass torch.distributed.get_rank() (not LOCAL_RANK), or leave rank= and world_size= out. To look "
+                "at another rank's batches on purpose, pass check_ranks=False"
+            )
+        return given is None or given == own
 
     def _start_workers(self):
         """DataLoader's iterator for the epoch (workers start or, persistent, resume here). Persistent workers
@@ -401,6 +410,9 @@ class ZarrDataLoader(DataLoader):
         if not str(exc).startswith("DataLoader timed out after"):
             return None  # another error: said as it is
         awaited = awaited_worker(iterator)
+        stopped = [(w, p) for w, p in enumerate(worker_processes(iterator)) if process_state(p.pid)]
+        if stopped:  # a worker stopped or stuck in a read explains the silence, whichever batch was next
+            awaited = stopped[0]
         who = "a worker"
         if awaited is not None:
             wid, process = awaited

@@ -269,6 +269,13 @@ class LoaderCheckpoint:
                 continue
             if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):
                 out.append(f"{f.name}: saved {getattr(self, f.name)!r}, now {getattr(other, f.name)!r}")
+        names = [line.split(":", 1)[0] for line in out]
+        if self.windows and names == ["row_offset", "fingerprint"] and self.row_offset == 0 < other.row_offset:
+            out.append(
+                "a state of windows saved by a zarrtorch before 2026-11-26 records no period (row_offset 0) even with "
+                "row_range: if it was saved on this row_range, start this epoch afresh (its position cannot be "
+                "checked against the period)"
+            )
         if out == [f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r}"]:
             out = [
                 f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r} with the same settings: the "

@@ -79,7 +79,7 @@ class Windows:
             segs = tuple(
                 sorted((_whole(a, "a segment's start"), _whole(b, "a segment's stop")) for a, b in self.segments)
             )
-            for (a, b), (c, _) in zip(segs, segs[1:] + ((None, None),), strict=True):
+            for (a, b), (c, _) in zip(segs, segs[1:] + ((None, None),), strict=False):  # none: an all-False mask
                 if not 0 <= a < b:
                     raise ValueError(f"segment ({a}, {b}) must satisfy 0 <= start < stop")
                 if c is not None and c < b:
@@ -164,7 +164,8 @@ class Windows:
 
 def _whole(value, what: str) -> int:
     """``value`` as an int, refused when it is not a whole number (a float row, a fraction of a stride)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) or value != int(value):
+    numeric = not isinstance(value, bool) and isinstance(value, (int, np.integer, float, np.floating))
+    if not numeric or not np.isfinite(value) or value != int(value):
         raise ValueError(f"{what} must be a whole number, got {value!r}")
     return int(value)
 

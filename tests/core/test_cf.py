@@ -183,3 +183,21 @@ def test_text_and_dates_are_refused_by_name(tmp_path):
     group.create_array("when", data=np.arange(8).astype("datetime64[s]"), chunks=(4,))
     with pytest.raises(TypeError, match=r"array 'when' holds dates \(datetime64\[s\]\).*variables=\['x'\]"):
         ZarrIterableDataset(str(tmp_path / "d.zarr"), variables=["x", "when"])
+
+
+def test_every_listed_missing_value_is_nan_and_encoded_durations_are_refused(tmp_path):
+    """CF allows a list of missing values: only the first became NaN (found by a second break-test); xarray's
+    encoded durations (int64 with a timedelta64 dtype attribute) streamed as raw numbers."""
+    group = zarr.open_group(str(tmp_path / "m.zarr"), mode="w")
+    group.create_array("f", data=np.array([1.0, -9999.0, 3.0, -8888.0]), chunks=(2,)).attrs["missing_value"] = [
+        -9999.0,
+        -8888.0,
+    ]
+    group.create_array("d", data=np.arange(4, dtype="i8"), chunks=(2,)).attrs.update(
+        {"units": "hours", "dtype": "timedelta64[us]"}
+    )
+    zarr.consolidate_metadata(str(tmp_path / "m.zarr"))
+    got = stream(tmp_path / "m.zarr", variables=["f"])["f"]
+    np.testing.assert_array_equal(np.isnan(got), [False, True, False, True])
+    with pytest.raises(ValueError, match=r"array 'd' holds CF-encoded durations \(timedelta64\[us\], units 'hours'\)"):
+        ZarrIterableDataset(str(tmp_path / "m.zarr"), variables=["d"])

@@ -83,3 +83,24 @@ def test_consistent_stores_with_nan_fills_are_accepted(tmp_path):
         assert ZarrIterableDataset(path).rows == 8
     prepare_zarr({"a": np.zeros((5, 2), "f4")}, tmp_path / "p.zarr", chunk_rows=2, progress=False)
     assert ZarrIterableDataset(tmp_path / "p.zarr").rows == 5
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_arrays_handed_over_and_arrays_added_later_are_checked_too(tmp_path, zarr_format):
+    """Found by a second break-test: an array or a dict of arrays opened from a stale consolidated group streamed
+    40 of 60 rows; an array added after consolidating was left out without a word (or 'unknown array name')."""
+    path = tmp_path / "s.zarr"
+    consolidated_then_changed(path, zarr_format, "append")
+    group = zarr.open_group(str(path), mode="r")
+    for source in (group["x"], {"x": group["x"], "i": group["i"]}):
+        with pytest.raises(ValueError, match=r"shape \[40.*where its own says \[60"):
+            ZarrIterableDataset(source)
+    added = tmp_path / "added.zarr"
+    consolidated_then_changed(added, zarr_format, "none")
+    zarr.open_group(str(added), mode="r+", use_consolidated=False).create_array(
+        "y", shape=(40,), chunks=(8,), dtype="f4"
+    )
+    with pytest.raises(ValueError, match=r"holds arrays \['y'\] that its consolidated metadata does not list"):
+        ZarrIterableDataset(added)
+    with pytest.raises(ValueError, match=r"array 'y' is in the store .* not in its consolidated metadata"):
+        ZarrIterableDataset(added, variables=["x", "y"])

@@ -145,24 +145,21 @@ import torch.distributed as dist
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset
 from zarrtorch._util.process import group_timeout_s
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=77))
+dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=int(sys.argv[3])))
 print("group timeout", group_timeout_s())
-ds = ZarrIterableDataset(sys.argv[1], seed=rank)  # a seed per rank: overlapping rows if unchecked
-loader = ZarrDataLoader(ds, batch_size=8, rank=dist.get_rank(), world_size=dist.get_world_size())
+given = 0 if sys.argv[2] == "local-rank" else dist.get_rank()  # LOCAL_RANK on a second node: 0 there
+ds = ZarrIterableDataset(sys.argv[1], seed=rank if sys.argv[2] == "seeds" else 0)
+loader = ZarrDataLoader(ds, batch_size=8, rank=given, world_size=dist.get_world_size())
 try:
     next(iter(loader))
     print("NOT REFUSED")
-except RuntimeError as exc:
+except (RuntimeError, ValueError) as exc:
     print("refused:", exc)
 dist.destroy_process_group()
 """
 
 
-@pytest.mark.slow
-def test_ranks_given_explicitly_are_still_checked_and_wait_the_groups_timeout(store):
-    """rank=/world_size= equal to the process group's (as DistributedSampler users pass them) turned the ranks'
-    agreement check off: ranks with other seeds read overlapping rows, 120 twice and 120 never of 600 (found by a
-    break-test helper). And the check waits the group's own timeout, not a fixed 300 s."""
+def run_check_script(store, case: str, timeout_s: int) -> list[str]:
     port = free_port()
     procs = []
     for rank in range(2):
@@ -170,14 +167,30 @@ def test_ranks_given_explicitly_are_still_checked_and_wait_the_groups_timeout(st
         env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", CHECK_SCRIPT, str(store)],
+                [sys.executable, "-c", CHECK_SCRIPT, str(store), case, str(timeout_s)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
         )
-    logs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    for log in logs:
+    return [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+
+
+@pytest.mark.slow
+def test_ranks_given_explicitly_are_still_checked_and_wait_the_groups_timeout(store):
+    """rank=/world_size= equal to the process group's (as DistributedSampler users pass them) turned the ranks'
+    agreement check off: ranks with other seeds read overlapping rows, 120 twice and 120 never of 600 (found by a
+    break-test helper). And the check waits the group's own timeout, not a fixed 300 s."""
+    for log in run_check_script(store, "seeds", 77):
         assert "group timeout 77.0" in log, log[-3000:]
         assert "refused: the ranks computed different plans" in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_another_ranks_share_at_the_groups_size_is_refused_at_once(store):
+    """rank=0 on every process of a group of 2 (LOCAL_RANK passed on a second node): rank 1 streamed rank 0's rows
+    without a check (found by a second break-test). Refused at once, naming the rank and the fix."""
+    logs = run_check_script(store, "local-rank", 8)  # rank 0 then waits for rank 1 that group timeout
+    assert "refused: rank=0 was given, but this process is rank 1 of the process group's 2" in logs[1], logs[1][-3000:]
+    assert "NOT REFUSED" not in logs[0], logs[0][-3000:]

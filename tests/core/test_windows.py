@@ -377,6 +377,11 @@ def test_settings_that_would_be_read_otherwise_are_refused(store):
     with pytest.raises(ValueError, match=rf"segments \[\(200, 300\)\] reach past the store's {ROWS} rows"):
         ZarrIterableDataset(store, windows=Windows(segments=[(0, 40), (200, 300)]))
     assert ZarrIterableDataset(store, windows=Windows.from_mask(np.arange(ROWS) % 50 != 7)).rows > 0
+    for bad in (float("nan"), float("inf")):  # a bare conversion error, found by a second break-test
+        with pytest.raises(ValueError, match=r"Windows\(history=...\) must be a whole number"):
+            Windows(history=bad)
+    with pytest.raises(ValueError, match="no window of 2 rows"):  # an all-False mask was an internal zip error
+        ZarrIterableDataset(store, windows=Windows.from_mask(np.zeros(ROWS, bool)))
 
 
 def test_arrays_whose_batch_key_another_takes_are_refused(tmp_path):

@@ -69,6 +69,13 @@ def check_tensor_dtypes(arrays: Mapping[str, zarr.Array], chosen: bool) -> None:
         raise TypeError(f"array {name!r} holds {what} ({dtype}), which a tensor cannot hold: {leave_out}, or {fix}")
 
 
+def _each(value) -> list:
+    """The values of an attribute that may be one value or a list of them (a base64 string is one)."""
+    if isinstance(value, (str, bytes)):
+        return [value]
+    return list(np.asarray(value, dtype=object).reshape(-1)) or [value]
+
+
 def _number(value, name: str, where: str) -> float:
     if isinstance(value, str):  # zarr v3 JSON ("NaN", "Infinity"), or xarray's base64 of a little-endian double
         with contextlib.suppress(ValueError):
@@ -90,6 +97,12 @@ def packing(name: str, arr: zarr.Array) -> Packing | None:
             f"array {name!r} holds CF-encoded times (units {units!r}): leave it out (variables=[...]), or decode it "
             "with xarray and write it again with zarrtorch.prepare_zarr"
         )
+    encoded = str(attrs.get("dtype", ""))
+    if encoded.startswith(("timedelta64", "datetime64")):  # xarray's encoded durations: numbers of `units`
+        raise ValueError(
+            f"array {name!r} holds CF-encoded durations ({encoded}, units {units!r}): leave it out (variables=[...]), "
+            "or convert it to plain numbers (e.g. hours as floats) and write it again with zarrtorch.prepare_zarr"
+        )
     dtype = np.dtype(arr.dtype)
     scale = _number(attrs.get("scale_factor", 1.0), "scale_factor", name)
     offset = _number(attrs.get("add_offset", 0.0), "add_offset", name)
@@ -100,7 +113,8 @@ def packing(name: str, arr: zarr.Array) -> Packing | None:
     if not packed and (dtype.kind == "b" or not fills):
         return None  # as stored: arrays without a fill, and booleans (xarray makes objects of a masked bool)
     wrap = 2 ** (8 * dtype.itemsize) if str(attrs.get("_Unsigned", "")).lower() == "true" and dtype.kind == "i" else 0
-    values = [_number(f, "fill value", name) for f in fills]
+    # CF allows a list of missing values: each one is NaN (only the first was, found by a break-test)
+    values = [_number(v, "fill value", name) for f in fills for v in _each(f)]
     values = [v % wrap if wrap else v for v in values if not np.isnan(v)]
     if not packed and dtype.kind == "f":  # a float's fill (-9999) read as NaN, as xarray does; NaN fills are NaN
         return Packing(1.0, 0.0, tuple(values), 0, native(dtype)) if values else None
