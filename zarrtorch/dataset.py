@@ -10,6 +10,7 @@ reaches workers whatever their start method, persistent or not.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -17,12 +18,15 @@ from functools import partial
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+from zarr.core.sync import sync
 
+from zarrtorch._read.chunks import chunk_key
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packings, stack_columns
 from zarrtorch._read.early import EarlyReads, reads_early
+from zarrtorch._read.fetch import get_buffer
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
-from zarrtorch._read.source import all_local, for_this_process, open_arrays, secrets_of, store_label
+from zarrtorch._read.source import all_local, for_this_process, is_local, open_arrays, secrets_of, store_label
 from zarrtorch._read.static import static_array
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
@@ -139,6 +143,7 @@ class ZarrIterableDataset(IterableDataset):
         self._kept_for: int | None = None  # the (logical) worker whose share they are
         self._early: EarlyReads | None = None  # the next epoch's first reads, started as this one ends
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
+        self._data_fingerprint: str | None = None  # data_fingerprint(), once computed
 
     def _check_batch_keys(self) -> None:
         """Refuse arrays whose batch key another one takes: an array named ``index`` or ``padding`` (the loader's
@@ -341,6 +346,26 @@ class ZarrIterableDataset(IterableDataset):
             row_offset=self.row_offset if self.windows is None else self._period_from,
             windows=self.windows.describe() if self.windows is not None else "",
         )
+
+    def data_fingerprint(self) -> str:
+        """A short hash of each array's first chunk as stored (and of each static array): what the ranks'
+        agreement check compares besides the plan, read once per process. Ranks opened on stores of the same
+        shape but other data (another year, a stale copy) once trained on both, silently (found by a
+        break-test); identical copies at other paths agree. Only the first chunk: a cheap check, not a proof."""
+        if self._data_fingerprint is None:
+            digest = hashlib.blake2b(digest_size=8)
+            for name, arr in sorted(self.arrays.items()):
+                digest.update(name.encode())
+                try:
+                    key = chunk_key(arr, 0)
+                    raw = sync(get_buffer(arr.store_path.store, key, None if is_local(arr) else self.read.retry))
+                    digest.update(raw.to_bytes())
+                except FileNotFoundError:
+                    digest.update(b"missing")
+            for name, value in sorted(self.static.items()):
+                digest.update(name.encode() + np.ascontiguousarray(value).tobytes())
+            self._data_fingerprint = digest.hexdigest()
+        return self._data_fingerprint
 
     def fingerprint(self, batch_size: int, drop_last: bool) -> str:
         """:meth:`zarrtorch.plan.EpochSpec.fingerprint` of :meth:`spec`: for checkpoints and the ranks' agreement."""

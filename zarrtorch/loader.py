@@ -341,7 +341,8 @@ class ZarrDataLoader(DataLoader):
             fingerprint = self.spec.fingerprint()
             check_ranks_agree(
                 f"plan {fingerprint}, epoch {run.epoch}, {world} ranks x {cfg.num_workers} workers, "
-                f"{length} batches from batch {skip}, earlier segments {[tuple(s) for s in history]}",
+                f"{length} batches from batch {skip}, earlier segments {[tuple(s) for s in history]}, "
+                f"data {self.dataset.data_fingerprint()}",
                 f"epoch {run.epoch} of a ZarrDataLoader",
             )
         self.dataset.bind(self.config, self.epoch_state, self.ring)

@@ -148,7 +148,8 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=int(sys.argv[3])))
 print("group timeout", group_timeout_s())
 given = 0 if sys.argv[2] == "local-rank" else dist.get_rank()  # LOCAL_RANK on a second node: 0 there
-ds = ZarrIterableDataset(sys.argv[1], seed=rank if sys.argv[2] == "seeds" else 0)
+path = sys.argv[4] if rank == 1 and len(sys.argv) > 4 else sys.argv[1]  # rank 1's own store, when given
+ds = ZarrIterableDataset(path, seed=rank if sys.argv[2] == "seeds" else 0)
 loader = ZarrDataLoader(ds, batch_size=8, rank=given, world_size=dist.get_world_size())
 try:
     next(iter(loader))
@@ -159,7 +160,7 @@ dist.destroy_process_group()
 """
 
 
-def run_check_script(store, case: str, timeout_s: int) -> list[str]:
+def run_check_script(store, case: str, timeout_s: int, other=None) -> list[str]:
     port = free_port()
     procs = []
     for rank in range(2):
@@ -167,7 +168,15 @@ def run_check_script(store, case: str, timeout_s: int) -> list[str]:
         env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-c", CHECK_SCRIPT, str(store), case, str(timeout_s)],
+                [
+                    sys.executable,
+                    "-c",
+                    CHECK_SCRIPT,
+                    str(store),
+                    case,
+                    str(timeout_s),
+                    *([str(other)] if other else []),
+                ],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -194,3 +203,21 @@ def test_another_ranks_share_at_the_groups_size_is_refused_at_once(store):
     logs = run_check_script(store, "local-rank", 8)  # rank 0 then waits for rank 1 that group timeout
     assert "refused: rank=0 was given, but this process is rank 1 of the process group's 2" in logs[1], logs[1][-3000:]
     assert "NOT REFUSED" not in logs[0], logs[0][-3000:]
+
+
+@pytest.mark.slow
+def test_ranks_on_other_data_of_the_same_shape_are_refused(store, tmp_path):
+    """Rank 1 on a store of the same shape holding other values trained on both stores, silently: the plan check
+    compared settings only (found by a break-test helper). A hash of each array's first chunk is compared too;
+    an identical copy at another path agrees."""
+    import shutil
+
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(store, copy)
+    logs = run_check_script(store, "same", 20, other=copy)
+    assert all("NOT REFUSED" in log for log in logs), logs
+    other = tmp_path / "other.zarr"
+    x = np.ones((ROWS, 2, 3), dtype=np.float32)
+    prepare_zarr({"x": x, "y": 10 * np.arange(ROWS, dtype=np.int64) + 7}, other, chunk_rows=CHUNK, progress=False)
+    for log in run_check_script(store, "same", 20, other=other):
+        assert "refused: the ranks computed different plans" in log and ", data " in log, log[-3000:]
