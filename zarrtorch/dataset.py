@@ -18,12 +18,10 @@ from functools import partial
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
-from zarr.core.sync import sync
 
-from zarrtorch._read.chunks import chunk_key
+from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packings, stack_columns
 from zarrtorch._read.early import EarlyReads, reads_early
-from zarrtorch._read.fetch import get_buffer
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, is_local, open_arrays, secrets_of, store_label
@@ -348,20 +346,16 @@ class ZarrIterableDataset(IterableDataset):
         )
 
     def data_fingerprint(self) -> str:
-        """A short hash of each array's first chunk as stored (and of each static array): what the ranks'
-        agreement check compares besides the plan, read once per process. Ranks opened on stores of the same
+        """A short hash of the first bytes of each array's first chunk as stored (and of each static array): what
+        the ranks' agreement check compares besides the plan, read once per process. Ranks opened on stores of the same
         shape but other data (another year, a stale copy) once trained on both, silently (found by a
         break-test); identical copies at other paths agree. Only the first chunk: a cheap check, not a proof."""
         if self._data_fingerprint is None:
             digest = hashlib.blake2b(digest_size=8)
             for name, arr in sorted(self.arrays.items()):
                 digest.update(name.encode())
-                try:
-                    key = chunk_key(arr, 0)
-                    raw = sync(get_buffer(arr.store_path.store, key, None if is_local(arr) else self.read.retry))
-                    digest.update(raw.to_bytes())
-                except FileNotFoundError:
-                    digest.update(b"missing")
+                head = first_bytes(arr, FINGERPRINT_BYTES, None if is_local(arr) else self.read.retry)
+                digest.update(head if head is not None else b"missing")
             for name, value in sorted(self.static.items()):
                 digest.update(name.encode() + np.ascontiguousarray(value).tobytes())
             self._data_fingerprint = digest.hexdigest()

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from zarrtorch._read.columns import NOT_TENSORS
 from zarrtorch._read.source import is_url, sample_dimension
 from zarrtorch._util.sizes import ceil_div, row_bytes
 from zarrtorch.layout import LayoutError, check_first_axis_layout
@@ -176,7 +177,7 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
         raise LayoutError(f"dimension {dim!r} has zero rows: there is nothing to write")
     arrays = {n: ds[n] for n in names}
     for n, a in arrays.items():
-        if a.dtype.kind in "MmOSUV":  # stored CF-encoded or as text, then refused by the loader as not numbers
+        if a.dtype.kind in NOT_TENSORS:  # stored CF-encoded or as text, then refused by the loader as not numbers
             raise TypeError(
                 f"variable {n!r} has dtype {a.dtype}, which a tensor cannot hold: convert it to numbers "
                 f"(ds[{n!r}].astype('datetime64[s]').astype('int64') for dates), or leave it out "
@@ -245,7 +246,7 @@ def _checked_mapping(source: Mapping) -> dict:
                 "of its own if the model needs it)"
             )
         kind = getattr(np.dtype(a.dtype) if not type(a).__module__.startswith("torch") else None, "kind", "f")
-        if kind in "MmOSUV":
+        if kind in NOT_TENSORS:
             raise TypeError(
                 f"{n!r} has dtype {a.dtype}, which a tensor cannot hold: convert it to numbers first (datetimes: "
                 "a.astype('datetime64[s]').astype('int64'); categories: integer codes)"

@@ -22,12 +22,13 @@ from dataclasses import replace
 import numcodecs
 import numpy as np
 import zarr
+from zarr.abc.store import RangeByteRequest
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec
 from zarr.codecs.sharding import MAX_UINT_64, ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from zarrtorch._read.fetch import RetryPolicy, get_buffer
+from zarrtorch._read.fetch import RetryPolicy, get_buffer, with_retries, within
 from zarrtorch._util.sizes import ceil_div
 
 
@@ -175,3 +176,20 @@ async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing
     ends = entries[present, 0].astype(np.uint64) + entries[present, 1].astype(np.uint64)
     if len(ends) and int(ends.max()) > len(raw):
         raise ValueError(f"the shard's index points past its {len(raw)} bytes: it is cut short or damaged")
+
+
+FINGERPRINT_BYTES = 1 << 16  # of a chunk (or a whole shard, hundreds of MiB) hashed to tell two stores apart
+
+
+def first_bytes(arr: zarr.Array, size: int, policy: RetryPolicy | None) -> bytes | None:
+    """The first ``size`` bytes of ``arr``'s first stored object (a range request), ``None`` where it is missing."""
+    store, key = arr.store_path.store, chunk_key(arr, 0)
+
+    async def head():
+        return await store.get(key, default_buffer_prototype(), byte_range=RangeByteRequest(0, size))
+
+    try:
+        got = sync(head()) if policy is None else with_retries(lambda: within(head(), policy.timeout_s), policy)
+    except FileNotFoundError:
+        return None
+    return None if got is None else got.to_bytes()

@@ -49,13 +49,16 @@ class Packing:
             rows[missing] = np.nan
 
 
+NOT_TENSORS = "MmOSUV"  # dtype kinds a tensor cannot hold: dates, durations, objects, bytes, text, void
+
+
 def check_tensor_dtypes(arrays: Mapping[str, zarr.Array], chosen: bool) -> None:
     """Refuse arrays a tensor cannot hold (text, dates, durations, objects) before the first batch, by name:
     picked from a store by default, a text variable along time once failed inside ``torch.from_numpy``
     at the first batch, naming nothing. ``chosen``: the user named the arrays (``variables=``)."""
     for name, arr in arrays.items():
         dtype = np.dtype(arr.dtype)
-        if dtype.kind not in "MmOSUV":
+        if dtype.kind not in NOT_TENSORS:
             continue
         what = {"M": "dates", "m": "durations"}.get(dtype.kind, "text or objects")
         fix = (
@@ -64,7 +67,7 @@ def check_tensor_dtypes(arrays: Mapping[str, zarr.Array], chosen: bool) -> None:
             if dtype.kind in "Mm"
             else "encode it as numbers (category codes) and write the store again with zarrtorch.prepare_zarr"
         )
-        numeric = sorted(n for n, a in arrays.items() if np.dtype(a.dtype).kind not in "MmOSUV")
+        numeric = sorted(n for n, a in arrays.items() if np.dtype(a.dtype).kind not in NOT_TENSORS)
         leave_out = f"leave it out ({'variables=' if chosen else 'pass variables='}{numeric})"
         raise TypeError(f"array {name!r} holds {what} ({dtype}), which a tensor cannot hold: {leave_out}, or {fix}")
 

@@ -213,7 +213,7 @@ def _member(group: zarr.Group, name: str, listed: Mapping[str, zarr.Array]) -> z
 
 def _has_own_metadata(group: zarr.Group, name: str) -> bool:
     try:
-        zarr.open_array(store=group.store_path.store, path=f"{group.path}/{name}".lstrip("/"), mode="r")
+        _open_own(group.store_path.store, f"{group.path}/{name}".lstrip("/"), None, RetryPolicy())
     except Exception:
         return False
     return True
@@ -320,19 +320,18 @@ def check_consolidated(arrays: dict[str, zarr.Array], policy: RetryPolicy) -> No
         mine, theirs = _fields(arr.metadata), _fields(own) if own is not None else {}
         if own is not None and mine == theirs:
             continue
-        consolidate = _CONSOLIDATE
         if own is None:
             raise ValueError(
                 f"array {name!r} of {store_label(arr)} is listed in the group's consolidated metadata, but the "
-                "store holds no metadata of its own for it (removed or moved after the store was consolidated). "
-                f"{consolidate}"
+                f"store holds no metadata of its own for it (removed or moved after the store was consolidated). "
+                f"{_CONSOLIDATE}"
             )
         fields = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         said = "; ".join(f"{k} {mine.get(k)} where its own says {theirs.get(k)}" for k in fields[:3])
         raise ValueError(
             f"array {name!r} of {store_label(arr)}: the group's consolidated metadata says {said}. It was "
             "written before the array last changed (rows appended, a resize, new attributes), and zarr reads "
-            f"a consolidated group from it alone, so rows would be lost or read past the array's end. {consolidate}"
+            f"a consolidated group from it alone, so rows would be lost or read past the array's end. {_CONSOLIDATE}"
         )
 
 
@@ -344,13 +343,18 @@ def _fields(metadata) -> dict[str, str]:
 def _own_metadata(arr: zarr.Array, policy: RetryPolicy):
     """The array's metadata read from its own document (``zarr.json``, ``.zarray``), not the group's copy."""
 
-    def attempt():
-        opening = zarr.api.asynchronous.open_array(
-            store=arr.store_path.store, path=arr.path, mode="r", zarr_format=arr.metadata.zarr_format
-        )
-        return within(opening, policy.timeout_s).metadata
+    return _open_own(arr.store_path.store, arr.path, arr.metadata.zarr_format, policy, once=is_local(arr)).metadata
 
-    return attempt() if is_local(arr) else with_retries(attempt, policy)
+
+def _open_own(store, path: str, zarr_format: int | None, policy: RetryPolicy, once: bool = True):
+    """The array at ``path`` opened from its own metadata document, within the policy's deadline (and with its
+    retries unless ``once``)."""
+
+    def attempt():
+        opening = zarr.api.asynchronous.open_array(store=store, path=path, mode="r", zarr_format=zarr_format)
+        return within(opening, policy.timeout_s)
+
+    return attempt() if once else with_retries(attempt, policy)
 
 
 def is_local(arr: zarr.Array | zarr.Group) -> bool:
