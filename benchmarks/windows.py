@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import zarr  # noqa: E402
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
 from zarrtorch._read.chunks import chunk_key  # noqa: E402
 from zarrtorch._read.reader import PieceReader  # noqa: E402
 from zarrtorch._util.process import available_cpus  # noqa: E402
@@ -135,8 +135,8 @@ def timed_epochs(make_iter, repeats: int) -> tuple[float, int]:
     return statistics.median(rates), n
 
 
-def zarrtorch_run(path: Path, workers: int, repeats: int) -> dict:
-    ds = ZarrIterableDataset(path, windows=WINDOWS, seed=0)
+def zarrtorch_run(path: Path, workers: int, repeats: int, decode_threads: int | None = None) -> dict:
+    ds = ZarrIterableDataset(path, windows=WINDOWS, seed=0, read=ReadOptions(decode_threads=decode_threads))
     loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
     reads = []
     original = PieceReader.read_piece
@@ -258,6 +258,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--figure", default=None, help="write the block-length figure here (png)")
     p.add_argument("--data-dir", default=str(DATA), help="where the generated stores are kept")
     p.add_argument("--threads", type=int, default=available_cpus(), help="threads of the limits (default: the CPUs)")
+    p.add_argument(
+        "--decode-threads",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also zarrtorch with 0 workers and this many decode threads (default: the CPUs' share)",
+    )
     args = p.parse_args(argv)
     result = {"rows": args.rows, "stores": {}, "blocks": None}
     for chunk in args.chunks:
@@ -269,6 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
         for workers in (0, 2):
             runs[f"zarrtorch {workers}w"] = zarrtorch_run(path, workers, args.repeats)
             runs[f"step by step {workers}w"] = step_by_step_run(path, workers, args.repeats, args.step_by_step_batches)
+        for threads in args.decode_threads:
+            runs[f"zarrtorch 0w {threads}t"] = zarrtorch_run(path, 0, args.repeats, threads)
         result["stores"][chunk] = runs
         kib = np.prod(ROW_SHAPE) * 4 // 1024
         print(

@@ -703,8 +703,8 @@ def object_storage_facts() -> dict:
                     f"{server.url}/{key}", variables=["fields", "target"], read=ReadOptions(allow_shards=shards)
                 )
                 if name == "chunks":
-                    first, most = ds.in_flight_range(decode_threads=2)
-                    v |= {"os_in_flight_first": str(first), "os_in_flight_most": str(most)}
+                    most = ds.in_flight_range(decode_threads=2)[1]
+                    v |= {"os_in_flight_start": str(ds.in_flight_start(2)), "os_in_flight_most": str(most)}
                     v["os_chunk_rows"] = str(ds.chunk_rows)
                     v["os_chunk_mib"] = f"{ds.chunk_rows * ds.row_bytes / 2**20:.1f}"
                     v["os_bound_1"] = f"{ds.chunk_rows / 0.020:,.0f}"

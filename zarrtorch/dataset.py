@@ -40,7 +40,8 @@ from zarrtorch.stream import stream_batches
 from zarrtorch.window_stream import chunk_reads, held_chunks_bound, stream_windows, worker_window_batches
 from zarrtorch.windows import Windows, WindowStarts, check_rows, no_windows_message
 
-REMOTE_IN_FLIGHT = 8  # requests in flight a remote store starts with
+REMOTE_IN_FLIGHT = 8  # requests in flight a remote store keeps at least
+REMOTE_START = 32  # and starts with (a first epoch at 100 ms spent a third of its time growing from 8)
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
 MOST_IN_FLIGHT = 256  # and never more requests than this (each waits in a reading thread; benchmarks/README.md)
 
@@ -267,8 +268,8 @@ class ZarrIterableDataset(IterableDataset):
     # -- memory --------------------------------------------------------------------------------------
     def in_flight_range(self, decode_threads: int) -> tuple[int, int]:
         """(first, most) chunk reads one process decoding in ``decode_threads`` threads keeps in flight: the
-        value set, or ``decode_threads + 1`` for a local store (fixed); for a remote one from 8, grown while the
-        consumer waits for data and it pays (:mod:`zarrtorch._read.inflight`), up to what
+        value set, or ``decode_threads + 1`` for a local store (fixed); for a remote one from 32 (at least 8),
+        grown while the consumer waits for data and it pays (:mod:`zarrtorch._read.inflight`), up to what
         ``IN_FLIGHT_BYTES`` of decoded chunks hold (8 to ``MOST_IN_FLIGHT`` requests)."""
         if self.read.requests_in_flight:
             return self.read.requests_in_flight, self.read.requests_in_flight
@@ -276,6 +277,12 @@ class ZarrIterableDataset(IterableDataset):
             return decode_threads + 1, decode_threads + 1
         chunk_bytes = max(1, self.store_chunk_rows * self.row_bytes)
         return REMOTE_IN_FLIGHT, max(REMOTE_IN_FLIGHT, min(MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes))
+
+    def in_flight_start(self, decode_threads: int) -> int:
+        """Requests in flight a process starts its first epoch with (later epochs start where the last left off):
+        ``REMOTE_START`` within :meth:`in_flight_range` when adapted, else the fixed number."""
+        first, most = self.in_flight_range(decode_threads)
+        return first if first == most else min(most, max(first, REMOTE_START))
 
     def in_flight(self, decode_threads: int) -> int:
         """Chunks one process keeps read ahead at most (its reads in flight, :meth:`pieces_per_read` chunks
@@ -458,10 +465,11 @@ class ZarrIterableDataset(IterableDataset):
         first, most = self.in_flight_range(threads)
         if self._in_flight is None or (self._in_flight.first, self._in_flight.most) != (first, most):
             shared = self.epoch_state  # kept across epochs: the level found carries over, in workers too
+            found = shared.level(worker) if shared is not None else 0
             self._in_flight = InFlight(
                 first,
                 most,
-                start=shared.level(worker) if shared is not None else 0,
+                start=found or self.in_flight_start(threads),
                 on_change=partial(shared.remember_level, worker) if shared is not None else None,
             )
         if self.windows is not None:

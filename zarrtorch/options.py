@@ -22,8 +22,8 @@ class ReadOptions:
     Args:
         decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
         requests_in_flight: chunks read ahead at once per process, fixed; default ``decode_threads + 1`` for a
-            local store, and for a remote one, where each request waits for the network, from 8 up to what
-            256 MiB of decoded chunks hold (at most 256), grown while the reads wait on latency, not in a queue.
+            local store, and for a remote one, where each request waits for the network, from 32 (at least 8) up to
+            what 256 MiB of decoded chunks hold (at most 256), grown while the reads wait on latency, not in a queue.
         storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...);
             secrets among them never appear in a message.
         retry: timeout and retries for each remote request.

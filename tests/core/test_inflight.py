@@ -49,15 +49,17 @@ def levels(trace: list[tuple[float, int]]) -> list[int]:
     return [level for _, level in trace]
 
 
-@pytest.mark.parametrize("rtt", [0.02, 0.1])
-def test_a_far_store_reaches_what_littles_law_needs_within_a_few_round_trips(rtt):
-    """The consumer takes a piece every 2 ms: ``rtt / 2 ms`` reads in flight keep it busy (10 at 20 ms, 50 at 100
-    ms). Doubling at most per window of one round trip, 8 gets there in ``log2(need / 8)`` windows and more."""
-    clock, need = Clock(), math.ceil(rtt / 0.002)
-    c = InFlight(8, 128, clock=clock)
-    trace = run(c, clock, 3000, work=0.002, latency=lambda n: rtt)
+@pytest.mark.parametrize(("rtt", "work"), [(0.02, 0.002), (0.1, 0.002), (0.02, 0.0005), (0.1, 0.0005)])
+def test_a_far_store_reaches_what_littles_law_needs_within_a_few_round_trips(rtt, work):
+    """The consumer takes a piece every ``work`` s: ``rtt / work`` reads in flight keep it busy (10 to 200). While
+    it waits more than half of a window of one round trip the level may quadruple: 8 gets there in
+    ``log4(need / 8)`` windows and one more (doubling took ``log2``: 200 at 100 ms in 0.52 s, now 0.32 s)."""
+    clock, need = Clock(), math.ceil(rtt / work)
+    c = InFlight(8, 256, clock=clock)
+    trace = run(c, clock, 6000, work=work, latency=lambda n: rtt)
     reached = next(t for t, level in trace if level >= need)
-    assert reached <= (math.ceil(math.log2(need / 8)) + 2) * max(rtt, 0.05)  # windows last a round trip, >= 50 ms
+    windows = math.ceil(math.log(need / 8, 4)) + 1
+    assert reached <= windows * max(rtt, 0.05) + 1e-9  # windows last a round trip, >= 50 ms
     assert need <= c.level <= 2 * need and levels(trace) == sorted(levels(trace))  # no further, and never back
     assert c.base == pytest.approx(rtt)
 
@@ -80,24 +82,25 @@ def test_the_level_stays_between_the_first_and_the_most_the_budget_counts(most, 
 
 def test_reads_that_queue_stop_the_growth():
     """One server doing 100 reads/s: n in flight wait n x 10 ms each, and the rate stays 100/s. The level grows
-    once (nothing said the first window's reads had queued), then stops: larger levels tried do not raise the rate
-    and are undone, less and less often."""
+    once (nothing said the first window's reads had queued, and the consumer waited all of it: x4), then stops:
+    larger levels tried do not raise the rate and are undone, less and less often."""
     clock = Clock()
     c = InFlight(8, 64, clock=clock)
     seen = levels(run(c, clock, 3000, work=0.001, latency=lambda n: n * 0.01))
-    assert seen[-1] == 16 and max(seen) == 24 and Counter(seen).most_common(1)[0][0] == 16
-    tried = [i for i in range(1, len(seen)) if seen[i] > seen[i - 1] == 16]
+    assert seen[-1] == 32 and max(seen) == 48 and Counter(seen).most_common(1)[0][0] == 32
+    tried = [i for i in range(1, len(seen)) if seen[i] > seen[i - 1] == 32]
     gaps = np.diff(tried)[:6]  # pieces between tries: doubling windows, up to a cap
     assert len(gaps) == 6 and all(np.diff(gaps) > 0)
 
 
 def test_latency_that_looks_like_queueing_is_still_overlapped_while_the_rate_follows():
     """Each read waits 50 ms plus 2 ms per read in flight (a busy event loop, a scheduler): past 64 in flight the
-    latency says most reads queue, yet 96 still bring 10% more a second; 128 would not."""
+    latency says most reads queue, yet more of them still bring more a second (86: 7% more than 64); 128 brings
+    less than 10% more than 86 and is undone."""
     clock = Clock()
     c = InFlight(8, 128, clock=clock)
     seen = levels(run(c, clock, 6000, work=0.001, latency=lambda n: 0.05 + 0.002 * n))
-    assert seen[-1] == Counter(seen).most_common(1)[0][0] == 96
+    assert seen[-1] == Counter(seen).most_common(1)[0][0] and 64 < seen[-1] < 128
 
 
 def test_a_level_found_before_shrinks_once_reads_queue():

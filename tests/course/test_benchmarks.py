@@ -156,12 +156,13 @@ def test_windows_benchmark_counts_reads(tmp_path):
     out = tmp_path / "windows.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "windows.py"), "--rows", "600", "--chunks", "1", "--repeats", "1"]
     cmd += ["--blocks", "4", "64", "--trade-steps", "5000", "--step-by-step-batches", "3", "--out", str(out)]
-    cmd += ["--data-dir", str(tmp_path)]
+    cmd += ["--data-dir", str(tmp_path), "--decode-threads", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     data = json.loads(out.read_text())
     runs = data["stores"]["1"]
     assert 1.0 <= runs["zarrtorch 0w"]["decodes_per_chunk"] <= 1.1
+    assert 1.0 <= runs["zarrtorch 0w 1t"]["decodes_per_chunk"] <= 1.1  # 0 workers, one decode thread
     assert 1.0 <= runs["zarrtorch 2w"]["decodes_per_chunk"] <= 1.1
     assert runs["step by step 0w"]["decodes_per_chunk"] == 6
     assert all(runs[name]["held_mib"] > 0 for name in runs if isinstance(runs[name], dict))  # every reader's memory

@@ -13,8 +13,9 @@ waiting for them.
 * ``level x (1 - base / latency)`` of the reads in flight only waited their turn (for the cores, for the
   server): more of them would not come sooner. When the consumer waited for data and fewer than half of the
   reads queued, the round trip held them back: the level grows to what Little's law says the consumer's
-  own pace needs (``pieces per second of its busy time x latency``), at most doubled per window (slow
-  start: 8 reaches 64 in three round trips).
+  own pace needs (``pieces per second of its busy time x latency``), at most doubled per window, or
+  quadrupled when the consumer waited more than half the window (slow start: 8 reaches 128 in two round
+  trips; doubling took four, a third of a first epoch of 100,000 rows at 100 ms, ``benchmarks/README.md``).
 * When the consumer waited but more than half of the reads queued, a level is tried: x0.75 when more than three
   quarters queued (something else limits the reads: the cores, the server), kept unless the rate fell by 10%;
   otherwise, or after a smaller one failed, x1.5 (latency from a busy event loop or scheduler looks like
@@ -36,6 +37,7 @@ import statistics
 import time
 
 WAITED = 0.05  # share of a window's time the consumer waited for data before a larger level is tried
+STARVED = 0.5  # share of a window's time the consumer waited for data before the level may quadruple
 FEW_QUEUED = 0.5  # grow while fewer than this share of the level queued (or 2 reads)
 MANY_QUEUED = 0.75  # shrink when more than this share of the level queued
 SPARE = 4  # shrink when the consumer did not wait and the level is more than this times what its rate needs
@@ -110,7 +112,8 @@ class InFlight:
         if starved and queued < max(2, FEW_QUEUED * self.level):
             busy = max(elapsed - waited, elapsed / 64)  # the consumer's own time: its pace without waiting
             needed = math.ceil(self._pieces / busy * latency)  # Little's law
-            return min(self.most, 2 * self.level, max(self.level + 1, needed))
+            step = 4 if waited > STARVED * elapsed else 2
+            return min(self.most, step * self.level, max(self.level + 1, needed))
         if not starved:
             if self.level > SPARE * rate * latency:
                 return max(self.first, math.floor(self.level * 0.75))
