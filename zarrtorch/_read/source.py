@@ -367,9 +367,18 @@ def all_local(arrays: dict[str, zarr.Array]) -> bool:
     return all(is_local(a) for a in arrays.values())
 
 
+_INHERITED: list[list[zarr.Array]] = []  # a parent's remote arrays, forked into this process: never collected here
+
+
 def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     """The arrays with each remote one rebuilt from its description, so that this process opens its own
-    connections (fsspec and obstore create a fresh session when a store is unpickled in a new process)."""
+    connections (fsspec and obstore create a fresh session when a store is unpickled in a new process).
+
+    The parent's copies are kept, not dropped: collecting one in a forked worker ran fsspec's finalizer on the
+    parent's session, which closed its connections through the epoll set the fork shares, so the parent's
+    loop stopped watching them and its next read on one hung; aiohttp also printed "Unclosed client session",
+    once per worker and epoch (28 times in one benchmark run on a node)."""
+    _INHERITED.append([a for a in arrays.values() if not is_local(a)])
     return {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}
 
 

@@ -1,0 +1,48 @@
+"""A forked worker opens its own connections to a remote store (``source.for_this_process``) and leaves the
+parent's session alone: collecting the parent's copy there ran fsspec's finalizer on it, which closed the
+parent's connections through the event loop's epoll set, shared across a fork: the parent's next read on them
+never got an answer (its loop no longer watched the sockets), and aiohttp printed "Unclosed client session" with
+each connection, once per worker and epoch (seen on a node). The parent reads after the child here: without the
+fix this hangs until the subprocess times out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+from zarrtorch import prepare_zarr
+from zarrtorch.course.servers import HttpStoreServer
+
+CHILD = textwrap.dedent(
+    """
+    import gc, os, sys
+    from zarrtorch import ZarrIterableDataset
+    from zarrtorch._read.source import for_this_process
+
+    ds = ZarrIterableDataset(sys.argv[1], seed=0)
+    next(iter(ds.arrays.values()))[0:1]  # a read: the parent's session and its connections exist
+    pid = os.fork()
+    if pid == 0:
+        fresh = for_this_process(ds.arrays)
+        ds.arrays = fresh  # what a worker does as its epoch starts
+        gc.collect()
+        print("rows", int(next(iter(fresh.values()))[0:8].sum()), flush=True)  # its own session reads
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print("parent rows", int(next(iter(ds.arrays.values()))[0:8].sum()), flush=True)  # the parent's still does
+    """
+)
+
+
+def test_a_forked_process_leaves_the_parents_session_alone(tmp_path):
+    prepare_zarr({"x": np.arange(64, dtype=np.int64)}, tmp_path / "s.zarr", chunk_rows=8)
+    with HttpStoreServer(tmp_path) as server:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, f"{server.url}/s.zarr"], capture_output=True, text=True, timeout=60
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Unclosed" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["rows", "28", "parent", "rows", "28"]
