@@ -33,7 +33,8 @@ DATA=$(mktemp -d /tmp/zarrtorch-bench.XXXX)
 timeout 270 $PY benchmarks/windows.py --rows "${WINDOW_ROWS:-20000}" --chunks 1 16 --repeats 3 --blocks 16 --trade-steps 8760 \
   --decode-threads 4 8 --data-dir "$DATA" --out "$OUT/windows.json" 2>&1 | tee "$OUT/windows.log"
 
-# issue 24: rows/s at 0, 20 and 100 ms per request, 0 and 2 workers, the default against fixed settings
+# issue 24: rows/s at 0, 20 and 100 ms per request, 0 and 2 workers, with default settings; then a bare aiohttp
+# client with 256 and 512 requests at once against the same servers: what the server gives, without the loader
 timeout 270 $PY benchmarks/remote.py --rows "${REMOTE_ROWS:-100000}" --delay-ms 0 20 100 --in-flight --workers 0 2 --repeats 3 \
-  --verbose --json "$OUT/remote.json" 2>&1 | tee "$OUT/remote.log"
+  --plain-client 256 512 --verbose --json "$OUT/remote.json" 2>&1 | tee "$OUT/remote.log"
 rm -rf "$DATA"

@@ -29,6 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+import zarr
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,6 +69,43 @@ def rows_per_second(
     return statistics.median(rates)
 
 
+def chunk_keys(store: Path) -> list[str]:
+    """Every chunk object of ``store``, as keys under the folder the server serves."""
+    metadata = {"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"}
+    found = (p for p in store.rglob("*") if p.is_file() and p.name not in metadata)
+    return sorted(str(p.relative_to(store.parent)) for p in found)
+
+
+def plain_client_rate(url: str, keys: list[str], in_flight: int, requests: int) -> float:
+    """Requests/s of a bare aiohttp client keeping ``in_flight`` chunk requests going, after one untimed round
+    that opens its connections: no zarr, no decoding, no loader. Run in a process of its own, it says what the
+    stand-in server and one client event loop give at most, so that a loader's shortfall can be placed."""
+    import asyncio
+
+    import aiohttp
+
+    async def measure() -> float:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def fetch(i: int) -> None:
+                async with session.get(f"{url}/{keys[i % len(keys)]}") as response:
+                    response.raise_for_status()
+                    await response.read()
+
+            await asyncio.gather(*(fetch(i) for i in range(in_flight)))  # connections open: not timed
+            todo = iter(range(in_flight, in_flight + requests))
+
+            async def one_after_another() -> None:
+                for i in todo:
+                    await fetch(i)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one_after_another() for _ in range(in_flight)))
+            return requests / (time.perf_counter() - start)
+
+    return asyncio.run(measure())
+
+
 def summary(values: list[float], digits: int = 0) -> str:
     """Median and spread (lowest-highest) of the repeats."""
     if len(values) == 1:
@@ -99,6 +137,14 @@ def main(argv: list[str] | None = None) -> dict:
         default=1,
         help="with --server asyncio: processes answering from one socket (one loop answers about 1,300 requests/s "
         "on a 16-core node, fewer than a bucket; more processes take cores from the client on a small machine)",
+    )
+    p.add_argument(
+        "--plain-client",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also measure a bare aiohttp client in a process of its own (no decoding) against each delayed server, "
+        "with this many requests at once: the most the server and one client loop give",
     )
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--verbose", action="store_true", help="print each epoch's rows/s and requests in flight")
@@ -132,6 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
 
                 rate = rows_per_second(source, n, workers=workers, log=log if args.verbose else None, **kw)
                 rates[workers, delay, label[n]].append(rate)
+        plain = plain_clients(store, hosts, args.plain_client, args.repeats)
     answered = {f"{d:g}": sum(host.requests.values()) for d, host in hosts.items()}  # every read reached it
     print(
         f"rows/s through ZarrDataLoader ({args.threads or 'default'} decode threads, batch {args.batch_size}); "
@@ -157,9 +204,42 @@ def main(argv: list[str] | None = None) -> dict:
             )
         where = "local disk" if delay is None else f"HTTP {delay:g} ms"
         print(f"{f'{workers} workers, {where}':>26}" + "".join(cells))
+    if plain:
+        arrays = len({Path(k).parts[1] for k in chunk_keys(store)})
+        rows_per_request = zarr.open_array(store / sorted(zarr.open_group(store).array_keys())[0]).chunks[0] / arrays
+        print(
+            f"a bare aiohttp client in a process of its own, no decoding ({arrays} array(s): rows per request "
+            f"{rows_per_request:g}); median [lowest-highest] of {args.repeats}:"
+        )
+        for (delay, in_flight), values in plain.items():
+            rows_s = [v * rows_per_request for v in values]
+            print(f"  {delay:g} ms, {in_flight} at once: {summary(values)} requests/s = {summary(rows_s)} rows/s")
+        results["plain_client"] = [
+            {"delay_ms": d, "in_flight": n, "requests_per_s": v, "rows_per_s": [x * rows_per_request for x in v]}
+            for (d, n), v in plain.items()
+        ]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return results
+
+
+def plain_clients(store: Path, hosts: dict, in_flight: list[int], repeats: int) -> dict:
+    """Requests/s of :func:`plain_client_rate` for each delayed server and number at once, ``repeats`` times."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    if not in_flight:
+        return {}
+    keys = chunk_keys(store)
+    out: dict = {}
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:  # its own interpreter and loop
+        for _ in range(repeats):
+            for delay, host in hosts.items():
+                for n in in_flight:
+                    requests = max(len(keys), 8 * n, 1000)
+                    rate = pool.submit(plain_client_rate, host.url, keys, n, requests).result()
+                    out.setdefault((delay, n), []).append(rate)
+    return out
 
 
 if __name__ == "__main__":

@@ -133,6 +133,8 @@ def test_remote_latency_table(tmp_path):
         "8",
         "--workers",
         "0",
+        "--plain-client",
+        "2",
         "--json",
         str(out),
     ]
@@ -146,6 +148,10 @@ def test_remote_latency_table(tmp_path):
     assert all(bool(r["ratio"]) == (r["delay_ms"] == 5.0) for r in rows.values())  # a ratio to 0 ms where delayed
     chunk_requests = 2 * 6 * data["epochs"] * 3 * 2  # arrays x chunks x epochs x settings x repeats
     assert set(data["requests"]) == {"0", "5"} and all(n >= chunk_requests for n in data["requests"].values())
+    plain = {(r["delay_ms"], r["in_flight"]): r for r in data["plain_client"]}  # the bare client, 2 at once
+    assert set(plain) == {(0.0, 2), (5.0, 2)} and all(len(r["requests_per_s"]) == 2 for r in plain.values())
+    assert 0 < min(plain[5.0, 2]["requests_per_s"]) and max(plain[5.0, 2]["requests_per_s"]) <= 2 / 0.005  # Little
+    assert plain[5.0, 2]["rows_per_s"][0] == plain[5.0, 2]["requests_per_s"][0] * 16 / 2  # 16-row chunks, 2 arrays
 
 
 @pytest.mark.slow
