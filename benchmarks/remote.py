@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--server-processes",
         type=int,
         default=1,
-        help="with --server asyncio: processes answering from one socket (one loop answers about 1,300 requests/s "
-        "on a 16-core node, fewer than a bucket; more processes take cores from the client on a small machine)",
+        help="with --server asyncio: processes answering from one socket (4 changed nothing beyond the spread on "
+        "a 16-core node, benchmarks/README.md; more processes take cores from the client on a small machine)",
     )
     p.add_argument(
         "--plain-client",

@@ -296,8 +296,8 @@ def _serve_asyncio(root: Path, delay_s: float, processes: int = 1) -> dict[str, 
     """The same answers as :class:`HttpStoreServer` (GET, HEAD, byte ranges, a delay per request) from aiohttp
     event loops: a request waiting out its delay costs a timer, not a thread, as in an object store that answers
     thousands at once. ``processes`` loops, each in a process forked before any loop starts, accept from one
-    listening socket (one loop answers about 1,300 requests/s on a 16-core node: fewer than a bucket). Prints
-    the URL, serves until stdin ends, returns the answers per key of all of them."""
+    listening socket (``benchmarks/remote.py --plain-client`` measures what they answer). Prints the URL, serves
+    until stdin ends, returns the answers per key of all of them."""
     import asyncio
     import json
     import signal
