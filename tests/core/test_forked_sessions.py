@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from zarrtorch import prepare_zarr
 from zarrtorch.course.servers import HttpStoreServer
@@ -46,3 +47,43 @@ def test_a_forked_process_leaves_the_parents_session_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Unclosed" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.split() == ["rows", "28", "parent", "rows", "28"]
+
+
+CACHED_ONLY = textwrap.dedent(
+    """
+    import gc, os, sys
+    from zarrtorch import ReadOptions, RetryPolicy, ZarrDataLoader, ZarrIterableDataset
+
+    def rows():
+        ds = ZarrIterableDataset(sys.argv[1], seed=0, read=ReadOptions(retry=RetryPolicy(timeout_s=3, retries=0)))
+        return sum(len(b["x"]) for b in ZarrDataLoader(ds, batch_size=16))
+
+    print("before", rows(), flush=True)  # the dataset is gone: its filesystem stays in fsspec's cache alone
+    pid = os.fork()
+    if pid == 0:  # fsspec clears its cache in a forked child: a collection there finds the parent's filesystem
+        gc.collect()
+        sys.exit(0) if sys.argv[2] == "exit" else os._exit(0)  # a normal exit runs fsspec's finalizers too
+    os.waitpid(pid, 0)
+    print("after", rows(), flush=True)  # the same filesystem, from the cache, and its kept-alive connections
+    """
+)
+
+
+@pytest.mark.parametrize("child_ends", ["exit", "_exit"])
+def test_a_forked_process_never_closes_the_parents_connections(tmp_path, child_ends):
+    """A filesystem that only fsspec's instance cache held is collected in a forked child (fsspec clears that
+    cache there), or finalized at its normal exit: closing its connections there unregistered the parent's
+    sockets from the shared epoll set, and the parent's next read timed out (a break-test: a worker's own
+    garbage collection failed the main process's evaluation). The connector zarrtorch gives a session now
+    closes connections only in the process that opened them."""
+    prepare_zarr({"x": np.arange(64, dtype=np.int64)}, tmp_path / "s.zarr", chunk_rows=8)
+    with HttpStoreServer(tmp_path) as server:
+        proc = subprocess.run(
+            [sys.executable, "-c", CACHED_ONLY, f"{server.url}/s.zarr", child_ends],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Unclosed" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["before", "64", "after", "64"]
