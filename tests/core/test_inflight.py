@@ -103,6 +103,27 @@ def test_latency_that_looks_like_queueing_is_still_overlapped_while_the_rate_fol
     assert seen[-1] == Counter(seen).most_common(1)[0][0] and 64 < seen[-1] < 128
 
 
+def test_a_server_that_answers_a_few_at_a_time_is_seen_in_the_first_burst():
+    """A server answering 10 reads at a time, 20 ms each (500 a second): the epoch starts 32 reads at once, which
+    come back in waves (10 after 20 ms, 10 after 40, ...), and then every read waits its turn (level / 500 s). The
+    median of that first window is already queued; taken as the unqueued round trip, it hid the queue and the
+    level climbed to the most (a break-test, on a real server; here 128 and more). Its quickest tenth shows the
+    round trip: the level stays near where it started, trying a larger one now and then (x1.5, undone)."""
+    clock = Clock()
+    c = InFlight(8, 256, start=32, clock=clock)
+    for k in range(32):  # the first burst, consumed as it arrives
+        lat = 0.02 * (k // 10 + 1)
+        clock.now = lat
+        c.consumed(0.02 if k % 10 == 0 else 0.0, lat)
+    seen = []
+    for _ in range(3000):  # then a read every 2 ms, each waiting behind the level's others
+        lat = c.level / 500
+        clock.now += 0.002
+        c.consumed(0.0019, lat)  # the consumer waits for nearly every piece
+        seen.append(c.level)
+    assert c.base == pytest.approx(0.02) and max(seen) <= 64 and Counter(seen).most_common(1)[0][0] <= 36
+
+
 def test_a_level_found_before_shrinks_once_reads_queue():
     """A far store, then (the next epoch) its server saturates at 100 reads/s: past 10 in flight reads only wait
     their turn."""

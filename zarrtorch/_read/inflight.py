@@ -7,8 +7,10 @@ either too few for a far store or too many for a near one.
 
 :class:`InFlight` decides once per window of pieces (at least one round trip), as TCP Vegas does, from
 what the window saw: the median time a read took from request to data (``latency``), the quickest such
-median so far (``base``: a read without queueing), the rate the consumer took pieces and the time it spent
-waiting for them.
+median so far (``base``: a read without queueing; in a process's first window, which starts with a burst of
+reads, its quickest tenth: a server that answers a few at a time answered those first, and the median of a
+burst already queued made queueing invisible, so the level climbed to ``most``, found by a break-test),
+the rate the consumer took pieces and the time it spent waiting for them.
 
 * ``level x (1 - base / latency)`` of the reads in flight only waited their turn (for the cores, for the
   server): more of them would not come sooner. When the consumer waited for data and fewer than half of the
@@ -83,7 +85,10 @@ class InFlight:
         latency = statistics.median(self._latencies)
         if elapsed < max(MIN_WINDOW_S, latency) or latency <= 0:
             return
-        self.base = latency if self.base is None else min(self.base, latency)
+        if self.base is None:  # the first window starts with a burst: its quickest reads were not queued
+            self.base = min(latency, sorted(self._latencies)[len(self._latencies) // 10])
+        else:
+            self.base = min(self.base, latency)
         before = self.level
         self.level = self._decide(elapsed, latency)
         if self.level != before and self.on_change is not None:

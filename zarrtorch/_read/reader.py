@@ -92,6 +92,7 @@ class PieceReader:
         self.early, self.after_last = early, after_last
         self.secrets = secrets  # storage options never shown in a message (zarrtorch._read.source.redact)
         self._pool: ThreadPoolExecutor | None = None  # the reading threads, once started
+        self._early_times: dict = {}  # reads started early over HTTP -> [requested, done]
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
         self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
         self._keys = {name: chunk_keys(arr) for name, arr in arrays.items()}  # chunk -> store key
@@ -216,7 +217,10 @@ class PieceReader:
             self._pool = pool = _reading_pool(self.threads)
 
             def submit(read, a, b):
-                return self._fetch_then_decode(pool.submit, [(a, b)], [time.monotonic(), None], read)
+                times = [time.monotonic(), None]
+                future = self._fetch_then_decode(pool.submit, [(a, b)], times, read)
+                self._early_times[future] = times  # the burst's round trips count too (inflight.py)
+                return future
 
             self.early = EarlyReads(submit, self.read_piece, pieces[: self.prefetch])
             return
@@ -236,7 +240,7 @@ class PieceReader:
         # reads started early, as futures held only here: each chunk is freed once its piece is consumed
         early = self.early if own else None
         pending: deque = deque(early.take_leading(pieces[len(ready) :]) if early is not None else ())
-        self.early = None
+        early_times, self._early_times, self.early = self._early_times, {}, None
         if len(pieces) == 0:
             return
         threads = reading_threads(self.threads, self.in_flight.most)
@@ -250,7 +254,8 @@ class PieceReader:
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         todo = map(tuple, np.asarray(pieces[len(ready) + len(pending) :]).tolist())  # (start, stop) as ints
 
-        timing: dict = {}  # future -> [requested, done] (monotonic seconds), for the requests in flight
+        timing: dict = {f: early_times[f] for f in pending if f in early_times}  # future -> [requested, done]
+        del early_times  # (monotonic seconds), for the requests in flight; the others' futures are not held
         group = self.pieces_per_read
 
         def timed(task: list, times: list) -> _Read:
