@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
 
                 rate = rows_per_second(source, n, workers=workers, log=log if args.verbose else None, **kw)
                 rates[workers, delay, label[n]].append(rate)
-        plain = plain_clients(store, hosts, args.plain_client, args.repeats)
+        keys = chunk_keys(store)
+        plain = plain_clients(keys, hosts, args.plain_client, args.repeats)
     answered = {f"{d:g}": sum(host.requests.values()) for d, host in hosts.items()}  # every read reached it
     print(
         f"rows/s through ZarrDataLoader ({args.threads or 'default'} decode threads, batch {args.batch_size}); "
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         where = "local disk" if delay is None else f"HTTP {delay:g} ms"
         print(f"{f'{workers} workers, {where}':>26}" + "".join(cells))
     if plain:
-        arrays = len({Path(k).parts[1] for k in chunk_keys(store)})
+        arrays = len({Path(k).parts[1] for k in keys})
         rows_per_request = zarr.open_array(store / sorted(zarr.open_group(store).array_keys())[0]).chunks[0] / arrays
         print(
             f"a bare aiohttp client in a process of its own, no decoding ({arrays} array(s): rows per request "
@@ -223,14 +224,13 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def plain_clients(store: Path, hosts: dict, in_flight: list[int], repeats: int) -> dict:
+def plain_clients(keys: list[str], hosts: dict, in_flight: list[int], repeats: int) -> dict:
     """Requests/s of :func:`plain_client_rate` for each delayed server and number at once, ``repeats`` times."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     if not in_flight:
         return {}
-    keys = chunk_keys(store)
     out: dict = {}
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:  # its own interpreter and loop
         for _ in range(repeats):

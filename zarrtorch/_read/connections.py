@@ -11,6 +11,7 @@ at 100 ms per request, 1,000 (or 100) requests per second whatever the level. Me
 
 from __future__ import annotations
 
+import functools
 import os
 
 S3_POOL = 512  # connections per process and store for s3://: more than the requests in flight of a few arrays
@@ -25,9 +26,7 @@ async def unbounded_http_client(**kwargs):
     return aiohttp.ClientSession(**kwargs)
 
 
-_OWN_CONNECTIONS: list[type] = []
-
-
+@functools.cache
 def _own_connections_class() -> type:
     """aiohttp's TCPConnector, closing its connections only in the process that opened them.
 
@@ -38,30 +37,28 @@ def _own_connections_class() -> type:
     garbage collection made the main process's evaluation time out; aiohttp also printed "Unclosed client
     session" there, once per worker and epoch). In another process the connector counts as closed and closes
     nothing: its sockets are the parent's to close."""
-    if not _OWN_CONNECTIONS:
-        import aiohttp
+    import aiohttp
 
-        class OwnConnections(aiohttp.TCPConnector):
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                self._opened_in = os.getpid()
+    class OwnConnections(aiohttp.TCPConnector):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._opened_in = os.getpid()
 
-            @property
-            def closed(self) -> bool:  # in another process: closed, so its session says so and is never used
-                return self._closed or os.getpid() != self._opened_in
+        @property
+        def closed(self) -> bool:  # in another process: closed, so its session says so and is never used
+            return self._closed or os.getpid() != self._opened_in
 
-            def _close(self, *args, **kwargs):
-                if os.getpid() != self._opened_in:
-                    self._closed = True
-                    return []
-                return super()._close(*args, **kwargs)
+        def _close(self, *args, **kwargs):
+            if os.getpid() != self._opened_in:
+                self._closed = True
+                return []
+            return super()._close(*args, **kwargs)
 
-            def __del__(self, *args, **kwargs):  # nor "Unclosed connector" about another process's connections
-                if os.getpid() == self._opened_in:
-                    super().__del__(*args, **kwargs)
+        def __del__(self, *args, **kwargs):  # nor "Unclosed connector" about another process's connections
+            if os.getpid() == self._opened_in:
+                super().__del__(*args, **kwargs)
 
-        _OWN_CONNECTIONS.append(OwnConnections)
-    return _OWN_CONNECTIONS[0]
+    return OwnConnections
 
 
 def with_connection_pool(url: str, storage_options: dict | None) -> dict | None:

@@ -34,6 +34,13 @@ def reading_threads(threads: int, prefetch: int) -> int:
     return 1 if max(1, threads) == 1 and prefetch <= 1 else max(threads, prefetch - 1)
 
 
+def _timed(read: Callable, a: int, b: int, times: list):
+    """``read(a, b)`` in a reading thread, noting when its data is there (``times[1]``) for the requests in flight."""
+    data = read(a, b)
+    times[1] = time.monotonic()
+    return data
+
+
 def _reading_pool(threads: int) -> ThreadPoolExecutor:
     """An epoch's reading threads, named so that profiles and ``--by-thread`` tell them apart."""
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="zarrtorch-read")
@@ -213,19 +220,19 @@ class PieceReader:
         threads = reading_threads(self.threads, self.in_flight.most)
         if self.early is not None or len(pieces) == 0 or (threads == 1 and self.in_flight.most <= 1):
             return
-        if self._fetch_ahead:  # requested now, decoded in the decode threads as they arrive
-            self._pool = pool = _reading_pool(self.threads)
+        fetch_ahead = self._fetch_ahead  # requested now, decoded in the decode threads as they arrive
+        self._pool = pool = _reading_pool(self.threads if fetch_ahead else threads)  # the epoch's
 
-            def submit(read, a, b):
-                times = [time.monotonic(), None]
+        def submit(read, a, b):
+            times = [time.monotonic(), None]
+            if fetch_ahead:
                 future = self._fetch_then_decode(pool.submit, [(a, b)], times, read)
-                self._early_times[future] = times  # the burst's round trips count too (inflight.py)
-                return future
+            else:
+                future = pool.submit(_timed, read, a, b, times)
+            self._early_times[future] = times  # the burst's round trips count too (inflight.py)
+            return future
 
-            self.early = EarlyReads(submit, self.read_piece, pieces[: self.prefetch])
-            return
-        self._pool = _reading_pool(threads)  # the epoch's
-        self.early = EarlyReads(self._pool.submit, self.read_piece, pieces[: self.prefetch])
+        self.early = EarlyReads(submit, self.read_piece, pieces[: self.prefetch])
 
     def iter_pieces(
         self, pieces: np.ndarray, ready: list | None = None, read: Callable[[int, int], object] | None = None
@@ -254,8 +261,9 @@ class PieceReader:
         handed_over = False  # the threads run reads submitted by after_last: let them finish
         todo = map(tuple, np.asarray(pieces[len(ready) + len(pending) :]).tolist())  # (start, stop) as ints
 
-        timing: dict = {f: early_times[f] for f in pending if f in early_times}  # future -> [requested, done]
-        del early_times  # (monotonic seconds), for the requests in flight; the others' futures are not held
+        # future -> [requested, done] (monotonic seconds) of the requests in flight, the early ones taken here too
+        timing: dict = {f: early_times[f] for f in pending if f in early_times}
+        del early_times  # early reads not taken here are not held
         group = self.pieces_per_read
 
         def timed(task: list, times: list) -> _Read:

@@ -377,7 +377,9 @@ def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     The parent's copies are kept, not dropped: collecting one in a forked worker ran fsspec's finalizer on the
     parent's session, which closed its connections through the epoll set the fork shares, so the parent's
     loop stopped watching them and its next read on one hung; aiohttp also printed "Unclosed client session",
-    once per worker and epoch (28 times in one benchmark run on a node)."""
+    once per worker and epoch (28 times in one benchmark run on a node). The loader's own HTTP sessions never
+    close in another process (:func:`zarrtorch._read.connections._own_connections_class`); this covers the
+    sessions that ``storage_options`` choose (their own client or connector, s3)."""
     _INHERITED.append([a for a in arrays.values() if not is_local(a)])
     return {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}
 
