@@ -112,7 +112,7 @@ class EpochIterator:
             if self._stop_ahead is not None and not self._stop_ahead(timeout_s=30.0, quiet=True):
                 raise
             stalled = loader._stalled(self._inner, exc)
-            if stop_workers(loader, self._inner):
+            if stop_workers(loader, self._inner, stuck=stalled is not None):
                 if stalled is not None:
                     raise stalled from None
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
@@ -150,7 +150,7 @@ class EpochIterator:
                     worker.kill()
             self._stop_ahead(timeout_s=30.0, quiet=True)
         with contextlib.suppress(Exception):
-            stop_workers(loader, inner)
+            stop_workers(loader, inner, stuck=True)
         return error
 
     @property
