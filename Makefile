@@ -51,6 +51,7 @@ bench: setup
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/resume_first_batch.py
 	$(PY) benchmarks/remote.py
+	$(PY) benchmarks/head_of_line.py
 	$(PY) benchmarks/windows.py --figure benchmarks/windows.png
 
 ## zarrtorch against the loaders its users would pick instead (LitData, MosaicML Streaming, xbatcher, torchdata,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The measurements still owed on a many-core node (issues 24 and 25), in one call that fits a 15-minute loan.
+# The measurements still owed on a many-core node (issue 24 first; issue 25's windows last), in one call that fits a
+# 15-minute loan.
 #
 # A node of this workplace has Python 3.12 with torch, aiohttp and fsspec, but not zarr: carry its wheels.
 # Once, here, in the repository root:
@@ -28,13 +29,17 @@ export PYTHONUNBUFFERED=1
 } 2>&1 | tee "$OUT/versions.txt"
 DATA=$(mktemp -d /tmp/zarrtorch-bench.XXXX)
 
-# issue 25: windows/s against the decode limit, one-step and 16-step chunks, epochs of 20,000 steps
-# and with 0 workers in 4 and 8 decode threads besides the default (the CPUs: does one process's GIL limit it?)
-timeout 270 $PY benchmarks/windows.py --rows "${WINDOW_ROWS:-20000}" --chunks 1 16 --repeats 3 --blocks 16 --trade-steps 8760 \
-  --decode-threads 4 8 --data-dir "$DATA" --out "$OUT/windows.json" 2>&1 | tee "$OUT/windows.log"
-
 # issue 24: rows/s at 0, 20 and 100 ms per request, 0 and 2 workers, with default settings; then a bare aiohttp
 # client with 256 and 512 requests at once against the same servers: what the server gives, without the loader
 timeout 270 $PY benchmarks/remote.py --rows "${REMOTE_ROWS:-100000}" --delay-ms 0 20 100 --in-flight --workers 0 2 --repeats 3 \
   --plain-client 256 512 --verbose --json "$OUT/remote.json" 2>&1 | tee "$OUT/remote.log"
+
+# issue 24: reads handed out in order against a latency tail (no server): held = level against 2-4 x the level
+timeout 100 $PY benchmarks/head_of_line.py --pieces 6000 --repeats 3 2>&1 | tee "$OUT/head_of_line.log"
+
+# issue 25: windows/s against the decode limit, one-step and 16-step chunks, epochs of 20,000 steps
+# and with 0 workers in 4 and 8 decode threads besides the default (the CPUs: does one process's GIL limit it?)
+timeout 180 $PY benchmarks/windows.py --rows "${WINDOW_ROWS:-20000}" --chunks 1 16 --repeats 3 --blocks 16 --trade-steps 8760 \
+  --decode-threads 4 8 --data-dir "$DATA" --out "$OUT/windows.json" 2>&1 | tee "$OUT/windows.log"
+
 rm -rf "$DATA"

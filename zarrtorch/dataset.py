@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packings, stack_columns
 from zarrtorch._read.early import EarlyReads, reads_early
-from zarrtorch._read.inflight import InFlight
+from zarrtorch._read.inflight import HOLD, InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import all_local, for_this_process, is_local, open_arrays, secrets_of, store_label
 from zarrtorch._read.static import static_array
@@ -43,7 +43,7 @@ from zarrtorch.windows import Windows, WindowStarts, check_rows, no_windows_mess
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store keeps at least
 REMOTE_START = 32  # and starts with (a first epoch at 100 ms spent a third of its time growing from 8)
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
-MOST_IN_FLIGHT = 256  # and never more requests than this (each waits in a reading thread; benchmarks/README.md)
+MOST_IN_FLIGHT = 256  # and never more requests on the wire than this (benchmarks/README.md)
 
 THROUGH_THE_LOADER = (
     "iterate a ZarrIterableDataset through zarrtorch.ZarrDataLoader(dataset, batch_size=...): the loader "
@@ -278,6 +278,16 @@ class ZarrIterableDataset(IterableDataset):
         chunk_bytes = max(1, self.store_chunk_rows * self.row_bytes)
         return REMOTE_IN_FLIGHT, max(REMOTE_IN_FLIGHT, min(MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes))
 
+    def pieces_ahead_most(self, decode_threads: int) -> int:
+        """Pieces one process may hold read ahead, on the wire or finished and waiting their turn: the fixed
+        number, or for an adapted one ``HOLD`` x its most (:attr:`~zarrtorch._read.inflight.InFlight.held`)
+        within what ``IN_FLIGHT_BYTES`` of decoded chunks hold."""
+        first, most = self.in_flight_range(decode_threads)
+        if first == most:
+            return most
+        chunk_bytes = max(1, self.store_chunk_rows * self.row_bytes)
+        return max(most, min(HOLD * MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes))
+
     def in_flight_start(self, decode_threads: int) -> int:
         """Requests in flight a process starts its first epoch with (later epochs start where the last left off):
         ``REMOTE_START`` within :meth:`in_flight_range` when adapted, else the fixed number."""
@@ -285,9 +295,9 @@ class ZarrIterableDataset(IterableDataset):
         return first if first == most else min(most, max(first, REMOTE_START))
 
     def in_flight(self, decode_threads: int) -> int:
-        """Chunks one process keeps read ahead at most (its reads in flight, :meth:`pieces_per_read` chunks
-        each): what the memory budget counts."""
-        return self.in_flight_range(decode_threads)[1] * self.pieces_per_read()
+        """Chunks one process keeps read ahead at most (its reads in flight and those waiting their turn,
+        :meth:`pieces_per_read` chunks each): what the memory budget counts."""
+        return self.pieces_ahead_most(decode_threads) * self.pieces_per_read()
 
     def pieces_per_read(self) -> int:
         """Consecutive pieces (one chunk each) a reading thread reads per task: 1, or for a local store
@@ -469,6 +479,7 @@ class ZarrIterableDataset(IterableDataset):
             self._in_flight = InFlight(
                 first,
                 most,
+                most_held=self.pieces_ahead_most(threads),
                 start=found or self.in_flight_start(threads),
                 on_change=partial(shared.remember_level, worker) if shared is not None else None,
             )

@@ -233,7 +233,7 @@ def stream_windows(
     chunk_rows = reader.chunk_rows
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
     columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
-    in_flight = reader.in_flight.most * reader.pieces_per_read  # taken by reads not yet handed over
+    in_flight = reader.in_flight.most_held * reader.pieces_per_read  # taken by reads not yet handed over
     held_most = min(max(reads.most_held, held_slots), starts.chunks_reached(int(offsets[-1]) + 1, chunk_rows))
     slots = held_most + in_flight + reader.pieces_per_read  # one chunk is held in one slot at a time
     held = HeldChunks(columns, chunk_rows, slots, make=held_arrays)

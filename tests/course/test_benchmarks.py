@@ -154,6 +154,16 @@ def test_remote_latency_table(tmp_path):
     assert plain[5.0, 2]["rows_per_s"][0] == plain[5.0, 2]["requests_per_s"][0] * 16 / 2  # 16-row chunks, 2 arrays
 
 
+def test_head_of_line_model_hands_every_piece_out_in_order():
+    """benchmarks/head_of_line.py on a short run: every setting measured in every repeat, each run's pieces handed
+    out in order (the script checks it), over the latencies it says it drew."""
+    import head_of_line
+
+    out = head_of_line.main(["--pieces", "200", "--level", "16", "--base-ms", "5", "--tail-ms", "1", "--repeats", "2"])
+    assert len(out["rates"]) == 5 and all(len(r) == 2 and min(r) > 0 for r in out["rates"].values())
+    assert 5 < out["latency_ms"]["p50"] < out["latency_ms"]["p90"] < out["latency_ms"]["p99"]
+
+
 @pytest.mark.slow
 def test_windows_benchmark_counts_reads(tmp_path):
     """benchmarks/windows.py on a small generated store: zarrtorch reads each one-step chunk about once per
@@ -214,7 +224,8 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
     a benchmark script is one that script's argument parser defines."""
     script = (ROOT / "benchmarks" / "node.sh").read_text()
     calls = re.findall(r"(benchmarks/\w+\.py)((?:[^\n]|\\\n)*)", script)
-    assert {name for name, _ in calls} == {"benchmarks/windows.py", "benchmarks/remote.py"}
+    scripts = {"benchmarks/windows.py", "benchmarks/remote.py", "benchmarks/head_of_line.py"}
+    assert {name for name, _ in calls} == scripts
     for name, args in calls:
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))

@@ -150,13 +150,13 @@ def test_inline_commands_exist():
 
 def test_memory_formula_is_the_loaders():
     """The formula the memory slide shows, evaluated with a dataset's own numbers, equals
-    ``worker_memory_bytes``: from disk and by URL (where the requests in flight are not ``decode_threads + 1``:
+    ``worker_memory_bytes``: from disk and by URL (where the chunks read ahead are not ``decode_threads + 1``:
     a formula written with decode threads instead fails there)."""
     text = DECK.read_text(encoding="utf-8")
     formulas = re.findall(r"`\(([^`]+)\) x chunk bytes`", text)
     assert len(formulas) == 1, formulas
     expression = formulas[0]
-    assert set(re.findall(r"[a-z_]+", expression)) <= {"buffer_chunks", "requests_in_flight", "decode_threads"}
+    assert set(re.findall(r"[a-z_]+", expression)) <= {"buffer_chunks", "chunks_read_ahead", "decode_threads"}
 
     from zarrtorch import ZarrIterableDataset
     from zarrtorch.course.servers import HttpStoreServer
@@ -176,7 +176,7 @@ def test_memory_formula_is_the_loaders():
                         ds = ZarrIterableDataset(source, buffer_chunks=buffer_chunks, variables=["fields", "target"])
                         names = {
                             "buffer_chunks": buffer_chunks,
-                            "requests_in_flight": ds.in_flight(threads),
+                            "chunks_read_ahead": ds.in_flight(threads),
                             "decode_threads": threads,
                         }
                         held = eval(expression, {"__builtins__": {}}, names)  # noqa: S307 (the slide's arithmetic)
@@ -184,7 +184,7 @@ def test_memory_formula_is_the_loaders():
                             source,
                             names,
                         )
-                        checked.append(names["requests_in_flight"] != threads + 1)
+                        checked.append(names["chunks_read_ahead"] != threads + 1)
     assert any(checked), "no case where requests in flight differ from decode_threads + 1: the URL case is missing"
 
 

@@ -26,8 +26,12 @@ the rate the consumer took pieces and the time it spent waiting for them.
 * When the consumer did not wait and the level is more than four times what its rate needs
   (``rate x latency``, the reads in flight on average), the consumer is the bottleneck: it shrinks (x0.75).
 
-The level never passes ``most``, which the memory budget counts (``loader_memory`` stays an upper bound), and
-never goes below ``first`` (local stores keep their fixed default). A process keeps its level for its next
+The level counts requests on the wire. A reader hands pieces out in order, so a read that finished waits for
+the reads before it; counting those too let one slow answer (a tail of 2x the median at 100 ms) empty the wire
+for most of a round trip. An adapted reader therefore holds up to ``held`` pieces ahead (``HOLD`` x the level,
+at most ``most_held``, which the memory budget counts: ``loader_memory`` stays an upper bound) while no more
+than ``level`` are on the wire. The level never passes ``most`` and never goes below ``first`` (local stores
+keep their fixed default). A process keeps its level for its next
 epochs, and the loader keeps each worker's for the next epoch's workers (``EpochState.remember_level``), so
 only the first epoch's first round trips are spent finding it.
 """
@@ -47,13 +51,18 @@ MIN_PIECES = 8  # pieces in a window, at least
 MIN_WINDOW_S = 0.05  # and seconds, besides one round trip
 GAIN = 0.1  # a step on trial is kept if the rate rose (grown) or fell (shrunk) by less than this share
 MAX_BACKOFF = 32  # windows between trials that did not pay, at most
+HOLD = 3  # pieces an adapted reader holds ahead (on the wire or read, waiting their turn) per level, at most
 
 
 class InFlight:
-    """The requests in flight of one reading process (``level``), adapted between ``first`` and ``most``."""
+    """The requests in flight of one reading process (``level``), adapted between ``first`` and ``most``;
+    ``most_held``: the pieces its reader may hold ahead, at most (:attr:`held`)."""
 
-    def __init__(self, first: int, most: int, *, start: int = 0, on_change=None, clock=time.monotonic):
+    def __init__(
+        self, first: int, most: int, *, start: int = 0, on_change=None, clock=time.monotonic, most_held: int = 0
+    ):
         self.first, self.most = max(1, int(first)), max(1, int(first), int(most))
+        self.most_held = max(self.most, int(most_held))
         self.level = min(self.most, max(self.first, int(start)))  # ``start``: a level found before
         self.on_change = on_change  # called with the level whenever it changes
         self._clock = clock
@@ -66,6 +75,12 @@ class InFlight:
     @property
     def fixed(self) -> bool:
         return self.first == self.most
+
+    @property
+    def held(self) -> int:
+        """Pieces the reader may hold ahead of the consumer now, those on the wire included: the level when
+        fixed (the setting means both), else up to ``HOLD`` x the level."""
+        return self.level if self.fixed else min(self.most_held, max(self.level, HOLD * self.level))
 
     def _start_window(self) -> None:
         self._pieces, self._waited, self._latencies, self._since = 0, 0.0, [], self._clock()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -271,8 +272,36 @@ class PieceReader:
             times[1] = time.monotonic()  # before the future holds the data
             return data
 
+        # An adapted level counts the reads on the wire, not the finished ones waiting their turn (inflight.py,
+        # ``held``): ``wire[0]`` counts those started, ``landed`` gets an entry as each finishes (in whichever
+        # thread finishes it), and ``arrivals`` wakes a consumer waiting for the first piece, to start more.
+        # A fixed setting counts every read in ``pending``, finished or not, as before.
+        adapted = not self.in_flight.fixed
+        landed: deque = deque()
+        arrivals = threading.Event()
+        wire = [0]
+
+        def land(_future) -> None:
+            landed.append(None)
+            arrivals.set()
+
+        def started(future) -> None:
+            wire[0] += 1
+            future.add_done_callback(land)
+
+        def on_wire() -> int:
+            while landed:
+                landed.pop()
+                wire[0] -= 1
+            return wire[0]
+
+        if adapted:
+            for future in pending:
+                started(future)
+
         def read_ahead():
-            while len(pending) < self.prefetch:
+            held, level = self.in_flight.held, self.prefetch
+            while len(pending) < held and (not adapted or on_wire() < level):
                 task = list(itertools.islice(todo, group))
                 if not task:
                     return
@@ -283,10 +312,20 @@ class PieceReader:
                     future = pool.submit(timed, task, times)
                 timing[future] = times
                 pending.append(future)
+                if adapted:
+                    started(future)
 
         def take():
-            future = pending.popleft()
+            future = pending[0]
             asked = time.monotonic()
+            # the reads behind the first may finish before it: each that does makes room on the wire for another
+            while adapted and not future.done() and self.in_flight.held > self.prefetch:
+                arrivals.clear()
+                if future.done():
+                    break
+                read_ahead()
+                arrivals.wait()
+            pending.popleft()
             data = future.result()  # the consumer waits for this read if it has not finished
             requested, done = timing.pop(future, (None, None))
             self.in_flight.consumed(time.monotonic() - asked, done - requested if done is not None else None)
