@@ -224,7 +224,9 @@ prepare_zarr({"x": np.ones((400_000, 64), np.float32)}, sys.argv[1], chunk_rows=
 def test_a_writer_killed_midway_leaves_no_store_that_looks_whole(tmp_path, how):
     """The store was written in place: killed after 20 of 400 chunks, it held metadata saying it was whole,
     and a loader yielded 10,000 rows before it met the first missing chunk. Now it is written beside its place
-    and moved there once complete; the next write removes what the dead writer left."""
+    and moved there once complete; the next write removes what the dead writer left. A Ctrl-C removes the
+    unfinished copy itself, but zarr's writes still in flight may put some of it back: a leftover there or none
+    (asserting one failed once under load in CI, when the removal came after the last write)."""
     import os
     import signal
     import time
@@ -235,11 +237,14 @@ def test_a_writer_killed_midway_leaves_no_store_that_looks_whole(tmp_path, how):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(tmp_path.glob(".s.zarr.writing-*/x/c/*"))) < 5:
         time.sleep(0.01)
+    assert len(list(tmp_path.glob(".s.zarr.writing-*/x/c/*"))) >= 5, "the writer wrote no chunk within 60 s"
     os.kill(writer.pid, getattr(signal, how))
     writer.wait(timeout=60)
-    assert list(tmp_path.glob(".s.zarr.writing-*/x/c/*")), "the writer was killed before it wrote a chunk"
     assert not target.exists()
-    with pytest.raises(FileNotFoundError, match="no Zarr store .*its writing did not finish"):
+    leftover = list(tmp_path.glob(".s.zarr.writing-*"))
+    assert leftover or how == "SIGINT"  # killed, nothing of it ran after the signal
+    said = "its writing did not finish" if leftover else "check the path"
+    with pytest.raises(FileNotFoundError, match=f"no Zarr store .*{said}"):
         ZarrIterableDataset(target)
     prepare_zarr({"x": np.arange(10.0)}, target, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.zarr"]
