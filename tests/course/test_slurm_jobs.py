@@ -145,10 +145,12 @@ def trained_rows(out: Path) -> list[list[int]]:
     return epoch["rows"]
 
 
+# one write per line: the two tasks share srun's stdout, and print's pieces of one line came apart between
+# them once in CI ("rankrank 0 mask [0, 1] uses 2", unbuffered under load)
 RANK_CPUS = (
     "import os; from zarrtorch.course.train import cpus_per_process, launcher_topology as t; "
-    "print('rank', os.environ['SLURM_PROCID'], 'mask', sorted(os.sched_getaffinity(0)), 'uses', "
-    "cpus_per_process(t(), 1), flush=True)"
+    "uses = cpus_per_process(t(), 1); "
+    "os.write(1, f\"rank {os.environ['SLURM_PROCID']} mask {sorted(os.sched_getaffinity(0))} uses {uses}\\n\".encode())"
 )
 
 
