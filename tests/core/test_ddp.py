@@ -111,6 +111,25 @@ def test_ddp_ranks(store, tmp_path, world, num_workers, drop_last):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ddp_ranks_over_http_read_every_row_once(store, tmp_path, num_workers):
+    """Ranks started as torchrun starts them, reading the store by URL from a server adding 20 ms per request:
+    the adapted requests in flight (finished reads waiting behind slower ones counted apart) keep every row once
+    per epoch across ranks, with equal batch counts."""
+    from zarrtorch.course.servers import HttpStoreServer
+
+    with HttpStoreServer(store.parent, delay_ms=20) as server:
+        url = f"{server.url}/{store.name}"
+        results = launch(url, tmp_path, 2, batch_size=16, num_workers=num_workers, drop_last=False)
+    for epoch in range(2):
+        assert len(results[0][f"sizes_{epoch}"]) == len(results[1][f"sizes_{epoch}"])
+        seen = np.concatenate([res[f"index_{epoch}"] for res in results])
+        assert set(seen.tolist()) == set(range(ROWS)) and len(seen) - ROWS < 2
+        for res in results:
+            np.testing.assert_array_equal(res[f"x_{epoch}"], 6 * res[f"index_{epoch}"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("before,after", [((2, 2), (3, 1)), ((3, 1), (2, 2))])
 def test_ddp_elastic_resume(store, tmp_path, before, after):
     """The job "hits its time limit" after 4 batches on one world size and resumes on another, with spawned
