@@ -319,7 +319,7 @@ class PieceReader:
             future = pending[0]
             asked = time.monotonic()
             # the reads behind the first may finish before it: each that does makes room on the wire for another
-            while adapted and not future.done() and self.in_flight.held > self.prefetch:
+            while not future.done() and self.in_flight.held > self.prefetch:  # only an adapted level holds more
                 arrivals.clear()
                 if future.done():
                     break
