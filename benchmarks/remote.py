@@ -63,8 +63,8 @@ def rows_per_second(
             rows += len(next(iter(batch.values())))
         rates.append(rows / (time.perf_counter() - start))
         if log is not None:
-            state = ds.epoch_state
-            levels = [ds._in_flight.level] if not workers else [state.level(w) for w in range(workers)]
+            state = loader.dataset.epoch_state
+            levels = [loader.dataset._in_flight.level] if not workers else [state.level(w) for w in range(workers)]
             log(rates[-1], levels)
     return statistics.median(rates)
 

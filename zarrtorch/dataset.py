@@ -10,6 +10,7 @@ reaches workers whatever their start method, persistent or not.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -24,8 +25,10 @@ from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packings, 
 from zarrtorch._read.early import EarlyReads, reads_early
 from zarrtorch._read.inflight import HOLD, InFlight
 from zarrtorch._read.reader import PieceReader
-from zarrtorch._read.source import all_local, for_this_process, is_local, open_arrays, secrets_of, store_label
+from zarrtorch._read.source import Arrays, all_local, for_this_process, is_local, open_arrays, secrets_of, store_label
 from zarrtorch._read.static import static_array
+from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
+from zarrtorch._util.arguments import row_range as checked_row_range
 from zarrtorch._util.pool import Pools
 from zarrtorch._util.process import cpu_share
 from zarrtorch._util.sizes import held_chunks, native, pieces_per_read, row_bytes
@@ -33,7 +36,7 @@ from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig, epoch_view
 from zarrtorch.buffer import INDEX_ONLY, buffer_rng
 from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout, restrict_rows
-from zarrtorch.options import ReadOptions, check_settings, deprecated_dataset_arguments
+from zarrtorch.options import ReadOptions, deprecated_dataset_arguments
 from zarrtorch.plan import EpochSpec, RankPlan, Topology, resume_roles, shuffles_rows
 from zarrtorch.resume import batches_of, resumed_plan
 from zarrtorch.stream import stream_batches
@@ -107,18 +110,23 @@ class ZarrIterableDataset(IterableDataset):
         **deprecated,
     ):
         read, renamed = deprecated_dataset_arguments(read, deprecated)
-        variables = renamed.get("variables", variables)
-        keep_in_memory = renamed.get("keep_in_memory", keep_in_memory)
-        check_settings(seed=seed, buffer_chunks=buffer_chunks)
+        variables = names(renamed.get("variables", variables), "variables")
+        keep_in_memory = flag(renamed.get("keep_in_memory", keep_in_memory), "keep_in_memory")
+        shuffle, return_index = flag(shuffle, "shuffle"), flag(return_index, "return_index")
+        return_padding = flag(return_padding, "return_padding")
+        seed = whole_number(seed, "seed (shared by every process)", least=0, below=INT64_LIMIT)
+        buffer_chunks = whole_number(buffer_chunks, "buffer_chunks (0: chunk order only, no row buffer)", least=0)
+        row_range = checked_row_range(row_range)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a function batch dict -> batch dict (picklable), got {transform!r}")
         self.read = read
         self.windows = windows
-        self.arrays = open_arrays(source, variables, storage_options=read.storage_options, retry=read.retry)
+        opened = open_arrays(source, variables, storage_options=read.storage_options, retry=read.retry)
+        self.arrays = Arrays(opened, secrets_of(read.storage_options))
         self.static: dict[str, np.ndarray] = {}  # windows: the arrays without a time axis, read once
         if windows is not None and windows.static:
             self.static = self._static_arrays(source, windows.static, read)
         self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
-        self._arrays_pid, self._pools = os.getpid(), Pools()  # per process: see __iter__
-        self._in_flight: InFlight | None = None  # per process too
         check_tensor_dtypes({**self.arrays, **self.static}, chosen=variables is not None)
         self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
         self.packings = packings(self.arrays, read.decode_cf)
@@ -135,14 +143,31 @@ class ZarrIterableDataset(IterableDataset):
         self.return_padding = bool(return_padding)
         self._check_batch_keys()
         self.transform = transform
+        self._data_fingerprints: dict[str, str] | None = None  # data_fingerprints(), once computed
+        self._arrays_pid = os.getpid()  # the process the arrays were opened in: see __iter__
+        self._start_epochs()
+
+    def _start_epochs(self) -> None:
+        """No epoch run yet: the state a loader's epochs build up in its dataset (a loader iterates its own copy,
+        :meth:`for_loader`)."""
         self.config: LoaderConfig | None = None  # set by the ZarrDataLoader that iterates this dataset
         self.epoch_state: EpochState | None = None
         self.ring: BatchRing | None = None  # the loader's shared batch slots, when its workers use them
+        self._pools = Pools()  # per process: see __iter__
+        self._in_flight: InFlight | None = None  # per process too
         self._kept: dict | None = None  # keep_in_memory: the pieces this process read, by row range
         self._kept_for: int | None = None  # the (logical) worker whose share they are
         self._early: EarlyReads | None = None  # the next epoch's first reads, started as this one ends
         self._loader_starting = False  # True while a ZarrDataLoader starts an epoch in this process
-        self._data_fingerprint: str | None = None  # data_fingerprint(), once computed
+
+    def for_loader(self) -> ZarrIterableDataset:
+        """The copy of this dataset a :class:`~zarrtorch.ZarrDataLoader` iterates: the opened arrays and every
+        setting shared, none of the state its epochs build up (the next epoch's early reads, rows kept in
+        memory, buffers, the batch slots). Two loaders on one dataset then run their epochs apart: one's reads
+        for its next epoch, taken by the other, wrote into the buffer it was still draining."""
+        own = copy.copy(self)
+        own._start_epochs()
+        return own
 
     def _check_batch_keys(self) -> None:
         """Refuse arrays whose batch key another one takes: an array named ``index`` or ``padding`` (the loader's
@@ -348,35 +373,41 @@ class ZarrIterableDataset(IterableDataset):
 
     # -- the plan ------------------------------------------------------------------------------------
     def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:
-        """What fixes every epoch's batches of this dataset in a loader of ``batch_size`` and ``drop_last``."""
+        """What fixes every epoch's batches of this dataset in a loader of ``batch_size`` and ``drop_last``. Without
+        ``shuffle`` neither the seed nor the buffer changes a batch: both are left out (0), so that a state saved
+        with other values of them resumes."""
         return EpochSpec(
             rows=self.rows,
             chunk_rows=self.chunk_rows,
             batch_size=int(batch_size),
             drop_last=bool(drop_last),
-            seed=self.seed,
+            seed=self.seed if self.shuffle else 0,
             shuffle=self.shuffle,
-            buffer_chunks=self.buffer_chunks,
+            buffer_chunks=self.buffer_chunks if self.shuffle else 0,
             freeze_partition=self.keep_in_memory,
             row_offset=self.row_offset if self.windows is None else self._period_from,
             windows=self.windows.describe() if self.windows is not None else "",
         )
 
-    def data_fingerprint(self) -> str:
-        """A short hash of the first bytes of each array's first chunk as stored (and of each static array): what
-        the ranks' agreement check compares besides the plan, read once per process. Ranks opened on stores of the same
-        shape but other data (another year, a stale copy) once trained on both, silently (found by a
-        break-test); identical copies at other paths agree. Only the first chunk: a cheap check, not a proof."""
-        if self._data_fingerprint is None:
-            digest = hashlib.blake2b(digest_size=8)
+    def data_fingerprints(self) -> dict[str, str]:
+        """A short hash per array of the first bytes of its first chunk as stored (a static array: of its whole
+        value), read once per process: what checkpoints hold and the ranks' agreement check compares besides the
+        plan, so that a state of one store is not resumed on another of the same shape, nor ranks opened on
+        different stores train on both. Identical copies at other paths agree. Only the first chunk: a cheap
+        check, not a proof."""
+        if self._data_fingerprints is None:
+            found = {}
             for name, arr in sorted(self.arrays.items()):
-                digest.update(name.encode())
                 head = first_bytes(arr, FINGERPRINT_BYTES, None if is_local(arr) else self.read.retry)
-                digest.update(head if head is not None else b"missing")
+                found[name] = _short_hash(head if head is not None else b"missing")
             for name, value in sorted(self.static.items()):
-                digest.update(name.encode() + np.ascontiguousarray(value).tobytes())
-            self._data_fingerprint = digest.hexdigest()
-        return self._data_fingerprint
+                found[name] = _short_hash(np.ascontiguousarray(value).tobytes())
+            self._data_fingerprints = found
+        return dict(self._data_fingerprints)
+
+    def data_fingerprint(self) -> str:
+        """:meth:`data_fingerprints` in one short hash."""
+        return _short_hash(repr(sorted(self.data_fingerprints().items())).encode())
 
     def fingerprint(self, batch_size: int, drop_last: bool) -> str:
         """:meth:`zarrtorch.plan.EpochSpec.fingerprint` of :meth:`spec`: for checkpoints and the ranks' agreement."""
@@ -617,3 +648,7 @@ class ZarrIterableDataset(IterableDataset):
         if self.transform is None or (self.config is not None and self.config.transform_in_consumer):
             return out
         return self.transform(out)
+
+
+def _short_hash(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=8).hexdigest()

@@ -18,6 +18,7 @@ Shuffle modes (``shuffle=``):
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ import lightning as L
 import numpy as np
 
 from zarrtorch._read.source import is_url, open_arrays
+from zarrtorch._util.arguments import flag
 from zarrtorch._util.process import TopologyUnknown
 from zarrtorch._util.sizes import ceil_div
 from zarrtorch.dataset import ZarrIterableDataset
@@ -38,22 +40,49 @@ from zarrtorch.options import ReadOptions, deprecated_dataset_arguments
 SHUFFLE_MODES = ("none", "chunks", "full")
 
 
-class _TrainedBatches:
-    """The training batches of this epoch Lightning has processed, for the loader's checkpoint state.
-
-    Lightning fetches one batch ahead, so when it saves a checkpoint the loader has yielded one batch more
-    than was trained; on restart Lightning counts its processed batches, and the loader must continue
-    right after them. Held by weak reference: the loader must not keep the trainer alive."""
+class _FittingTrainer:
+    """The trainer fitting a datamodule, while it fits; held by weak reference: the loader must not keep the
+    trainer alive."""
 
     def __init__(self, datamodule: L.LightningDataModule):
         self._datamodule = weakref.ref(datamodule)
 
-    def __call__(self) -> int | None:
+    def trainer(self):
         dm = self._datamodule()
         trainer = getattr(dm, "trainer", None) if dm is not None else None
         if trainer is None or getattr(trainer.state, "fn", None) != "fit":
             return None
-        return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return trainer
+
+
+class _TrainedBatches(_FittingTrainer):
+    """The training batches of this epoch Lightning has processed, for the loader's checkpoint state.
+
+    Lightning fetches one batch ahead, so when it saves a checkpoint the loader has yielded one batch more
+    than was trained; on restart Lightning counts its processed batches, and the loader must continue
+    right after them."""
+
+    def __call__(self) -> int | None:
+        trainer = self.trainer()
+        return None if trainer is None else trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+class _TrainerEpochLength(_FittingTrainer):
+    """The batches Lightning trains per epoch (``limit_train_batches`` applied), when fewer than the loader's: once
+    they are trained the epoch is over for Lightning, and a checkpoint must hold the next epoch's start."""
+
+    def __call__(self) -> int | None:
+        trainer = self.trainer()
+        limit = None if trainer is None else trainer.num_training_batches
+        return int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else None
+
+
+def trained_per_epoch(length: int, limit: int | float) -> int:
+    """The batches of an epoch of ``length`` Lightning trains under ``limit_train_batches=limit`` (a count, or a
+    share of the epoch, rounded down as Lightning rounds it)."""
+    if isinstance(limit, int):
+        return min(length, limit)
+    return int(length * limit)
 
 
 @dataclass(frozen=True)
@@ -160,6 +189,8 @@ class ZarrDataModule(L.LightningDataModule):
             no training window reaches into the validation period.
         rows: split and read only the store's first ``rows`` rows (default: all), for a run on a shorter
             period; a whole number of chunks, or at least the store's length (then all of it).
+        allow_other_data: resume a checkpoint whose store's first bytes differ from this store's (a store
+            rewritten on purpose with the same rows); by default such a checkpoint is refused.
     """
 
     def __init__(
@@ -180,10 +211,12 @@ class ZarrDataModule(L.LightningDataModule):
         read: ReadOptions | None = None,
         windows=None,
         rows: int | None = None,
+        allow_other_data: bool = False,
         **deprecated,
     ):
         super().__init__()
         self.windows = windows
+        self.allow_other_data = flag(allow_other_data, "allow_other_data")
         read, renamed = deprecated_dataset_arguments(read, deprecated)
         variables = renamed.get("variables", variables)
         if shuffle not in SHUFFLE_MODES:
@@ -264,8 +297,9 @@ class ZarrDataModule(L.LightningDataModule):
                 return resumed
         loader = ZarrDataLoader(self.train_dataset, batch_size=self.batch_size, drop_last=True, **self._loader_kwargs())
         loader.consumed_batches = _TrainedBatches(self)
+        loader.consumer_epoch_length = _TrainerEpochLength(self)
         if self._train_state is not None:
-            loader.load_state_dict(self._train_state)
+            loader.load_state_dict(self._train_state, allow_other_data=self.allow_other_data)
             self._train_state = None
             self._align_with_the_trainers_count(loader, trainer)
             self._arm_reload(trainer)
@@ -293,7 +327,7 @@ class ZarrDataModule(L.LightningDataModule):
         # ranks) and Lightning goes on from its batch counter: unless that counter reaches the epoch's length
         # here (then Lightning starts the epoch afresh itself), its first batches' worth would be skipped
         starts_epoch = before == 0 and loader.epoch in (trainer.current_epoch, trainer.current_epoch + 1)
-        if starts_epoch and 0 < counted < len(loader):
+        if starts_epoch and 0 < counted < trained_per_epoch(len(loader), trainer.limit_train_batches):
             loader.count_as_done(counted)
 
     def _arm_reload(self, trainer) -> None:
@@ -318,7 +352,7 @@ class ZarrDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         self._train_state = state.get("train_loader")
         if self._train_state is not None and self._train_loader is not None:
-            self._train_loader.load_state_dict(self._train_state)
+            self._train_loader.load_state_dict(self._train_state, allow_other_data=self.allow_other_data)
             self._train_state = None
             # the loader was built before (for ``estimated_stepping_batches``) and Lightning counted its batches
             # then: have it asked for again at the resumed epoch's start, where the counts can be reconciled

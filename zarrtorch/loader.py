@@ -10,6 +10,7 @@ starts an epoch. Lightning calls ``set_epoch`` on a loader's sampler, so the sam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import warnings
@@ -21,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._util.arguments import INT64_LIMIT, flag, whole_number
 from zarrtorch._util.process import (
     TopologyUnknown,
     check_ranks_agree,
@@ -40,7 +42,7 @@ from zarrtorch._workers.torch_private import (
 )
 from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
-from zarrtorch.options import check_loader_settings
+from zarrtorch.options import check_loader_settings, loader_numbers
 from zarrtorch.plan import PLAN_VERSION, EpochSpec, Segment, Topology
 from zarrtorch.resume import LoaderCheckpoint, resumed_plan
 
@@ -199,8 +201,12 @@ class ZarrDataLoader(DataLoader):
     ):
         if not isinstance(dataset, ZarrIterableDataset):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
+        dataset = dataset.for_loader()  # its epochs' state is this loader's alone
         if positional:
             drop_last, num_workers = positional_arguments(positional, drop_last, num_workers)
+        batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks = loader_numbers(
+            batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks
+        )
         check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
         # seconds a worker's next batch may take: DataLoader's own default waits forever (bound_waits)
         asked = kwargs.pop("timeout", None)
@@ -237,13 +243,16 @@ class ZarrDataLoader(DataLoader):
         # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
         # what the loader has yielded is then ahead of what was trained); see ZarrDataModule
         self.consumed_batches: Callable[[], int | None] | None = None
+        # batches of each epoch the consumer takes at most, when fewer than the epoch's (Lightning's
+        # limit_train_batches): taken them all, the epoch is over for it, and a checkpoint holds the next one's start
+        self.consumer_epoch_length: Callable[[], int | None] | None = None
 
     # -- epochs and topology ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make ``epoch`` the one the next ``iter(loader)`` runs: a new chunk order and a new partition on every
         rank. Call it every epoch. A loaded state (:meth:`load_state_dict`) of another epoch is dropped: that
         epoch starts afresh. An iteration already running goes on with its own epoch."""
-        epoch = int(epoch)
+        epoch = whole_number(epoch, "epoch", least=0, below=INT64_LIMIT)
         run = self._run
         if run is not None and not run.done and epoch == run.epoch == self._epoch:
             return  # the iteration in flight runs it already (Lightning calls set_epoch after it iterates)
@@ -466,13 +475,23 @@ class ZarrDataLoader(DataLoader):
         iterator first)."""
         rank, world = self.topology()
         run = self._run
-        if run is not None and self._position(run) < run.length:  # done or not: a trainer may hold batches
+        if run is not None and self._position(run) < self._consumed_length(run):  # a trainer may hold batches
             epoch, seen, history = run.epoch, self._position(run), run.history  # it has not trained yet
         elif run is not None and not self._set_since_run:
             epoch, seen, history = run.epoch + 1, 0, ()  # its last batch yielded: the next epoch's start
         else:
             (history, seen), epoch = self._start_point(world), self._epoch
-        return checkpoint_of(self.spec, self.config.num_workers, epoch, seen, rank, world, history)
+        return checkpoint_of(
+            self.spec, self.dataset.data_fingerprints(), self.config.num_workers, epoch, seen, rank, world, history
+        )
+
+    def _consumed_length(self, run: EpochRun) -> int:
+        """Batches of ``run``'s epoch the consumer takes: all of them, or the fewer it says it stops at
+        (``consumer_epoch_length``, in its own count)."""
+        limit = self.consumer_epoch_length() if self.consumer_epoch_length is not None else None
+        if limit is None:
+            return run.length
+        return max(run.start, min(run.length, int(limit) - self._counted(run.epoch)))
 
     def _position(self, run: EpochRun) -> int:
         """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so, but never
@@ -494,20 +513,25 @@ class ZarrDataLoader(DataLoader):
         (what Lightning stores in its checkpoints)."""
         return self.checkpoint().to_dict()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, *, allow_other_data: bool = False) -> None:
         """Continue the saved epoch after the batches already yielded.
 
         On the saved topology (same world size and workers) the epoch continues exactly as it would have.
         On another one, the rows not yet consumed by any saved rank are split again over the new ranks
         (:mod:`zarrtorch.resume`): every row once (``drop_last=False``, plus fewer than ``world_size``
         repeated rows to even out the ranks) or no row twice (``drop_last=True``), equal batches per rank.
-        The batch size, seed, shuffling and data must be those of the saved run.
+        The batch size, seed, shuffling and data must be those of the saved run: the first bytes of each array
+        are compared (a state of another store of the same shape would resume there without a word).
+        ``allow_other_data=True`` skips that comparison, for a store rewritten on purpose with the same rows.
 
         Everything is checked before anything changes: a refused state raises here and leaves the loader as
         it was. An iteration in flight is superseded. The position is taken up by the next ``iter()``
         (``set_epoch`` of another epoch drops it), on the topology of that moment."""
         saved = LoaderCheckpoint.from_dict(state)
-        diff = saved.setup_differences(self._setup_checkpoint())
+        now = self._setup_checkpoint()
+        if flag(allow_other_data, "allow_other_data"):
+            now = dataclasses.replace(now, data=saved.data)
+        diff = saved.setup_differences(now)
         if diff:
             raise ValueError(
                 "cannot resume this loader: the state was saved with other data or settings ("
@@ -526,11 +550,18 @@ class ZarrDataLoader(DataLoader):
 
     def _setup_checkpoint(self) -> LoaderCheckpoint:
         """A checkpoint of this loader's set-up (its position fields are placeholders)."""
-        return checkpoint_of(self.spec, self.config.num_workers, 0, 0, 0, 1, ())
+        return checkpoint_of(self.spec, self.dataset.data_fingerprints(), self.config.num_workers, 0, 0, 0, 1, ())
 
 
 def checkpoint_of(
-    spec: EpochSpec, num_workers: int, epoch: int, seen: int, rank: int, world: int, history: tuple[Segment, ...]
+    spec: EpochSpec,
+    data: dict[str, str],
+    num_workers: int,
+    epoch: int,
+    seen: int,
+    rank: int,
+    world: int,
+    history: tuple[Segment, ...],
 ) -> LoaderCheckpoint:
     """The checkpoint of a position (``seen`` batches of ``epoch``) of a loader with ``spec``."""
     return LoaderCheckpoint(
@@ -550,6 +581,7 @@ def checkpoint_of(
         keep_in_memory=spec.freeze_partition,
         plan_version=PLAN_VERSION,
         fingerprint=spec.fingerprint(),
+        data=tuple(sorted(data.items())),
         history=tuple(tuple(seg) for seg in history),
         windows=spec.windows,
     )

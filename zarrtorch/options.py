@@ -8,10 +8,10 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
 from torch.utils.data import default_convert
 
 from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._util.arguments import flag, whole_number
 
 
 @dataclass(frozen=True)
@@ -76,25 +76,16 @@ def deprecated_dataset_arguments(read: ReadOptions | None, given: dict) -> tuple
                 DeprecationWarning,
                 stacklevel=3,
             )
+    if read is not None and not isinstance(read, ReadOptions):
+        raise TypeError(f"read must be a zarrtorch.ReadOptions(...), got {type(read).__name__}: {read!r}")
     read = read or ReadOptions()
     return (dataclasses.replace(read, **reading) if reading else read), renamed
 
 
-def check_settings(*, seed, buffer_chunks) -> None:
-    """``seed`` an int, ``buffer_chunks`` an integer >= 0."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int shared by every process, got {seed!r}")
-    if isinstance(buffer_chunks, bool) or int(buffer_chunks) != buffer_chunks or buffer_chunks < 0:
-        raise ValueError(
-            f"buffer_chunks must be an integer >= 0 (0: chunk order only, no row buffer), got {buffer_chunks!r}"
-        )
-
-
 def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs) -> None:
     """Refuse ZarrDataLoader arguments that cannot work, saying what to do instead (``kwargs`` loses the
-    sampler arguments, which the dataset's own settings replace)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    sampler arguments, which the dataset's own settings replace). The numbers are checked by
+    :func:`loader_numbers` first."""
     for name in ("sampler", "batch_sampler", "shuffle"):
         if kwargs.get(name) not in (None, False):
             raise ValueError(
@@ -110,10 +101,6 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
         )
     if kwargs.get("in_order", True) is False:
         raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
-    if (rank is None) != (world_size is None):
-        raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
-    if world_size is not None and not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if dataset.keep_in_memory and num_workers > 0 and not kwargs.get("persistent_workers", False):
         raise ValueError("keep_in_memory=True keeps rows in the worker processes: also pass persistent_workers=True")
     if transport not in (None, "ring", "queue"):
@@ -125,5 +112,25 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
             "after they are gathered: leave transport to the loader (None: the queue for such a dataset) or pass "
             "transport='queue'"
         )
-    if isinstance(work_ahead, bool) or int(work_ahead) != work_ahead or work_ahead < 0:
-        raise ValueError(f"work_ahead must be an integer >= 0 (batches assembled ahead), got {work_ahead!r}")
+
+
+def loader_numbers(batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks) -> tuple:
+    """The loader's numbers and flags as ints and bools, each refused by name when it is not one (``rank=1.7``
+    ran as rank 1, ``drop_last="no"`` as True)."""
+    batch_size = whole_number(batch_size, "batch_size", least=1)
+    num_workers = whole_number(num_workers, "num_workers", least=0)
+    work_ahead = whole_number(work_ahead, "work_ahead (batches assembled ahead)", least=0)
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither (then torch.distributed decides)")
+    if world_size is not None:
+        world_size = whole_number(world_size, "world_size", least=1)
+        rank = whole_number(rank, "rank", least=0, below=world_size)
+    return (
+        batch_size,
+        flag(drop_last, "drop_last"),
+        num_workers,
+        rank,
+        world_size,
+        work_ahead,
+        flag(check_ranks, "check_ranks"),
+    )

@@ -200,6 +200,7 @@ class LoaderCheckpoint:
     keep_in_memory: bool
     plan_version: int
     fingerprint: str  # zarrtorch.plan.plan_fingerprint of the set-up: equal exactly when the batches are
+    data: tuple[tuple[str, str], ...]  # (array, hash of its first bytes): ZarrIterableDataset.data_fingerprints
     history: tuple[tuple[int, int, int], ...] = ()  # (world_size, num_workers, batches) of earlier segments
     windows: str | None = ""  # Windows.describe() ("" for rows), named when it differs; None: saved before it was
 
@@ -209,6 +210,7 @@ class LoaderCheckpoint:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         out["history"] = [list(seg) for seg in self.history]
+        out["data"] = dict(self.data)
         return out
 
     @classmethod
@@ -231,6 +233,9 @@ class LoaderCheckpoint:
         values = {n: state[n] for n in names if n in state}
         values.setdefault("windows", None)  # saved before the field existed: the fingerprint still tells
         values["history"] = tuple(tuple(int(v) for v in seg) for seg in values["history"])
+        if not isinstance(values["data"], dict):
+            raise ValueError(f"not a ZarrDataLoader state: 'data' is {values['data']!r}, not a dict array -> hash")
+        values["data"] = tuple(sorted((str(k), str(v)) for k, v in values["data"].items()))
         counts = {n: values[n] for n in ("epoch", "batches_seen", "rank", "num_workers")}
         counts.update({f"history[{i}]": min(seg) for i, seg in enumerate(values["history"])})
         negative = {n: v for n, v in counts.items() if int(v) < 0}
@@ -265,7 +270,7 @@ class LoaderCheckpoint:
             ]
         out = []
         for f in dataclasses.fields(self):
-            if f.name == "windows":
+            if f.name in ("windows", "data"):
                 continue
             if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):
                 out.append(f"{f.name}: saved {getattr(self, f.name)!r}, now {getattr(other, f.name)!r}")
@@ -276,12 +281,28 @@ class LoaderCheckpoint:
                 "row_range: if it was saved on this row_range, start this epoch afresh (its position cannot be "
                 "checked against the period)"
             )
+        out += data_differences(dict(self.data), dict(other.data))
         if out == [f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r}"]:
             out = [
                 f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r} with the same settings: the "
                 "state was saved by another zarrtorch or NumPy whose plan or random numbers differ"
             ]
         return out
+
+
+def data_differences(saved: dict[str, str], now: dict[str, str]) -> list[str]:
+    """What differs between the data a state was saved on and this loader's (:meth:`LoaderCheckpoint.data`)."""
+    if sorted(saved) != sorted(now):
+        return [f"arrays: saved {sorted(saved)}, now {sorted(now)}"]
+    changed = [name for name in sorted(saved) if saved[name] != now[name]]
+    if not changed:
+        return []
+    return [
+        f"data: the first chunk of {', '.join(map(repr, changed))} holds other values than when the state was "
+        "saved (another store of the same shape, another period, or the store rewritten). If it was rewritten with "
+        "the same rows on purpose, pass load_state_dict(state, allow_other_data=True) (under Lightning: "
+        "ZarrDataModule(..., allow_other_data=True))"
+    ]
 
 
 def describe_windows(described: str) -> str:

@@ -120,10 +120,10 @@ def _cached(reader: PieceReader, pieces: np.ndarray, steps, capacity: int, skip:
                 columns = {"index": index, **data[rows[0][0]]}
                 dest = {n: np.empty((len(index), *a.shape[1:]), dtype=native(a.dtype)) for n, a in columns.items()}
             dest["index"][:] = index
-            for name, column in dest.items():
-                if name != "index":
-                    for row, (p, r) in enumerate(rows):  # one copy per row (rows are large)
-                        column[row] = data[p][name][r]
+            for name in data[rows[0][0]]:  # the stored arrays; the batch's other columns are filled later
+                column = dest[name]
+                for row, (p, r) in enumerate(rows):  # one copy per row (rows are large)
+                    column[row] = data[p][name][r]
             yield dest
     finally:
         read.close()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zarrtorch._util.arguments import whole_number
 from zarrtorch._util.sizes import ceil_div
 
 HALO_PARTS = 20  # the default block's halo is at most 1/20 of its rows: about 1.05 decodes per chunk
@@ -68,7 +69,7 @@ class Windows:
         for name in ("history", "lead", "stride", "block_chunks"):  # stride=1.9 ran as 1 while it said 1.9
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, _whole(value, f"Windows({name}=...)"))
+                object.__setattr__(self, name, whole_number(value, f"Windows({name}=...)"))
         for name in ("inputs", "targets", "static"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -77,7 +78,10 @@ class Windows:
                 object.__setattr__(self, name, tuple(str(v) for v in value))
         if self.segments is not None:
             segs = tuple(
-                sorted((_whole(a, "a segment's start"), _whole(b, "a segment's stop")) for a, b in self.segments)
+                sorted(
+                    (whole_number(a, "a segment's start"), whole_number(b, "a segment's stop"))
+                    for a, b in self.segments
+                )
             )
             for (a, b), (c, _) in zip(segs, segs[1:] + ((None, None),), strict=False):  # none: an all-False mask
                 if not 0 <= a < b:
@@ -160,14 +164,6 @@ class Windows:
     def describe(self) -> str:
         """The settings that change which windows there are and how they are grouped (in the plan's fingerprint)."""
         return repr((self.history, self.lead, self.stride, self.segments, self.block_chunks))
-
-
-def _whole(value, what: str) -> int:
-    """``value`` as an int, refused when it is not a whole number (a float row, a fraction of a stride)."""
-    numeric = not isinstance(value, bool) and isinstance(value, (int, np.integer, float, np.floating))
-    if not numeric or not np.isfinite(value) or value != int(value):
-        raise ValueError(f"{what} must be a whole number, got {value!r}")
-    return int(value)
 
 
 def check_rows(windows: Windows, rows: int) -> None:

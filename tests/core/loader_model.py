@@ -272,13 +272,15 @@ class ModelLoader:
         if self.run.epoch == self.epoch:
             self.start = None
 
-    def state(self, consumed: int | None = None) -> State:
-        """``consumed``: batches the consumer has finished with, if it says (a trainer that prefetches)."""
+    def state(self, consumed: int | None = None, limit: int | None = None) -> State:
+        """``consumed``: batches the consumer has finished with, if it says (a trainer that prefetches); ``limit``:
+        the batches of an epoch it takes at most, if it says (a trainer's ``limit_train_batches``)."""
         run = self.run
         position = None if run is None else run.position
         if run is not None and consumed is not None:  # never before where the run began: trained before it
             position = max(run.start, min(run.position, consumed))
-        if run is not None and position < run.length:
+        end = None if run is None else run.length if limit is None else max(run.start, min(run.length, limit))
+        if run is not None and position < end:
             return State(run.epoch, position, self.world, self.workers, run.history)
         if run is not None and not self.set_since_run:
             return State(run.epoch + 1, 0, self.world, self.workers, ())

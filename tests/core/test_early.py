@@ -117,6 +117,7 @@ def test_the_next_epoch_starts_from_reads_made_as_this_one_ended(store, recorded
     the reads in flight. Epoch 1 reads only the pieces after them, and yields a fresh start's batches."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epoch_batches(loader, 0, step_s=0.02)  # a step long enough for every early read to finish
     ahead = ds.in_flight(THREADS)
     early = ds._early.pieces
@@ -138,6 +139,7 @@ def test_an_unexpected_next_epoch_reads_everything_itself(store, recorded):
     and reads all its pieces, with the batches of a fresh start."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epoch_batches(loader, 0)
     other = next(e for e in range(2, 50) if first_pieces(ds, e, 1) != first_pieces(ds, 1, 1))
     wait_for_early_reads(ds)
@@ -161,6 +163,7 @@ def test_workers_read_early_only_when_they_live_on(store, recorded, persistent):
     loader = ZarrDataLoader(
         ds, batch_size=8, num_workers=2, persistent_workers=persistent, multiprocessing_context="fork"
     )
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     for epoch in range(3):
         got = epoch_batches(loader, epoch, step_s=0.01)
         early = [int(b.pop("early")) for b in got]
@@ -173,6 +176,7 @@ def test_early_reads_belong_to_one_process(store):
     there, so nothing of them is waited on or touched."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epoch_batches(loader, 0)
     assert ds._early is not None and ds._early.pieces
     copy = pickle.loads(pickle.dumps(ds))
@@ -224,6 +228,7 @@ def test_the_shuffle_buffer_is_reused_between_epochs(store, buffer_arrays, unexp
     """One buffer for every epoch, whether the next epoch finds its first rows in it or not."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epochs = (
         [0, next(e for e in range(2, 50) if first_pieces(ds, e, 1) != first_pieces(ds, 1, 1))]
         if unexpected
@@ -261,6 +266,7 @@ def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
     monkeypatch.setattr(Pool, "take", tracked_take)
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     for epoch in range(4):
         epoch_batches(loader, epoch, step_s=0.005)  # early reads copied into the draining buffer
         assert epoch == 0 or ds._early._staged
@@ -370,6 +376,7 @@ def test_an_epoch_starts_reading_when_its_iterator_is_made(store, recorded):
     reads start then, not at the first batch, and are not read again."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8, work_ahead=0)  # nothing reads until a batch is asked for
+    ds = loader.dataset  # the loader's own copy holds its epochs' state
     loader.set_epoch(0)
     it = iter(loader)
     ahead = ds.in_flight(THREADS)

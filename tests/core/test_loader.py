@@ -612,3 +612,34 @@ def test_set_epoch_warns_of_a_late_call_only_while_the_iteration_can_go_on(store
     next(held)
     with pytest.warns(UserWarning, match=r"set_epoch\(3\) came after the iteration over epoch 2 began"):
         loader.set_epoch(3)
+
+
+@pytest.mark.parametrize("transport", ["ring", "queue"])
+def test_rows_kept_in_memory_with_padding_flags_through_workers(tmp_path, transport):
+    """``keep_in_memory=True`` + ``return_padding=True`` + a shuffle buffer + workers failed with ``KeyError:
+    'padding'`` in the worker (the batch slot's padding column was looked up among the stored arrays)."""
+    path = tmp_path / "s.zarr"
+    prepare_zarr({"x": np.arange(100, dtype=np.float32)}, path, chunk_rows=10, progress=False)
+    seen = []
+    for rank in range(3):
+        ds = ZarrIterableDataset(path, keep_in_memory=True, return_padding=True, buffer_chunks=2, return_index=True)
+        loader = ZarrDataLoader(
+            ds,
+            batch_size=8,
+            num_workers=2,
+            persistent_workers=True,
+            rank=rank,
+            world_size=3,
+            transport=transport,
+            multiprocessing_context="fork",
+        )
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            rows = [b for b in loader]
+            for b in rows:
+                np.testing.assert_array_equal(b["x"].numpy(), b["index"].numpy())
+            if epoch == 0:
+                seen += [(int(i), bool(p)) for b in rows for i, p in zip(b["index"], b["padding"], strict=True)]
+    real = [i for i, padded in seen if not padded]
+    assert sorted(real) == list(range(100))  # every row once unflagged; the flagged ones only even out the ranks
+    assert 0 < len(seen) - len(real) < 3

@@ -152,7 +152,7 @@ def test_memory_bound_in_process(tracked, tmp_path, chunks):
     assert held_pieces <= ahead + 1
     assert last["peak_piece_bytes"] <= (ahead + 1) * chunk_bytes(ds)
     assert last["buffer_bytes"] <= BUFFER_CHUNKS * chunk_bytes(ds)
-    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
+    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= loader.dataset.worker_memory_bytes(THREADS)
     # the first batch needs one chunk; the reader runs at most `ahead` pieces ahead
     assert last["reads_before_first_batch"] <= ahead + 1
 
@@ -170,7 +170,7 @@ def test_memory_bound_counts_a_buffer_grown_to_a_batch(tracked, tmp_path):
     loader = ZarrDataLoader(ds, batch_size=batch, work_ahead=0)
     last = [{k: int(v) for k, v in b.items() if k not in ("x", "y")} for b in loader][-1]
     assert last["buffer_bytes"] > BUFFER_CHUNKS * chunk_bytes(ds)  # it did grow past the buffer's chunks
-    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
+    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= loader.dataset.worker_memory_bytes(THREADS)
 
 
 @pytest.mark.slow
@@ -190,7 +190,7 @@ def test_memory_bound_per_worker(tracked, tmp_path):
         print(f"\nworker {w}: {rep}")
         assert rep["reads"] >= 96 // 2
         assert rep["peak_pieces"] <= ds.in_flight(THREADS) + 1
-        assert rep["peak_piece_bytes"] + rep["buffer_bytes"] <= ds.worker_memory_bytes(THREADS)
+        assert rep["peak_piece_bytes"] + rep["buffer_bytes"] <= loader.dataset.worker_memory_bytes(THREADS)
         # a worker's share may begin inside a chunk: its first batch (one chunk of rows) then needs two pieces
         assert rep["reads_before_first_batch"] <= ds.in_flight(THREADS) + 2
 
@@ -277,7 +277,7 @@ def test_loader_budget_counts_the_cache(tmp_path, world):
     loader = ZarrDataLoader(ds, **kw)
     budget = loader_memory(loader)
     list(loader)
-    roots = {id(r): r for r in (_root(a) for piece in ds._kept.values() for a in piece.values())}
+    roots = {id(r): r for r in (_root(a) for piece in loader.dataset._kept.values() for a in piece.values())}
     held = sum(r.nbytes for r in roots.values())
     assert 0 < held <= budget.kept
     assert budget.kept - held < ds.chunk_rows * ds.row_bytes  # at most one chunk's slack (a partial piece)

@@ -4,8 +4,10 @@
 Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers, and
 samples that are rows or windows of time steps: history, lead, stride, a gap),
 ``set_epoch``, ``iter``, ``next`` k times, break, a second ``iter`` while one runs, ``state_dict`` then a new
-job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end), the same in Lightning's
-order (``iter`` before ``set_epoch``), a state refused for its settings, ``len``.
+job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end, with a consumer that says how
+many batches of an epoch it takes), the same in Lightning's order (``iter`` before ``set_epoch``), a second
+loader on the same dataset running another epoch meanwhile, a state refused for its settings or for another
+store's data, ``len``.
 
 Invariants after every step: each batch equals the model's, row for row, with its data; ``len()`` equals
 the model's on every rank, and every rank's is the same; a state equals the model's; an iteration that ran
@@ -45,10 +47,12 @@ _ROOT = Path(tempfile.mkdtemp(prefix="zarrtorch-model-"))
 atexit.register(shutil.rmtree, _ROOT, True)
 
 
-def store_path(rows: int, chunk: int) -> Path:
-    path = _ROOT / f"r{rows}c{chunk}.zarr"
+def store_path(rows: int, chunk: int, shift: float = 0.0) -> Path:
+    """A store of ``rows`` rows: row ``i`` holds ``(i + shift, -i)`` (``shift``: another store of the same shape)."""
+    path = _ROOT / f"r{rows}c{chunk}s{shift:g}.zarr"
     if not path.exists():
         x = np.arange(rows, dtype=np.float32)[:, None] * np.array([1.0, -1.0], dtype=np.float32)
+        x[:, 0] += shift
         prepare_zarr({"x": x}, path, chunk_rows=chunk, progress=False)
     return path
 
@@ -150,8 +154,8 @@ class LoaderMachine(RuleBasedStateMachine):
         self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers
         self.transport = transport
-        self.dataset = ZarrIterableDataset(
-            store_path(rows, chunk),
+        self.store = store
+        self.dataset_settings = dict(
             shuffle=shuffle,
             seed=seed,
             buffer_chunks=buffer_chunks,
@@ -159,6 +163,7 @@ class LoaderMachine(RuleBasedStateMachine):
             return_index=True,
             windows=windows,
         )
+        self.dataset = ZarrIterableDataset(store_path(rows, chunk), **self.dataset_settings)
         self.make_job(world, workers)
         self.run_before: list[int] = []  # rows of the current iteration's epoch consumed before it started
         self.before: list[int] = []  # the same for the next iteration (its start point)
@@ -258,20 +263,29 @@ class LoaderMachine(RuleBasedStateMachine):
             with pytest.raises(RuntimeError, match="superseded"):
                 next(it)
 
-    @rule(world=st.integers(1, 3), workers=st.integers(0, 2), again=st.booleans(), lag=st.integers(0, 1))
+    @rule(
+        world=st.integers(1, 3),
+        workers=st.integers(0, 2),
+        again=st.booleans(),
+        lag=st.integers(0, 1),
+        limit=st.one_of(st.none(), st.integers(0, 6)),
+    )
     @deadline
-    def save_and_resume(self, world, workers, again, lag):
+    def save_and_resume(self, world, workers, again, lag, limit=None):
         """Every rank saves; a new job on (maybe) another topology loads rank 0's state (``again``: and calls
         ``set_epoch`` with the saved epoch, as Lightning does). ``lag``: the consumer has not trained the last
-        batch it took (Lightning fetches one ahead), and says so through ``consumed_batches``."""
+        batch it took (Lightning fetches one ahead), and says so through ``consumed_batches``. ``limit``: the
+        consumer takes at most that many batches of an epoch (Lightning's ``limit_train_batches``), and says so
+        through ``consumer_epoch_length``: past it, the epoch is over for it."""
         run = self.models[0].run
         consumed = run.position - lag if run is not None and 0 < lag <= run.position else None  # none untrained
         for loader in self.loaders:
             loader.consumed_batches = (lambda c=consumed: c) if consumed is not None else None
+            loader.consumer_epoch_length = (lambda n=limit: n) if limit is not None else None
         states = [loader.state_dict() for loader in self.loaders]
         for loader in self.loaders:
-            loader.consumed_batches = None
-        expected = self.models[0].state(consumed)
+            loader.consumed_batches = loader.consumer_epoch_length = None
+        expected = self.models[0].state(consumed, limit)
         self.lagged = min(lag, run.seen) if consumed is not None else 0  # none before the run began
         for rank, state in enumerate(states):
             assert (state["epoch"], state["batches_seen"]) == (expected.epoch, expected.position), f"rank {rank}"
@@ -331,6 +345,55 @@ class LoaderMachine(RuleBasedStateMachine):
         if self.saved_mid_run(state) and state.position:
             return self.run_worlds
         return self.worlds if state.position else []
+
+    @precondition(lambda self: self.iters is not None)
+    @rule(every=st.integers(1, 3))
+    @deadline
+    def another_loader_meanwhile(self, every):
+        """A second loader on the same dataset (rank 0, no workers) runs the next epoch whole while this iteration
+        goes on, one of this iteration's batches taken every ``every`` of its own: each yields its own epoch."""
+        other = ZarrDataLoader(
+            self.dataset,
+            batch_size=self.setup.batch,
+            drop_last=self.setup.drop_last,
+            rank=0,
+            world_size=self.world,
+        )
+        model = ModelLoader(self.setup, self.world, 0, 0)
+        epoch = self.models[0].epoch + 1
+        other.set_epoch(epoch)
+        model.set_epoch(epoch)
+        try:
+            expected = model.iter()
+        except Refused:
+            with pytest.raises(ValueError):
+                iter(other)
+            return
+        got = []
+        for k, batch in enumerate(other):
+            got.append(self.check_data(batch))
+            if k % every == 0 and self.iters is not None:
+                self.take(1)
+        assert got == expected
+
+    @rule()
+    @deadline
+    def state_on_another_store(self):
+        """A state saved here, loaded by a loader of the same settings on a store of the same shape holding other
+        values, is refused by what differs, and changes nothing."""
+        state = self.loaders[0].state_dict()
+        rows, chunk = self.store
+        other = ZarrDataLoader(
+            ZarrIterableDataset(store_path(rows, chunk, shift=1000.0), **self.dataset_settings),
+            batch_size=self.setup.batch,
+            drop_last=self.setup.drop_last,
+            rank=0,
+            world_size=self.world,
+        )
+        before = other.state_dict()
+        with pytest.raises(ValueError, match="data: the first chunk of 'x' holds other values"):
+            other.load_state_dict(state)
+        assert other.state_dict() == before
 
     @rule(field=st.sampled_from(["batch_size", "seed", "drop_last"]))
     @deadline

@@ -304,3 +304,16 @@ def test_retry_after_is_waited_for(served):
             ChunkReadError, match=r"the server asked to wait 0.2 s \(Retry-After\).*RetryPolicy\(retries"
         ):
             every_row(f"{server.url}/s.zarr", policy)
+
+
+def test_the_arrays_of_a_dataset_print_without_the_password(served):
+    """``str(ds.arrays)`` printed zarr's own repr of each array, whose store URL held the password."""
+    with HttpStoreServer(served) as server:
+        ds = ZarrIterableDataset(with_password(f"{server.url}/s.zarr"), read=ReadOptions(retry=QUICK))
+        for text in (
+            str(ds.arrays),
+            repr(ds.arrays),
+            f"{ds.arrays}",
+            str(ZarrDataLoader(ds, batch_size=8).dataset.arrays),
+        ):
+            assert PASSWORD not in text and "reader:***@" in text

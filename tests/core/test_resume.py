@@ -381,3 +381,38 @@ def test_a_sample_yielded_only_as_padding_before_a_resume_is_yielded_unflagged_a
                     for b in resumed:
                         kept += b["index"][~b["padding"]].tolist()
                 assert sorted(kept) == samples, (seed, before, after, take)
+
+
+def _saved_state(path) -> dict:
+    loader = ZarrDataLoader(ZarrIterableDataset(path, seed=5, buffer_chunks=3), batch_size=16)
+    it = iter(loader)
+    next(it), next(it)
+    return loader.state_dict()
+
+
+def _write(path, x, names=("x", "y")):
+    prepare_zarr({names[0]: x, names[1]: 10 * np.arange(ROWS, dtype=np.int64)}, path, chunk_rows=CHUNK, progress=False)
+    return path
+
+
+def test_a_state_is_refused_on_another_store_of_the_same_shape(tmp_path):
+    """A state saved on one store loaded without a word on a store of the same shape with other values, and on
+    one whose array had another name: the checkpoint held no trace of the data."""
+    x = np.arange(ROWS, dtype=np.float32)[:, None].repeat(3, axis=1)
+    state = _saved_state(_write(tmp_path / "a.zarr", x))
+    other_values = ZarrDataLoader(
+        ZarrIterableDataset(_write(tmp_path / "b.zarr", x + 1), seed=5, buffer_chunks=3), batch_size=16
+    )
+    with pytest.raises(ValueError, match=r"data: the first chunk of 'x' holds other values .*allow_other_data=True"):
+        other_values.load_state_dict(state)
+    renamed = ZarrDataLoader(
+        ZarrIterableDataset(_write(tmp_path / "c.zarr", x, ("z", "y")), seed=5, buffer_chunks=3), batch_size=16
+    )
+    with pytest.raises(ValueError, match=r"arrays: saved \['x', 'y'\], now \['y', 'z'\]"):
+        renamed.load_state_dict(state)
+    copy = ZarrDataLoader(ZarrIterableDataset(_write(tmp_path / "d.zarr", x), seed=5, buffer_chunks=3), batch_size=16)
+    copy.load_state_dict(state)  # the same data at another path resumes
+    assert copy.batches_before() == 2
+    other_values.load_state_dict(state, allow_other_data=True)  # a store rewritten on purpose: said explicitly
+    assert other_values.batches_before() == 2
+    assert state["data"] == copy.state_dict()["data"] and set(state["data"]) == {"x", "y"}

@@ -211,7 +211,7 @@ def test_the_dataset_says_which_chunks_its_epoch_read(tmp_path, monkeypatch):
     loader.set_epoch(0)
     for _ in loader:
         pass
-    assert sorted(int(c) for c in ds.last_chunk_reads.chunks) == sorted(reads)
+    assert sorted(int(c) for c in loader.dataset.last_chunk_reads.chunks) == sorted(reads)
 
 
 def test_a_worker_holds_no_more_than_its_memory_bound(store):
@@ -302,11 +302,12 @@ def test_a_stream_kept_to_a_tight_limit_yields_every_window_once_with_its_rows(s
     reads = count_reads(monkeypatch)
     w = Windows(history=2, lead=4)
     ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=3, buffer_chunks=4)
-    seen = [check(b, w) for b in ZarrDataLoader(ds, batch_size=8, num_workers=workers)]
+    loader = ZarrDataLoader(ds, batch_size=8, num_workers=workers)
+    seen = [check(b, w) for b in loader]
     assert sorted(np.concatenate(seen).tolist()) == valid_starts(w, ROWS)
     if workers == 0:
         assert len(reads) > ROWS  # read again: the limit was below what the spans hold
-        assert ds.last_chunk_reads.most_held <= 8 * w.steps
+        assert loader.dataset.last_chunk_reads.most_held <= 8 * w.steps
 
 
 def test_resume_on_another_topology_reads_every_window_once(store):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import zarr
 
+from zarrtorch._util.arguments import names
 from zarrtorch._util.sizes import native
 
 
@@ -137,18 +138,20 @@ def packings(arrays: dict[str, zarr.Array], decode: bool = True) -> dict[str, Pa
 def check_stack(stack: Mapping[str, Sequence[str]] | None, columns: Mapping) -> dict[str, list[str]]:
     """``{output name: [array names]}``, checked against the loaded arrays (``columns``: name -> (row shape,
     dtype) as batches hold them): they must exist, appear in one stack only, and share one row shape and dtype."""
-    stack = {str(k): list(v) for k, v in (stack or {}).items()}
-    used: list[str] = [n for names in stack.values() for n in names]
-    for out, names in stack.items():
-        if not names:
+    if stack is not None and not isinstance(stack, Mapping):
+        raise ValueError(f"stack must be a dict {{name: [array names]}}, got {stack!r}")
+    stack = {str(k): names(v, f"stack[{k!r}]") for k, v in (stack or {}).items()}
+    used: list[str] = [n for listed in stack.values() for n in listed]
+    for out, listed in stack.items():
+        if not listed:
             raise ValueError(f"stack {out!r} lists no arrays")
-        missing = [n for n in names if n not in columns]
+        missing = [n for n in listed if n not in columns]
         if missing:
             raise KeyError(f"stack {out!r} names {missing}, which are not loaded: available are {sorted(columns)}")
-        kinds = {(tuple(columns[n][0]), np.dtype(columns[n][1])) for n in names}
+        kinds = {(tuple(columns[n][0]), np.dtype(columns[n][1])) for n in listed}
         if len(kinds) > 1:
             raise ValueError(f"stack {out!r} mixes row shapes/dtypes {sorted(map(str, kinds))}: stack arrays alike")
-        if out in columns and out not in names:
+        if out in columns and out not in listed:
             raise ValueError(f"stack name {out!r} is also an array's name: choose another")
     twice = sorted({n for n in used if used.count(n) > 1})
     if twice:
@@ -160,7 +163,7 @@ def stack_columns(batch: dict[str, np.ndarray], stack: dict[str, list[str]]) -> 
     """The batch with each stack's arrays replaced by one array, the listed order along axis 1."""
     if not stack:
         return batch
-    out = {n: a for n, a in batch.items() if not any(n in names for names in stack.values())}
-    for name, names in stack.items():
-        out[name] = np.stack([batch[n] for n in names], axis=1)
+    out = {n: a for n, a in batch.items() if not any(n in listed for listed in stack.values())}
+    for name, listed in stack.items():
+        out[name] = np.stack([batch[n] for n in listed], axis=1)
     return out

@@ -23,6 +23,8 @@ import zarr
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.sync import _get_loop, sync
 
+from zarrtorch._util.arguments import finite_number, whole_number
+
 T = TypeVar("T")
 
 
@@ -35,8 +37,11 @@ class RetryPolicy:
     backoff_s: float = 0.5
 
     def __post_init__(self):
-        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
-            raise ValueError(f"timeout_s must be > 0, retries and backoff_s >= 0; got {self}")
+        object.__setattr__(
+            self, "timeout_s", finite_number(self.timeout_s, "RetryPolicy(timeout_s=...)", strictly=True)
+        )
+        object.__setattr__(self, "retries", whole_number(self.retries, "RetryPolicy(retries=...)", least=0))
+        object.__setattr__(self, "backoff_s", finite_number(self.backoff_s, "RetryPolicy(backoff_s=...)"))
 
 
 class RetriesExhausted(RuntimeError):

@@ -370,6 +370,20 @@ def all_local(arrays: dict[str, zarr.Array]) -> bool:
 _INHERITED: list[list[zarr.Array]] = []  # a parent's remote arrays, forked into this process: never collected here
 
 
+class Arrays(dict):
+    """``{name: zarr.Array}`` whose ``repr`` shows no credential: zarr's own shows each array's store URL whole,
+    password included, and a dataset's arrays get printed (a notebook cell, a log line, an error)."""
+
+    def __init__(self, arrays, secrets: tuple[str, ...] = ()):
+        super().__init__(arrays)
+        self.secrets = tuple(secrets)
+
+    def __repr__(self) -> str:
+        return redact(super().__repr__(), self.secrets)
+
+    __str__ = __repr__
+
+
 def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     """The arrays with each remote one rebuilt from its description, so that this process opens its own
     connections (fsspec and obstore create a fresh session when a store is unpickled in a new process).
@@ -381,7 +395,8 @@ def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     close in another process (:func:`zarrtorch._read.connections._own_connections_class`); this covers the
     sessions that ``storage_options`` choose (their own client or connector, s3)."""
     _INHERITED.append([a for a in arrays.values() if not is_local(a)])
-    return {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}
+    own = {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}
+    return Arrays(own, getattr(arrays, "secrets", ()))
 
 
 # -- which dimension holds the samples (shared with prepare_zarr) --------------------------------------------
