@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from zarrtorch.budget import memory_limit_lines
 from zarrtorch.options import ReadOptions
 from zarrtorch.plan import Segment, Topology
 from zarrtorch.quality import chunk_diversity, order_correlation
@@ -46,6 +47,7 @@ class AuditReport:
     loader_bytes_per_rank: int = 0  # zarrtorch.loader_memory(...).total: one rank's loader, workers included
     ranks_per_node: int = 0  # 0: not asked
     node_memory_bytes: int = 0  # 0: not given
+    memory_limit_bytes: int = 0  # the cgroup memory limit of the process that audited (0: none)
 
     @property
     def loader_bytes_per_node(self) -> int:
@@ -101,7 +103,9 @@ class AuditReport:
                     f"{self.node_memory_bytes / gib:,.2f} GiB: fewer workers, a smaller buffer_chunks or "
                     "requests_in_flight, fewer ranks per node, or shorter chunks"
                 )
-        return out
+        return out + memory_limit_lines(
+            self.loader_bytes_per_rank * max(1, self.ranks_per_node), self.memory_limit_bytes
+        )
 
 
 def audit(
@@ -127,8 +131,12 @@ def audit(
     read). With ``state`` (a ``ZarrDataLoader.state_dict()``), audit the rest of the saved epoch on this
     topology: its epoch, batch size, seed and settings are taken from the state. ``ranks_per_node`` and
     ``node_memory_gib``: also the loader memory of one node's ranks (every rank's main process and workers,
-    :func:`zarrtorch.loader_memory`) against the node's memory; not fitting makes the report a problem.
+    :func:`zarrtorch.loader_memory`) against the node's memory; not fitting makes the report a problem. The
+    report also says this process's cgroup memory limit (a container's, a pod's) and warns where one node's
+    loaders would take more than :data:`zarrtorch.budget.MEMORY_LIMIT_SHARE` of it; a warning only, since the
+    audit may run elsewhere than the training (a login node), whose limit is not the job's.
     ``windows`` (:class:`zarrtorch.windows.Windows`): samples are windows; "rows" then counts window starts."""
+    from zarrtorch._util.cgroup import cgroup_memory_limit
     from zarrtorch.budget import loader_memory
     from zarrtorch.dataset import ZarrIterableDataset
     from zarrtorch.loader import ZarrDataLoader
@@ -192,6 +200,7 @@ def audit(
         ).total,
         ranks_per_node=int(ranks_per_node),
         node_memory_bytes=int(node_memory_gib * 2**30),
+        memory_limit_bytes=cgroup_memory_limit() or 0,
     )
 
 

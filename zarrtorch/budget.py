@@ -20,6 +20,7 @@ import numpy as np
 from zarrtorch._read.fastpath import read_buffer_bytes
 from zarrtorch._read.reader import reading_threads
 from zarrtorch._read.source import is_local
+from zarrtorch._util.cgroup import cgroup_memory_limit
 from zarrtorch.plan import Topology
 
 MiB = 2**20
@@ -29,6 +30,10 @@ MiB = 2**20
 # measured by benchmarks/run.py; the figures behind these margins are in benchmarks/README.md ("Memory").
 MAIN_PROCESS_BYTES = 6 * MiB
 WORKER_PROCESS_BYTES = 16 * MiB
+# The most of a cgroup memory limit (a container's, a Kubernetes pod's, a JupyterHub kernel's) the loaders of
+# the processes in it should take: the kernel kills at the limit, and the rest holds the model, the optimiser,
+# PyTorch itself, the notebook's own objects and the page cache the cgroup is charged for.
+MEMORY_LIMIT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -45,11 +50,43 @@ class MemoryBudget:
     kept: int = 0
     read_buffers: int = 0
     processes: int = 0  # what the main process and the workers hold besides the data
+    memory_limit: int = 0  # the cgroup memory limit of the process that computed this budget; 0: none
 
     @property
     def total(self) -> int:
         decoded = self.readers * self.per_reader + self.kept
         return decoded + self.read_buffers + self.ring + self.batches * self.batch_bytes + self.processes
+
+    @property
+    def within_memory_limit(self) -> bool:
+        """This loader takes at most :data:`MEMORY_LIMIT_SHARE` of the cgroup's memory limit (true without one).
+        One loader: the ranks of a node that share a container share its limit (``audit --ranks-per-node``)."""
+        return within_memory_limit(self.total, self.memory_limit)
+
+
+def within_memory_limit(need: int, limit: int) -> bool:
+    """``need`` bytes of loaders take at most :data:`MEMORY_LIMIT_SHARE` of a ``limit`` (0: no limit)."""
+    return not limit or need <= MEMORY_LIMIT_SHARE * limit
+
+
+def memory_limit_lines(need: int, limit: int) -> list[str]:
+    """The audit's lines on this process's cgroup memory limit, for loaders needing ``need`` bytes: the limit
+    and their share of it, and where that is over :data:`MEMORY_LIMIT_SHARE`, what to lower."""
+    if not limit:
+        return ["  memory limit         none on this process's cgroup (no container or pod limit)"]
+    share, most = need / limit, f"{MEMORY_LIMIT_SHARE:.0%}"
+    lines = [
+        f"  memory limit         {limit / 2**30:,.2f} GiB (this process's cgroup: its container, pod or job); "
+        f"the loader(s) take {share:.0%} of it, at most {most} advised"
+    ]
+    if not within_memory_limit(need, limit):
+        lines.append(
+            f"  {'OVER ' + most + ' OF LIMIT':<21}the model, PyTorch and the rest need what is left, and the "
+            "kernel kills the process at the limit: lower num_workers, buffer_chunks, "
+            "ReadOptions(requests_in_flight=...) or ReadOptions(decode_threads=...) until the loader(s) take at "
+            f"most {most}, or ask for more memory"
+        )
+    return lines
 
 
 def stored_bytes_bound(arr) -> int:
@@ -78,7 +115,8 @@ def loader_memory(loader) -> MemoryBudget:
     also the ``prefetch_factor`` batches each worker may have in flight. With ``keep_in_memory=True`` every piece of
     this rank's (frozen) share stays in its process as the decoded chunk it was cut from, and that is all
     the decoded data its readers hold (``per_reader`` is 0). A remote store's requests in flight hold their
-    answers (:func:`fetched_bytes`), counted with the most requests in flight the loader may reach."""
+    answers (:func:`fetched_bytes`), counted with the most requests in flight the loader may reach. The budget
+    also carries this process's cgroup memory limit (:attr:`MemoryBudget.within_memory_limit`)."""
     ds, cfg = loader.dataset, loader.config
     workers = cfg.num_workers
     threads = ds.decode_threads(workers)
@@ -97,4 +135,5 @@ def loader_memory(loader) -> MemoryBudget:
         pieces = sum(len(w.pieces) for w in loader.spec.plan(0, Topology(rank, world, workers)).workers)
         per_reader, kept = 0, pieces * ds.chunk_rows * ds.row_bytes
     processes = MAIN_PROCESS_BYTES + workers * WORKER_PROCESS_BYTES
-    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers, processes)
+    limit = cgroup_memory_limit() or 0
+    return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers, processes, limit)

@@ -144,3 +144,45 @@ def test_cli_refuses_bad_arguments_with_a_message(store, tmp_path, args, needle)
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert re.search(needle, done.stderr), done.stderr
+
+
+def cgroup_memory_max(root, limit: str):
+    """A cgroup v2 fixture tree under ``root`` standing for ``/``: this process in /pod, ``memory.max`` there."""
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "self" / "cgroup").write_text("0::/pod\n")
+    (root / "sys" / "fs" / "cgroup" / "pod").mkdir(parents=True)
+    (root / "sys" / "fs" / "cgroup" / "pod" / "memory.max").write_text(limit + "\n")
+    return root
+
+
+def test_audit_says_the_cgroup_memory_limit_and_warns_over_half_of_it(store, tmp_path, monkeypatch, capsys):
+    """In a JupyterHub pod or a container the kernel kills at the cgroup's memory limit: ``python -m zarrtorch
+    audit`` prints the limit and, where the loaders of the node's ranks would take more than half of it, says
+    so and names what to lower. A warning, not a failure (exit 0, ``ok``): the audit may run elsewhere than the
+    training (a login node), in a cgroup that is not the job's."""
+    from zarrtorch import loader_memory
+    from zarrtorch._util import cgroup
+    from zarrtorch.audit import main
+
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", str(cgroup_memory_max(tmp_path / "none", "max")))
+    one = loader_memory(ZarrDataLoader(ZarrIterableDataset(store, seed=0), batch_size=16, num_workers=2)).total
+    argv = [str(store), "--world-size", "4", "--batch-size", "16", "--num-workers", "2", "--ranks-per-node", "2"]
+    assert main(argv) == 0
+    assert re.search(r"memory limit +none", capsys.readouterr().out)
+
+    roomy = 8 * one
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", str(cgroup_memory_max(tmp_path / "roomy", str(roomy))))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"memory limit +{roomy / 2**30:,.2f} GiB", out) and "25%" in out and "OVER" not in out
+
+    tight = 3 * one  # the node's 2 loaders take 67% of it
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", str(cgroup_memory_max(tmp_path / "tight", str(tight))))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "67%" in out and "OVER 50% OF LIMIT" in out
+    assert all(name in out for name in ("num_workers", "buffer_chunks", "requests_in_flight", "decode_threads"))
+    assert main(argv + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_limit_bytes"] == tight
+    report = audit(store, world_size=4, batch_size=16, num_workers=2, ranks_per_node=2)
+    assert report.ok and report.memory_limit_bytes == tight

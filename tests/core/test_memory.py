@@ -398,3 +398,31 @@ def test_held_memory_leaves_library_pages_out():
     finally:
         child.stdin.close()
         child.wait(30)
+
+
+def cgroup_memory_max(root, limit: str):
+    """A cgroup v2 fixture tree under ``root`` standing for ``/``: this process in /pod, ``memory.max`` there."""
+    (root / "proc" / "self").mkdir(parents=True)
+    (root / "proc" / "self" / "cgroup").write_text("0::/pod\n")
+    (root / "sys" / "fs" / "cgroup" / "pod").mkdir(parents=True)
+    (root / "sys" / "fs" / "cgroup" / "pod" / "memory.max").write_text(limit + "\n")
+    return root
+
+
+def test_loader_budget_knows_the_cgroup_memory_limit(tmp_path, monkeypatch):
+    """A JupyterHub pod or a container is killed at its cgroup's memory limit, not at the node's memory: the
+    budget carries the limit of the process it is computed in and says whether the loader stays within its
+    share (``MEMORY_LIMIT_SHARE``, the rest being the model's and PyTorch's); no limit ("max") is within."""
+    from zarrtorch._util import cgroup
+    from zarrtorch.budget import MEMORY_LIMIT_SHARE, loader_memory
+
+    loader = ZarrDataLoader(ZarrIterableDataset(make_store(tmp_path / "d.zarr", 12)), batch_size=16, num_workers=2)
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", str(cgroup_memory_max(tmp_path / "none", "max")))
+    unlimited = loader_memory(loader)
+    assert unlimited.memory_limit == 0 and unlimited.within_memory_limit
+    need = unlimited.total
+    for limit in (int(need / MEMORY_LIMIT_SHARE), int(need / MEMORY_LIMIT_SHARE) - 1, need):
+        monkeypatch.setattr(cgroup, "CGROUP_ROOT", str(cgroup_memory_max(tmp_path / str(limit), str(limit))))
+        budget = loader_memory(loader)
+        assert budget.memory_limit == limit and budget.total == need
+        assert budget.within_memory_limit is (need <= MEMORY_LIMIT_SHARE * limit)

@@ -8,13 +8,20 @@ import os
 import warnings
 from datetime import timedelta
 
+from zarrtorch._util.cgroup import cgroup_cpu_limit
 
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. Slurm's ``--cpus-per-task``), not the machine's."""
+
+def available_cpus(cgroup_root: str | os.PathLike | None = None) -> int:
+    """CPUs this process may use, not the machine's: those of its affinity mask (e.g. Slurm's
+    ``--cpus-per-task``), at most its cgroup's CPU quota rounded up (a container's, a Kubernetes pod's
+    limit: :func:`zarrtorch._util.cgroup.cgroup_cpu_limit`), at least 1. The one count every thread pool the
+    package sizes from CPUs starts from. ``cgroup_root``: where ``/`` is for the cgroup files (tests)."""
     try:
-        return len(os.sched_getaffinity(0))
+        mask = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        mask = os.cpu_count() or 1
+    quota = cgroup_cpu_limit(cgroup_root)
+    return max(1, mask if quota is None else min(mask, quota))
 
 
 def cpu_share(parts: int) -> int:

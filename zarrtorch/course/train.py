@@ -223,10 +223,10 @@ def _local_processes(devices, topo) -> int:
 
 def cpus_per_process(topo: dict, local_processes: int, env: dict | None = None) -> int:
     """The CPUs each training process has. In a Slurm job: ``SLURM_CPUS_PER_TASK``, but never more than the
-    task's affinity mask, because srun since Slurm 22.05 binds a task to 1 CPU unless told
-    (``SRUN_CPUS_PER_TASK``) while the variable still says what the job asked for; a disagreement is printed.
-    Elsewhere: this process's mask shared by the training processes of this machine (torchrun and
-    ``ddp_notebook`` do not bind)."""
+    task's :func:`~zarrtorch.available_cpus` (its affinity mask, capped by a cgroup CPU quota), because srun
+    since Slurm 22.05 binds a task to 1 CPU unless told (``SRUN_CPUS_PER_TASK``) while the variable still says
+    what the job asked for; a disagreement is printed. Elsewhere: this process's CPUs shared by the training
+    processes of this machine (torchrun and ``ddp_notebook`` do not bind)."""
     from zarrtorch import available_cpus
 
     env = os.environ if env is None else env
@@ -234,14 +234,14 @@ def cpus_per_process(topo: dict, local_processes: int, env: dict | None = None) 
         asked, mask = max(1, _first_int(env["SLURM_CPUS_PER_TASK"]) or 1), available_cpus()
         if mask < asked:
             say(
-                f"zarrtorch: SLURM_CPUS_PER_TASK={asked} but this task is bound to {mask} CPU(s) (its affinity "
-                f"mask): using {mask}. srun (Slurm 22.05 and newer) does not take --cpus-per-task from the batch "
-                "script: `export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK` before srun",
+                f"zarrtorch: SLURM_CPUS_PER_TASK={asked} but this task may use {mask} CPU(s) (its affinity "
+                f"mask, or a cgroup CPU quota): using {mask}. srun (Slurm 22.05 and newer) does not take "
+                "--cpus-per-task from the batch script: `export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK` before srun",
                 sys.stderr,
             )
         elif mask > asked:  # srun did not bind the task (no task/affinity plugin): the job's share is the rule
             say(
-                f"zarrtorch: SLURM_CPUS_PER_TASK={asked}, affinity mask {mask} CPU(s) (the task is not bound): "
+                f"zarrtorch: SLURM_CPUS_PER_TASK={asked}, {mask} CPU(s) available (the task is not bound): "
                 f"using {asked}",
                 sys.stderr,
             )
@@ -366,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = L.Trainer(**trainer_kwargs)
     rank = trainer.global_rank
     say(
-        f"rank {rank}/{trainer.world_size} on {os.uname().nodename}: {available_cpus()} CPU(s) in its affinity "
-        f"mask, {cpus} per process, {threads} torch thread(s), {decode} decode thread(s), {args.workers} "
-        f"DataLoader worker(s){'; SIGUSR1 -> checkpoint and requeue' if requeue is not None else ''}"
+        f"rank {rank}/{trainer.world_size} on {os.uname().nodename}: {available_cpus()} CPU(s) available "
+        f"(affinity mask, CPU quota), {cpus} per process, {threads} torch thread(s), {decode} decode thread(s), "
+        f"{args.workers} DataLoader worker(s){'; SIGUSR1 -> checkpoint and requeue' if requeue is not None else ''}"
     )
 
     stats = channel_stats(dm.store, stop_row=dm.split_plan.split_row)
