@@ -1,7 +1,11 @@
-"""Re-execute the committed notebooks in place on the tiny data (what nbval then checks), in this Python.
+"""Re-execute the committed notebooks in place on the default size (``small``), in this Python: the outputs a
+reader of the repository sees are those a learner's run prints. nbval then runs them on ``tiny`` in CI and
+compares every output that does not depend on the size (the cells whose output does are tagged
+``nbval-ignore-output``, and their claims are asserted in code at every size).
 
     python scripts/refresh_notebooks.py             # every notebook
-    python scripts/refresh_notebooks.py 02 06 A1    # those whose names start so (lessons 00-06, appendices A1...)
+    python scripts/refresh_notebooks.py 02 06 A1    # those whose names start so
+    ZARRTORCH_SIZE=tiny python scripts/refresh_notebooks.py 02   # another size, to look at, not to commit
 
 For maintainers, after a change that alters a notebook's outputs; ``make course`` runs copies instead.
 """
@@ -17,24 +21,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str]) -> int:
-    os.environ["ZARRTORCH_SIZE"] = "tiny"
+    size = os.environ.setdefault("ZARRTORCH_SIZE", "small")
     import nbformat
-    from nbclient import NotebookClient
 
+    from zarrtorch.course.lessons import run_notebook
     from zarrtorch.course.synthetic import make_data
 
-    make_data("tiny", progress=False)
+    make_data(size, progress=False)
     failed = 0
     for path in sorted((ROOT / "notebooks").glob("[0-9A-Z][0-9]_*.ipynb")):
         if argv and not any(path.name.startswith(prefix) for prefix in argv):
             continue
         nb = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        client = NotebookClient(
-            nb, timeout=1800, kernel_name="zarrtorch", resources={"metadata": {"path": str(path.parent)}}
-        )
         try:
-            client.execute()
+            run_notebook(nb, path, timeout=1800)
             status = "ok"
         except Exception as exc:  # keep going: report every failing notebook
             failed += 1
