@@ -201,7 +201,7 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
             encoding[n]["shards"] = (shard_rows, *ds[n].shape[1:])
     for c in target.coords:
         # a packed or masked coordinate is written as xarray shows it, as the data variables are: its encoding's
-        # dtype without its scale and fill wrapped its values (40001 as -25535), and xarray cannot write every
+        # dtype alone, without its scale and fill, would not hold its values, and xarray cannot write every
         # encoding it reads (a list of missing values). Others keep how their times are stored.
         packed = any(k in target[c].encoding for k in CF_ENCODING)
         kept = () if packed else ("units", "calendar", "dtype")

@@ -67,9 +67,9 @@ class Packing:
     dtype: np.dtype  # what the values are delivered as
 
     def decode(self, packed: np.ndarray, out: np.ndarray) -> None:
-        """``out[...] =`` the values of ``packed`` (as stored, rows along the first axis), a block of rows at a
-        time in float64 (:func:`decode_block_bytes`): float32 arithmetic lost digits xarray keeps (int16 with
-        ``add_offset=1e5``, ``scale_factor=0.001``: seven packed values decoded to two)."""
+        """``out[...] =`` the values of ``packed`` (as stored, rows along the first axis), computed a block of rows
+        at a time (:func:`decode_block_bytes`) in float64, as xarray computes them: float32 arithmetic rounds each
+        step, and its values are not xarray's rounded once."""
         if self.dtype.kind in "iu":  # _Unsigned alone: the same bytes, read the other way
             np.copyto(out, packed, casting="unsafe")
             return
@@ -105,8 +105,8 @@ class Packing:
 
 
 class BatchDecoder:
-    """Batches whose CF-packed columns are gathered as stored, into ``scratch(rows)`` (exactly: an int32 gathered
-    into float32 had lost its low bits before it was decoded), then decoded into the arrays the batch is delivered
+    """Batches whose CF-packed columns are gathered as stored, into ``scratch(rows)`` (float32 does not hold every
+    int32 exactly: the decode starts from the stored values), then decoded into the arrays the batch is delivered
     in: those ``out(rows)`` gave (a ring slot, a pooled batch), else new ones. Give :meth:`out` to the gathering
     and pass each batch it made through :meth:`decoded` before the next is gathered."""
 
