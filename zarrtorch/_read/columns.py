@@ -263,7 +263,7 @@ def decoding_attributes(arr) -> dict:
         if key in attrs:
             value = attrs[key]
             value = value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
-            if key == "_FillValue" and kind == "f" and not isinstance(value, str):  # Zarr v3: xarray's base64
+            if key == "_FillValue" and kind == "f" and isinstance(value, (int, float)):  # Zarr v3: xarray's base64
                 value = base64.standard_b64encode(struct.pack("<d", float(value))).decode()
             out[key] = value
     return out
