@@ -114,9 +114,10 @@ def loader_memory(loader) -> MemoryBudget:
     thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
     also the ``prefetch_factor`` batches each worker may have in flight. With ``keep_in_memory=True`` every piece of
     this rank's (frozen) share stays in its process as the decoded chunk it was cut from, and that is all
-    the decoded data its readers hold (``per_reader`` is 0). A remote store's requests in flight hold their
-    answers (:func:`fetched_bytes`), counted with the most requests in flight the loader may reach. The budget
-    also carries this process's cgroup memory limit (:attr:`MemoryBudget.within_memory_limit`)."""
+    the decoded data its readers hold (``per_reader`` is what they decode CF-packed columns in). A remote
+    store's requests in flight hold their answers (:func:`fetched_bytes`), counted with the most requests in
+    flight the loader may reach. The budget also carries this process's cgroup memory limit
+    (:attr:`MemoryBudget.within_memory_limit`)."""
     ds, cfg = loader.dataset, loader.config
     workers = cfg.num_workers
     threads = ds.decode_threads(workers)
@@ -133,7 +134,7 @@ def loader_memory(loader) -> MemoryBudget:
     if ds.keep_in_memory:  # a reader keeps every piece it reads (those in flight too) and buffers row ids only
         rank, world = loader.topology()
         pieces = sum(len(w.pieces) for w in loader.spec.plan(0, Topology(rank, world, workers)).workers)
-        per_reader, kept = 0, pieces * ds.chunk_rows * ds.row_bytes
+        per_reader, kept = ds.decode_bytes(), pieces * ds.chunk_rows * ds.row_bytes
     processes = MAIN_PROCESS_BYTES + workers * WORKER_PROCESS_BYTES
     limit = cgroup_memory_limit() or 0
     return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers, processes, limit)

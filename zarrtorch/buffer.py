@@ -163,9 +163,6 @@ class SlotBuffer:
 def _take_into(column: np.ndarray, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``column[rows]`` written into ``out``. ``np.take`` copies a column read the other way round
     (:mod:`zarrtorch._read.early`) whole before taking from it: such a column is taken from as it is stored."""
-    if out.dtype != column.dtype:  # a CF-packed column, decoded once gathered (zarrtorch._read.columns): cast as copied
-        out[...] = column[rows]
-        return out
     if column.strides[0] < 0:
         column, rows = column[::-1], len(column) - 1 - rows
     return np.take(column, rows, axis=0, out=out, mode="clip")

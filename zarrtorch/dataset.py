@@ -21,7 +21,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
-from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packings, stack_columns
+from zarrtorch._read.columns import (
+    BatchDecoder,
+    check_stack,
+    check_tensor_dtypes,
+    decode_block_bytes,
+    packing,
+    packings,
+    stack_columns,
+)
 from zarrtorch._read.early import EarlyReads, reads_early
 from zarrtorch._read.inflight import HOLD, InFlight
 from zarrtorch._read.reader import PieceReader
@@ -129,7 +137,7 @@ class ZarrIterableDataset(IterableDataset):
         self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
         check_tensor_dtypes({**self.arrays, **self.static}, chosen=variables is not None)
         self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
-        self.packings = packings(self.arrays, read.decode_cf)
+        self.packings = packings(self.arrays, read.decode_cf, read.cf_dtype)
         self.stack = check_stack(stack, self.decoded_columns)
         self.row_offset = 0
         self.starts: WindowStarts | None = None
@@ -191,16 +199,19 @@ class ZarrIterableDataset(IterableDataset):
             raise ValueError(f"two things share one key of a batch: {said}. Rename the array (prepare_zarr)")
 
     def _static_arrays(self, source, names, read: ReadOptions) -> dict[str, np.ndarray]:
-        """The static arrays, whole: taken out of the time arrays if opened with them."""
+        """The static arrays, whole and CF-decoded as the time arrays are: taken out of the time arrays if opened
+        with them."""
         arrays = {n: self.arrays.pop(n) for n in names if n in self.arrays}
         rest = [n for n in names if n not in arrays]
         if rest:
             arrays.update(open_arrays(source, rest, storage_options=read.storage_options, retry=read.retry))
         secrets = secrets_of(read.storage_options)
-        return {
-            n: static_array(n, a, retry=read.retry, check_chunks=read.check_chunks, secrets=secrets)
-            for n, a in arrays.items()
-        }
+        static = {}
+        for n, a in arrays.items():
+            values = static_array(n, a, retry=read.retry, check_chunks=read.check_chunks, secrets=secrets)
+            packed = packing(n, a, read.cf_dtype) if read.decode_cf else None
+            static[n] = packed.decoded(values) if packed is not None else values
+        return static
 
     def _use_windows(self, windows: Windows, row_range, stack, keep_in_memory: bool) -> None:
         """Plan window ids in blocks instead of rows in chunks (:mod:`zarrtorch.windows`)."""
@@ -285,6 +296,32 @@ class ZarrIterableDataset(IterableDataset):
         out.update({n: (a.shape, native(a.dtype)) for n, a in self.static.items()})
         return out
 
+    def _packed_out_columns(self) -> dict[str, str]:
+        """Each batch column holding a CF-packed array: ``{column: array}`` (with ``windows``, ``name`` for the
+        inputs and ``name_target`` for the targets)."""
+        if self.windows is None:
+            return {n: n for n in self.packings}
+        columns = {n: n for n in self.inputs if n in self.packings}
+        columns.update({n + "_target": n for n in self.targets if n in self.packings})
+        return columns
+
+    def _packed_columns(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Row shape and stored dtype of each batch column holding a CF-packed array: what its rows are gathered
+        into before they are decoded (:class:`~zarrtorch._read.columns.BatchDecoder`)."""
+        out, stored = self.out_columns, self.columns
+        return {c: (out[c][0], stored[n][1]) for c, n in self._packed_out_columns().items()}
+
+    def decode_bytes(self) -> int:
+        """Bytes a reading process holds to decode CF-packed columns: one batch of them gathered as stored, and
+        the float64 block the decode computes in (:func:`~zarrtorch._read.columns.decode_block_bytes`)."""
+        packed = self._packed_columns()
+        if not packed:
+            return 0
+        batch = self.config.batch_size if self.config is not None else 1
+        values = {c: int(np.prod(shape, dtype=np.int64)) for c, (shape, _) in packed.items()}
+        gathered = batch * sum(values[c] * dt.itemsize for c, (_, dt) in packed.items())
+        return gathered + max(decode_block_bytes(v, batch) for v in values.values())
+
     @property
     def batch_row_bytes(self) -> int:
         """Bytes of one row of every array in a batch (decoded CF-packed arrays are wider than stored)."""
@@ -338,10 +375,11 @@ class ZarrIterableDataset(IterableDataset):
 
     def worker_memory_bytes(self, decode_threads: int = 1) -> int:
         """Decoded data one worker holds at most (:func:`zarrtorch._util.sizes.held_chunks` chunks; no buffer
-        without ``shuffle`` or with ``buffer_chunks=0``)."""
+        without ``shuffle`` or with ``buffer_chunks=0``), and what it decodes CF-packed columns in."""
         row_shuffle = shuffles_rows(self.shuffle, self.buffer_chunks)
         if self.windows is not None:
-            return self._window_chunks_held(decode_threads, row_shuffle) * self.store_chunk_rows * self.row_bytes
+            held = self._window_chunks_held(decode_threads, row_shuffle)
+            return held * self.store_chunk_rows * self.row_bytes + self.decode_bytes()
         held = held_chunks(
             buffer_chunks=self.buffer_chunks, in_flight=self.in_flight(decode_threads), row_shuffle=row_shuffle
         )
@@ -349,7 +387,7 @@ class ZarrIterableDataset(IterableDataset):
         # 8,192 rows from a buffer of 1,024 once held 64 MiB per worker more than was counted
         batch = self.config.batch_size if self.config is not None else 0
         grown = max(0, batch - self.buffer_rows) if row_shuffle else 0
-        return (held * self.chunk_rows + grown) * self.row_bytes
+        return (held * self.chunk_rows + grown) * self.row_bytes + self.decode_bytes()
 
     def _window_chunks_held(self, decode_threads: int, row_shuffle: bool) -> int:
         """Store chunks one worker holds at most with ``windows`` (:mod:`zarrtorch.window_stream`): those its window
@@ -529,6 +567,10 @@ class ZarrIterableDataset(IterableDataset):
         writer = self._writer(worker, info)
         batch_columns = {**INDEX_ONLY, **self.out_columns}
         out = writer.out if writer is not None else self._pools.batches(spec.batch_size, batch_columns)
+        decoder = None
+        if self.packings:  # packed columns gathered as stored, decoded into the batch
+            decoder = BatchDecoder(self.packings, out, self._pools.batches(spec.batch_size, self._packed_columns()))
+            out = decoder.out
         batches = stream_batches(
             reader,
             plan.workers[logical],
@@ -542,8 +584,8 @@ class ZarrIterableDataset(IterableDataset):
             out=out,
             pools=self._pools,
         )
-        if self.packings:
-            batches = (self._decoded(batch, owned=writer is None or writer.in_slot) for batch in batches)
+        if decoder is not None:
+            batches = (decoder.decoded(batch) for batch in batches)
         if self.return_padding:
             padding = plan.padding + self.row_offset
             batches = (self._with_padding(batch, padding, writer) for batch in batches)
@@ -606,7 +648,8 @@ class ZarrIterableDataset(IterableDataset):
             rows=self._store_rows,
             skip=skip,
             padding=plan.padding if self.return_padding else None,
-            packings=self.packings,
+            packings={c: self.packings[n] for c, n in self._packed_out_columns().items()},
+            scratch=self._pools.batches(spec.batch_size, self._packed_columns()) if self.packings else None,
             out=writer.out if writer is not None else self._pools.batches(spec.batch_size, columns),
             held_slots=most_held,
             held_arrays=self._pools.held,
@@ -621,16 +664,6 @@ class ZarrIterableDataset(IterableDataset):
         if writer is not None and writer.in_slot:
             writer.last_arrays["padding"][...] = mask
         batch["padding"] = mask
-        return batch
-
-    def _decoded(self, batch: dict[str, np.ndarray], owned: bool) -> dict[str, np.ndarray]:
-        """The batch with its CF-packed columns decoded: in place in the batch's own arrays (gathered in the
-        decoded dtype), or into copies where the batch holds views of a chunk (``owned=False``)."""
-        for name, packing in self.packings.items():
-            rows = batch[name]
-            if not owned or rows.dtype != packing.dtype:
-                rows = batch[name] = rows.astype(packing.dtype)
-            packing.decode(rows)
         return batch
 
     def _read_next_epoch_early(self, submit, reader: PieceReader, view: EpochView, worker: int, n_workers: int):

@@ -100,8 +100,8 @@ class HeldChunks:
 
     def gather(self, name: str, rows: np.ndarray, out: np.ndarray) -> None:
         """``out`` (rows x steps of windows) ``= data[name][rows]``: one ``index_select`` of bytes where ``out``
-        has the held dtype and is contiguous, else (a CF-packed array gathered into its decoded dtype) a numpy
-        gather that converts."""
+        has the held dtype and is contiguous, else a numpy gather (which converts another dtype: CF-packed
+        columns are gathered as stored, then decoded, :mod:`zarrtorch._read.columns`)."""
         source = self._bytes[name]
         if source is None or out.dtype != self.data[name].dtype or not out.flags.c_contiguous or len(rows) == 0:
             out[...] = self.data[name][rows].reshape(out.shape)

@@ -8,8 +8,10 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 from torch.utils.data import default_convert
 
+from zarrtorch._read.columns import CF_DTYPES
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._util.arguments import flag, whole_number
 
@@ -30,7 +32,10 @@ class ReadOptions:
         check_chunks: raise if a chunk is missing from the store, not read the fill value (``False`` only for
             a store written with ``write_empty_chunks=False`` on purpose).
         allow_shards: accept sharded arrays, the shard being the unit of reading and distribution.
-        decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``) as xarray does.
+        decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``, ``_Unsigned``) as xarray
+            does, time arrays and static arrays alike (the rule: :mod:`zarrtorch._read.columns`).
+        cf_dtype: the dtype of decoded values: ``"float32"`` (xarray's values, computed in float64 as xarray computes
+            them, rounded to float32) or ``"float64"`` (xarray's values exactly, twice the memory of a batch).
     """
 
     decode_threads: int | None = None
@@ -40,14 +45,27 @@ class ReadOptions:
     check_chunks: bool = True
     allow_shards: bool = False
     decode_cf: bool = True
+    cf_dtype: str = "float32"
 
     def __post_init__(self):
         for name in ("decode_threads", "requests_in_flight"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None (the default), got {value!r}")
+        object.__setattr__(self, "cf_dtype", _cf_dtype(self.cf_dtype))
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a zarrtorch.RetryPolicy, got {type(self.retry).__name__}")
+
+
+def _cf_dtype(value) -> str:
+    """``value`` as one of :data:`~zarrtorch._read.columns.CF_DTYPES` (a string, or a numpy dtype or type)."""
+    try:
+        name = np.dtype(value).name if value is not None else None
+    except TypeError:
+        name = None
+    if name not in CF_DTYPES:
+        raise ValueError(f"cf_dtype must be 'float32' (the default) or 'float64', got {value!r}")
+    return name
 
 
 READ_FIELDS = tuple(f.name for f in dataclasses.fields(ReadOptions))

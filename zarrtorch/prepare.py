@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from zarrtorch._read.columns import NOT_TENSORS
+from zarrtorch._read.columns import CF_ENCODING, NOT_TENSORS, decoding_attributes
 from zarrtorch._read.source import is_url, sample_dimension
 from zarrtorch._util.sizes import ceil_div, row_bytes
 from zarrtorch.layout import LayoutError, check_first_axis_layout
@@ -200,7 +200,12 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
         if shard_rows:
             encoding[n]["shards"] = (shard_rows, *ds[n].shape[1:])
     for c in target.coords:
-        target[c].encoding = {k: v for k, v in target[c].encoding.items() if k in ("units", "calendar", "dtype")}
+        # a packed or masked coordinate is written as xarray shows it, as the data variables are: its encoding's
+        # dtype alone, without its scale and fill, would not hold its values, and xarray cannot write every
+        # encoding it reads (a list of missing values). Others keep how their times are stored.
+        packed = any(k in target[c].encoding for k in CF_ENCODING)
+        kept = () if packed else ("units", "calendar", "dtype")
+        target[c].encoding = {k: v for k, v in target[c].encoding.items() if k in kept}
     target.attrs = {**ds.attrs, "zarrtorch": {"dim": dim, "variables": names, "chunk_rows": chunk_rows}}
 
     # Metadata and coordinates first; the data variables are then filled block by block.
@@ -299,6 +304,8 @@ def _prepare_mapping(
         )
         for n, a in source.items()
     }
+    for n, a in source.items():  # the values are copied as stored: their CF packing goes with them
+        out[n].attrs.update(decoding_attributes(a))
     step = _block_rows(shard_rows or chunk_rows, nbytes_row, max_memory_mb)
     with _progress_bar(rows, f"prepare {label}", progress) as bar:
         for start in range(0, rows, step):

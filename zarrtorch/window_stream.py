@@ -222,13 +222,16 @@ def stream_windows(
     skip: int = 0,
     padding: np.ndarray | None = None,
     packings: dict | None = None,
+    scratch=None,
     out=None,
     held_slots: int = 0,
     held_arrays=None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches ``batches[skip:]`` as ``{"index": start rows, name: inputs, name_target: targets, static...}``
     (and ``"padding"`` when ``padding``, the rank's padded window ids, is given). ``out(n)``, when given,
-    returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`). The chunks are held in
+    returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`). ``packings``: the
+    :class:`~zarrtorch._read.columns.Packing` of each CF-packed column, gathered as stored into the arrays
+    ``scratch(n)`` returns (``{column: array}``) and decoded into the batch's. The chunks are held in
     :class:`~zarrtorch.held_chunks.HeldChunks` of at least ``held_slots`` chunks, made by ``held_arrays``."""
     chunk_rows = reader.chunk_rows
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
@@ -251,23 +254,25 @@ def stream_windows(
             dest = out(len(ids)) if out is not None else None
             if dest is None:
                 dest = {n: np.empty((len(ids), *shape), dtype=dt) for n, (shape, dt) in out_columns.items()}
+            gathered = dict(dest)  # CF-packed columns: as stored, then decoded into dest
+            if packings:
+                gathered.update(scratch(len(ids)))
             where = window_rows(starts, ids, offsets)
             dest["index"][:] = where[:, 0]
             at = held.rows_of(where.reshape(-1)).reshape(where.shape)
             inputs_at = np.ascontiguousarray(at[:, :history]).reshape(-1)
             for name in inputs:
-                held.gather(name, inputs_at, dest[name])
+                held.gather(name, inputs_at, gathered[name])
             if targets:
                 targets_at = np.ascontiguousarray(at[:, history:]).reshape(-1)
                 for name in targets:
-                    held.gather(name, targets_at, dest[name + "_target"])
+                    held.gather(name, targets_at, gathered[name + "_target"])
             for name, value in static.items():
                 dest[name][...] = value
             if padding is not None:
                 dest["padding"][:] = np.isin(ids, padding) if len(padding) else False
-            for name, packing in (packings or {}).items():  # CF-packed: gathered in the decoded dtype, decoded here
-                for column in [name] * (name in inputs) + [name + "_target"] * (name in targets):
-                    packing.decode(dest[column])
+            for column, packing in (packings or {}).items():
+                packing.decode(gathered[column], dest[column])
             for c in drops.pop(j, ()):
                 held.drop(c)
             yield dest

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 import zarr
 
@@ -201,3 +202,129 @@ def test_every_listed_missing_value_is_nan_and_encoded_durations_are_refused(tmp
     np.testing.assert_array_equal(np.isnan(got), [False, True, False, True])
     with pytest.raises(ValueError, match=r"array 'd' holds CF-encoded durations \(timedelta64\[us\], units 'hours'\)"):
         ZarrIterableDataset(str(tmp_path / "m.zarr"), variables=["d"])
+
+
+# -- issue 41, "Never wrong, part 3": static arrays, prepare_zarr's coordinates and mappings, the CF arithmetic ----
+def orography_store(path, zarr_format: int = 3):
+    """Hourly ``t2m`` and a static ``orog`` (lat, lon), both int16-packed by xarray as ERA5 packs ``z`` and ``lsm``."""
+    rng = np.random.default_rng(1)
+    orog = (3000 * rng.random((3, 4))).astype(np.float32)
+    orog[0, 0] = np.nan
+    t2m = (250 + 30 * rng.random((ROWS, 3, 4))).astype(np.float32)
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m), "orog": (("lat", "lon"), orog)})
+    packed = {"dtype": "int16", "_FillValue": -32768}
+    ds["t2m"].encoding = {**packed, "scale_factor": 0.01, "add_offset": 265.0, "chunks": (8, 3, 4)}
+    ds["orog"].encoding = {**packed, "scale_factor": 0.1, "add_offset": 1500.0}
+    ds.to_zarr(str(path), zarr_format=zarr_format, mode="w", consolidated=True)
+    return xr.open_zarr(str(path), consolidated=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_static_packed_arrays_stream_what_xarray_shows(tmp_path, zarr_format, num_workers):
+    """A CF-packed static array (``Windows(static=...)``) streamed the packed int16 (-32768, -8123...) where xarray
+    shows NaN and 93.85, while the time arrays of the same batch were decoded."""
+    from zarrtorch.windows import Windows
+
+    shown = orography_store(tmp_path / "p.zarr", zarr_format)
+    w = Windows(history=1, lead=1, static=("orog",))
+    ds = ZarrIterableDataset(str(tmp_path / "p.zarr"), windows=w)
+    assert ds.out_columns["orog"] == ((3, 4), np.dtype(np.float32))
+    extra = {"multiprocessing_context": "fork"} if num_workers else {}
+    loader = ZarrDataLoader(ds, batch_size=4, num_workers=num_workers, **extra)
+    assert loader_memory(loader).total > 0
+    want = shown["orog"].values.astype(np.float32)
+    assert np.isnan(want[0, 0])
+    for batch in loader:
+        assert batch["orog"].dtype == torch.float32
+        for orog in batch["orog"].numpy():
+            np.testing.assert_array_equal(orog, want)
+
+
+def test_prepare_zarr_keeps_packed_coordinates_as_xarray_shows_them(tmp_path):
+    """A static field kept as a coordinate (what prepare_zarr's own error advises) was written with its encoding's
+    int16 dtype and without its scale, offset and fill: [524, 89, 40001, nan] became [524, 89, -25535, 0]."""
+    from zarrtorch import prepare_zarr
+    from zarrtorch.windows import Windows
+
+    orog = np.array([524.0, 89.0, 40001.0, np.nan])
+    x = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
+    source = xr.Dataset({"x": (("time", "cell"), x), "orog": (("cell",), orog)})
+    source["orog"].encoding = {"dtype": "int16", "scale_factor": 1.0, "add_offset": 20000.0, "_FillValue": -32768}
+    source.to_zarr(str(tmp_path / "src.zarr"), mode="w", consolidated=True)
+    opened = xr.open_zarr(str(tmp_path / "src.zarr")).set_coords("orog")
+    np.testing.assert_array_equal(opened["orog"].values, orog)
+    prepare_zarr(opened, tmp_path / "out.zarr", chunk_rows=8, progress=False)
+    np.testing.assert_array_equal(xr.open_zarr(str(tmp_path / "out.zarr"))["orog"].values, orog)
+    ds = ZarrIterableDataset(str(tmp_path / "out.zarr"), windows=Windows(history=1, lead=0, static=("orog",)))
+    for batch in ZarrDataLoader(ds, batch_size=8):
+        np.testing.assert_array_equal(batch["orog"][0].numpy(), orog.astype(np.float32))
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_prepare_zarr_mapping_of_packed_arrays_streams_their_values(tmp_path, zarr_format):
+    """``prepare_zarr({"t2m": group["t2m"]}, out)`` of a packed array dropped its CF attributes: the result streamed
+    [1305, -32768, -1492] int16 where the source streams [278.05, nan, 250.08]."""
+    from zarrtorch import prepare_zarr
+
+    packed_store(tmp_path / "p.zarr", zarr_format)
+    group = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")
+    prepare_zarr({"t2m": group["t2m"], "sp": group["sp"]}, tmp_path / "out.zarr", chunk_rows=8, progress=False)
+    source, copied = stream(tmp_path / "p.zarr"), stream(tmp_path / "out.zarr")
+    for name in ("t2m", "sp"):
+        assert copied[name].dtype == source[name].dtype == np.float32
+        np.testing.assert_array_equal(copied[name], source[name])
+    assert np.isnan(copied["t2m"][5, 1, 2]) and np.isnan(copied["sp"][17]).all()
+
+
+def raw_store(path, name, packed: np.ndarray, attrs: dict):
+    """A Zarr v3 store of one array of ``packed`` integers with CF ``attrs``, written as a downloader writes them."""
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.create_array(name, data=packed, chunks=(8,), dimension_names=["time"]).attrs.update(attrs)
+    zarr.consolidate_metadata(str(path))
+    return xr.open_zarr(str(path))[name].values
+
+
+def test_unsigned_false_reads_the_bytes_as_signed_as_xarray_does(tmp_path):
+    """``_Unsigned="false"`` on uint8 was ignored: 200 streamed as 200 x 0.5 + 10 where xarray reads the byte as
+    -56 (-18.0)."""
+    packed = np.array([0, 1, 100, 127, 128, 200, 254, 255] * 2, dtype=np.uint8)
+    attrs = {"_Unsigned": "false", "scale_factor": 0.5, "add_offset": 10.0, "_FillValue": 127}
+    shown = raw_store(tmp_path / "u.zarr", "u", packed, attrs)
+    got = stream(tmp_path / "u.zarr")["u"]
+    np.testing.assert_array_equal(got, shown.astype(np.float32))
+    assert got[5] == -18.0 and np.isnan(got[3])
+
+
+def test_packed_values_are_computed_in_float64_as_xarray_computes_them(tmp_path):
+    """The decode ran in float32 arithmetic: int16 with scale_factor 0.001 and add_offset 30 gave values one float32
+    step off xarray's in thousands of rows; with add_offset 1e5 seven packed values became two. Now the values are
+    xarray's rounded to float32, and ``cf_dtype="float64"`` gives xarray's exactly."""
+    packed = np.arange(-32768, 32768, 64, dtype=np.int16)
+    shown = raw_store(tmp_path / "a.zarr", "a", packed, {"scale_factor": 0.001, "add_offset": 30.0})
+    got = stream(tmp_path / "a.zarr")["a"]
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, shown.astype(np.float32))
+    packed = np.arange(-4, 4, dtype=np.int16)
+    shown = raw_store(tmp_path / "b.zarr", "b", packed, {"scale_factor": 0.001, "add_offset": 1e5})
+    got = stream(tmp_path / "b.zarr", read=ReadOptions(cf_dtype="float64"))["b"]
+    assert got.dtype == np.float64 and len(np.unique(got)) == 8
+    np.testing.assert_array_equal(got, shown)
+
+
+def test_cf_dtype_is_checked_at_construction():
+    with pytest.raises(ValueError, match=r"cf_dtype must be 'float32' \(the default\) or 'float64', got 'float16'"):
+        ReadOptions(cf_dtype="float16")
+    assert ReadOptions(cf_dtype=np.float64).cf_dtype == "float64"
+
+
+def test_the_memory_budget_counts_the_packed_batch_decoded_from(tmp_path):
+    """Packed columns are gathered as stored into one batch of scratch, then decoded in float64 blocks: a reading
+    process holds both besides its chunks, and worker_memory_bytes (hence loader_memory) counts them."""
+    packed_store(tmp_path / "p.zarr", 3)
+    packed = ZarrIterableDataset(str(tmp_path / "p.zarr"))
+    raw = ZarrIterableDataset(str(tmp_path / "p.zarr"), read=ReadOptions(decode_cf=False))
+    for ds in (packed, raw):
+        ZarrDataLoader(ds, batch_size=8)  # the batch size the budget counts with
+    scratch = 8 * packed.row_bytes + 8 * 12 * 8  # a batch of int16 rows, and a float64 block (of rows of 12 values)
+    assert packed.worker_memory_bytes() >= raw.worker_memory_bytes() + scratch
