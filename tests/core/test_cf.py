@@ -324,7 +324,7 @@ def test_the_memory_budget_counts_the_packed_batch_decoded_from(tmp_path):
     packed_store(tmp_path / "p.zarr", 3)
     packed = ZarrIterableDataset(str(tmp_path / "p.zarr"))
     raw = ZarrIterableDataset(str(tmp_path / "p.zarr"), read=ReadOptions(decode_cf=False))
-    for ds in (packed, raw):
-        ZarrDataLoader(ds, batch_size=8)  # the batch size the budget counts with
+    # the loaders' own copies know the batch size the budget counts with
+    packed, raw = (ZarrDataLoader(ds, batch_size=8).dataset for ds in (packed, raw))
     scratch = 8 * packed.row_bytes + 8 * 12 * 8  # a batch of int16 rows, and a float64 block (of rows of 12 values)
     assert packed.worker_memory_bytes() >= raw.worker_memory_bytes() + scratch
