@@ -142,10 +142,9 @@ class ZarrIterableDataset(IterableDataset):
             self._use_windows(windows, row_range, stack, keep_in_memory)
         elif row_range is not None:
             self.row_offset, self.layout = restrict_rows(self.layout, row_range)
-        self._written_whole = written_whole(source, self.arrays)  # arrays whose store says it holds every chunk
-        if read.missing_chunks == "error":
-            spans = self.store_row_spans()
-            check_listed(self.arrays, spans, skip=self._written_whole, policy=read.retry, secrets=self._secrets)
+        if read.missing_chunks == "error":  # listed, but arrays whose store says it holds every chunk
+            whole = written_whole(source, self.arrays)
+            check_listed(self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self._secrets)
         self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
         self.keep_in_memory, self.return_index = bool(keep_in_memory), bool(return_index)
         self.return_padding = bool(return_padding)
@@ -551,7 +550,6 @@ class ZarrIterableDataset(IterableDataset):
             in_flight=self._in_flight,
             policy=self.read.retry,
             check_missing=self.read.missing_chunks == "error",
-            written_whole=self._written_whole,
             pools=self._pools,
             secrets=self._secrets,
             pieces_per_read=self.pieces_per_read(),

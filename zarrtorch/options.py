@@ -13,7 +13,6 @@ from torch.utils.data import default_convert
 
 from zarrtorch._read.fetch import RetryPolicy
 
-
 MISSING_CHUNKS = ("error", "fill")  # ReadOptions(missing_chunks=...)
 
 

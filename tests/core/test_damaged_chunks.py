@@ -192,7 +192,9 @@ def test_a_shard_missing_an_inner_chunk_is_an_error(tmp_path):
     data[DAMAGED * CHUNK + CHUNK // 2 : (DAMAGED + 1) * CHUNK] = 0  # the shard's second inner chunk
     # rewritten all fill values, zarr leaves that inner chunk out of the shard (write_empty_chunks=False)
     zarr.open_group(str(path), mode="r+")["x"][shard] = data[shard]
-    with pytest.raises(ChunkReadError, match=r"inner chunk\(s\) \[\(1(, 0)*\)\] .*fill value 0\.0.*missing_chunks='fill'"):
+    with pytest.raises(
+        ChunkReadError, match=r"inner chunk\(s\) \[\(1(, 0)*\)\] .*fill value 0\.0.*missing_chunks='fill'"
+    ):
         read_all(path, "sharded", 0)
     np.testing.assert_array_equal(read_all(path, "sharded", 0, missing_chunks="fill"), data)
 

@@ -86,7 +86,7 @@ def test_prepare_zarr_from_xarray_writes_an_all_zero_chunk(tmp_path):
 
 def test_a_store_marked_complete_is_not_listed_and_a_lost_chunk_names_the_option_at_read(tmp_path, monkeypatch):
     """A prepare_zarr store holds every chunk: no listing at construction; one removed since is found at read,
-    and the message says the store said it was complete, the fill value, and the option."""
+    and the message names the fill value, the option, and rewriting the store."""
     path = tmp_path / "p.zarr"
     prepare_zarr({"x": X + 1}, path, chunk_rows=CHUNK, progress=False)
     (path / "x" / "c" / "4" / "0").unlink()
@@ -97,7 +97,7 @@ def test_a_store_marked_complete_is_not_listed_and_a_lost_chunk_names_the_option
     message = str(err.value)
     assert "missing chunk 4 (rows 40:50) of array 'x'" in message
     assert "fill value 0.0" in message and "missing_chunks='fill'" in message
-    assert "every_chunk_written" in message and "rewrite" in message
+    assert "else the store is incomplete: rewrite it" in message
 
 
 # -- any other store: listed once per array at construction ------------------------------------------------

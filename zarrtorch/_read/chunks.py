@@ -31,7 +31,6 @@ from zarr.core.sync import sync
 from zarrtorch._read.fetch import RetryPolicy, get_buffer, with_retries, within
 from zarrtorch._util.sizes import ceil_div
 
-
 # what to do about a chunk with no stored object, in every message that names one (zarrtorch._read.listing)
 IF_SKIPPED = (
     "If this store was written with write_empty_chunks=False (zarr's default), which stores no chunk equal to the "

@@ -66,8 +66,7 @@ class PieceReader:
     ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
     ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
     :class:`~zarrtorch._read.early.EarlyReads`, kept as ``started_early``. ``check_missing``: a chunk with no stored
-    object is an error (else the fill value, as zarr reads it); ``written_whole``: the arrays whose store says it
-    holds every chunk (:mod:`zarrtorch._read.listing`), named in that error. ``first``: the epoch's pieces, whose
+    object is an error (else the fill value, as zarr reads it). ``first``: the epoch's pieces, whose
     first reads start at once (:meth:`read_first`). ``pieces_per_read``: consecutive pieces one task of a reading
     thread reads (small chunks: a task handed to a thread costs about as much as decoding 32 KiB); the reads in
     flight are then that many pieces each.
@@ -90,7 +89,6 @@ class PieceReader:
         secrets: tuple[str, ...] = (),
         in_flight: InFlight | None = None,
         pieces_per_read: int = 1,
-        written_whole: frozenset[str] = frozenset(),
     ):
         self.arrays = arrays
         self.chunk_rows = chunk_rows
@@ -98,7 +96,6 @@ class PieceReader:
         self.pieces_per_read = max(1, int(pieces_per_read))  # consecutive pieces one reading task reads
         self.in_flight = in_flight or InFlight(prefetch, prefetch)  # ``prefetch`` fixed, or adapted
         self.check_missing = check_missing
-        self.written_whole = written_whole
         self.cache = cache
         self.policy = policy or RetryPolicy()
         self.early, self.after_last = early, after_last
@@ -128,15 +125,9 @@ class PieceReader:
         )
 
     def _missing_message(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
-        said = f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value "
-        said += f"{fill_text(arr.fill_value)}. "
-        if name not in self.written_whole:
-            return f"{said}{IF_SKIPPED}."
         return (
-            f"{said}The store's attributes say zarrtorch.prepare_zarr wrote every chunk (zarrtorch: "
-            "every_chunk_written), so this one was lost or removed since: rewrite the store. Only if it was in fact "
-            "written otherwise (with zarr's default write_empty_chunks=False, its attributes copied from a prepared "
-            "store) pass ReadOptions(missing_chunks='fill')."
+            f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value "
+            f"{fill_text(arr.fill_value)}. {IF_SKIPPED}."
         )
 
     def read_piece(
