@@ -151,6 +151,15 @@ def test_only_the_rows_read_are_checked(tmp_path):
         ZarrIterableDataset(path, row_range=(10, 60))
 
 
+def test_chunks_behind_symbolic_links_are_listed(tmp_path):
+    """A store assembled from links (an array's chunks kept on another file system) holds every chunk."""
+    path = tmp_path / "s.zarr"
+    zarr_default(path, data=X + 1)
+    (path / "x" / "c" / "3").rename(tmp_path / "elsewhere")
+    (path / "x" / "c" / "3").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    np.testing.assert_array_equal(read_rows(path), X + 1)
+
+
 def test_one_listing_per_array_and_no_request_per_chunk(tmp_path):
     """The check lists each array's keys once and asks for no chunk: counted on a store that counts."""
 

@@ -65,9 +65,10 @@ def stored_keys(arr: zarr.Array, policy: RetryPolicy) -> set[str] | None:
 
 
 def _walked(root: str, prefix: str) -> set[str]:
-    """The files under ``root/prefix`` as store keys (one directory walk: no stat of each file)."""
+    """The files under ``root/prefix`` as store keys (one directory walk: no stat of each file), through links to
+    folders too (zarr reads a chunk behind one)."""
     keys = set()
-    for folder, _, files in os.walk(os.path.join(root, prefix)):
+    for folder, _, files in os.walk(os.path.join(root, prefix), followlinks=True):
         inside = os.path.relpath(folder, root).replace(os.sep, "/")
         keys.update(f"{inside}/{name}" if inside != "." else name for name in files)
     return keys
