@@ -89,7 +89,10 @@ class AuditReport:
 
     def _missing_lines(self) -> list[str]:
         if self.missing_chunks is None:
-            return ["  missing chunks       not listed: the store cannot list its keys (HTTP); reads still check each"]
+            return [
+                "  missing chunks       not listed: the store cannot list its keys (HTTP, or no permission to list); "
+                "the loader checks each chunk as it reads it"
+            ]
         if not self.missing_chunks:
             return ["  missing chunks       none"]
         out = [f"  missing chunks       {len(c)} of array {n!r}: {shown(c)}" for n, c in self.missing_chunks.items()]

@@ -66,12 +66,20 @@ def stored_keys(arr: zarr.Array, policy: RetryPolicy) -> set[str] | None:
 
 def _walked(root: str, prefix: str) -> set[str]:
     """The files under ``root/prefix`` as store keys (one directory walk: no stat of each file), through links to
-    folders too (zarr reads a chunk behind one)."""
-    keys = set()
-    for folder, _, files in os.walk(os.path.join(root, prefix), followlinks=True):
+    folders too (zarr reads a chunk behind one). A folder that cannot be read fails the listing: its chunks are not
+    missing."""
+    keys: set[str] = set()
+    top = os.path.join(root, prefix)
+    if not os.path.isdir(top):  # no chunk written yet
+        return keys
+    for folder, _, files in os.walk(top, followlinks=True, onerror=_unreadable):
         inside = os.path.relpath(folder, root).replace(os.sep, "/")
         keys.update(f"{inside}/{name}" if inside != "." else name for name in files)
     return keys
+
+
+def _unreadable(error: OSError) -> None:
+    raise error
 
 
 async def _listed(store, prefix: str, timeout_s: float) -> set[str]:
