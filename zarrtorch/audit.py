@@ -88,13 +88,14 @@ class AuditReport:
         return "\n".join(lines)
 
     def _missing_lines(self) -> list[str]:
+        """Chunks the epoch reads that the store lacks (nothing when it lacks none)."""
         if self.missing_chunks is None:
             return [
                 "  missing chunks       not listed: the store cannot list its keys (HTTP, or no permission to list); "
                 "the loader checks each chunk as it reads it"
             ]
         if not self.missing_chunks:
-            return ["  missing chunks       none"]
+            return []
         out = [f"  missing chunks       {len(c)} of array {n!r}: {shown(c)}" for n, c in self.missing_chunks.items()]
         if self.missing_chunks_read_as == "fill":
             return out + ["                       read as the fill value (missing_chunks='fill')"]
