@@ -77,6 +77,9 @@ def _save(fig, out: Path, name: str) -> str:
     return name
 
 
+METADATA_ONLY = ReadOptions(missing_chunks="fill")  # for a store with no chunk written (none is read)
+
+
 def _metadata_arrays(rows: int, chunk_rows: int, row_shape=(32, 64)) -> dict:
     """In-memory Zarr arrays with a dataset's shape and chunking but no chunk written: enough for the
     loader's plan and shuffle schedule, which never look at the data."""
@@ -266,7 +269,7 @@ def fig_partition(out: Path) -> tuple[str, dict]:
 def _batches(arrays, *, shuffle=True, buffer_chunks=8, world_size=1, num_workers=0, batch_size=64, epoch=0):
     from zarrtorch import ZarrIterableDataset
 
-    ds = ZarrIterableDataset(arrays, shuffle=shuffle, seed=0, buffer_chunks=buffer_chunks)
+    ds = ZarrIterableDataset(arrays, shuffle=shuffle, seed=0, buffer_chunks=buffer_chunks, read=METADATA_ONLY)
     return ds, ds.batch_row_ids(
         epoch=epoch, rank=0, world_size=world_size, num_workers=num_workers, batch_size=batch_size, drop_last=True
     )
@@ -668,7 +671,9 @@ def memory_facts() -> dict:
         with HttpStoreServer(tmp) as server:
             for where, source in (("file", str(path)), ("url", f"{server.url}/{path.name}")):
                 for bc in (2, 8, 32):
-                    ds = ZarrIterableDataset(source, buffer_chunks=bc, variables=["fields", "target"])
+                    ds = ZarrIterableDataset(
+                        source, buffer_chunks=bc, variables=["fields", "target"], read=METADATA_ONLY
+                    )
                     v[f"ws_{where}_mem_{bc}"] = f"{ds.worker_memory_bytes(decode_threads=2) / 2**20:,.0f}"
                 v[f"ws_{where}_in_flight"] = str(ds.in_flight(decode_threads=2))
                 v["ws_chunk_mib"] = f"{ds.chunk_rows * ds.row_bytes / 2**20:.0f}"
@@ -739,7 +744,9 @@ def appendix_facts() -> dict:
     }
     for size in ("small", "workshop"):
         p = PRESETS[size]
-        ds = ZarrIterableDataset(_metadata_arrays(p.n_time, TRAIN_CHUNK_ROWS[size], (p.n_lat, p.n_lon)))
+        ds = ZarrIterableDataset(
+            _metadata_arrays(p.n_time, TRAIN_CHUNK_ROWS[size], (p.n_lat, p.n_lon)), read=METADATA_ONLY
+        )
         v[f"a1_{size}_partition_mib"] = f"{p.n_time * ds.row_bytes / 4 / 2**20:,.0f}"
         v[f"a1_{size}_bound_mib"] = f"{ds.worker_memory_bytes(decode_threads=1) / 2**20:,.0f}"
     return v

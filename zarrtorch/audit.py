@@ -3,8 +3,8 @@
 ``audit(store, world_size=..., batch_size=...)`` (or ``python -m zarrtorch audit STORE ...``) reports the
 batches per rank, the rows left out and repeated as padding, duplicates (must be 0) and the shuffle
 quality, for a fresh epoch or for the rest of an epoch resumed from a saved loader state (on the same or
-another topology). It is what to run before a long DDP job: a rank with more batches than another would
-make DDP hang in its next collective.
+another topology), and the chunks missing from the store. It is what to run before a long DDP job: a rank
+with more batches than another would make DDP hang in its next collective.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from zarrtorch._read.listing import missing_chunks, shown
 from zarrtorch.budget import memory_limit_lines
-from zarrtorch.options import ReadOptions
+from zarrtorch.options import MISSING_CHUNKS, ReadOptions
 from zarrtorch.plan import Segment, Topology
 from zarrtorch.quality import chunk_diversity, order_correlation
-from zarrtorch.resume import LoaderCheckpoint, batches_of, resumed_plan
+from zarrtorch.resume import LoaderCheckpoint, batches_of, describe_windows, resumed_plan
+from zarrtorch.windows import Windows
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class AuditReport:
     ranks_per_node: int = 0  # 0: not asked
     node_memory_bytes: int = 0  # 0: not given
     memory_limit_bytes: int = 0  # the cgroup memory limit of the process that audited (0: none)
+    missing_chunks: dict[str, list[int]] | None = None  # array -> chunks with no stored object; None: not listed
+    missing_chunks_read_as: str = "error"  # ReadOptions(missing_chunks=...): "error" stops the loader at the first
 
     @property
     def loader_bytes_per_node(self) -> int:
@@ -62,7 +66,8 @@ class AuditReport:
     def ok(self) -> bool:
         limit = self.world_size * self.batch_size if self.drop_last else 1
         rows_ok = len(set(self.batches_per_rank)) == 1 and self.duplicates == 0 and self.rows_left_out < limit
-        return rows_ok and self.fits
+        chunks_ok = self.missing_chunks_read_as == "fill" or not self.missing_chunks
+        return rows_ok and self.fits and chunks_ok
 
     def summary(self) -> str:
         counts = sorted(set(self.batches_per_rank))
@@ -80,8 +85,27 @@ class AuditReport:
             f"{self.order_correlation:.2f}",
         ]
         lines += self._memory_lines()
+        lines += self._missing_lines()
         lines.append("  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above")
         return "\n".join(lines)
+
+    def _missing_lines(self) -> list[str]:
+        """Chunks the epoch reads that the store lacks (nothing when it lacks none)."""
+        if self.missing_chunks is None:
+            return [
+                "  missing chunks       not listed: the store cannot list its keys (HTTP, or no permission to list); "
+                "the loader checks each chunk as it reads it"
+            ]
+        if not self.missing_chunks:
+            return []
+        out = [f"  missing chunks       {len(c)} of array {n!r}: {shown(c)}" for n, c in self.missing_chunks.items()]
+        if self.missing_chunks_read_as == "fill":
+            return out + ["                       read as the fill value (missing_chunks='fill')"]
+        return out + [
+            "                       the loader stops at the first: if the store was written with "
+            "write_empty_chunks=False (zarr's default), pass ReadOptions(missing_chunks='fill') (here: "
+            "--missing-chunks fill); else rewrite it"
+        ]
 
     def _memory_lines(self) -> list[str]:
         gib = 2**30
@@ -135,12 +159,18 @@ def audit(
     report also says this process's cgroup memory limit (a container's, a pod's) and warns where one node's
     loaders would take more than :data:`zarrtorch.budget.MEMORY_LIMIT_SHARE` of it; a warning only, since the
     audit may run elsewhere than the training (a login node), whose limit is not the job's.
-    ``windows`` (:class:`zarrtorch.windows.Windows`): samples are windows; "rows" then counts window starts."""
+    ``windows`` (:class:`zarrtorch.windows.Windows`): samples are windows; "rows" then counts window starts; a
+    windows loader's ``state`` says its windows. The chunks the epoch reads with no stored object are listed (where
+    the store can list), and make the report a problem unless ``read`` has ``missing_chunks='fill'``."""
     from zarrtorch._util.cgroup import cgroup_memory_limit
     from zarrtorch.budget import loader_memory
     from zarrtorch.dataset import ZarrIterableDataset
     from zarrtorch.loader import ZarrDataLoader
 
+    read = read or ReadOptions()
+    saved = LoaderCheckpoint.from_dict(state) if state is not None else None
+    if saved is not None:
+        windows = windows_of(saved, windows)
     ds = ZarrIterableDataset(
         source,
         variables=variables,
@@ -148,18 +178,19 @@ def audit(
         shuffle=shuffle,
         buffer_chunks=buffer_chunks,
         row_range=row_range,
-        read=read,
+        read=dataclasses.replace(read, missing_chunks="fill"),  # listed below, for the report
         windows=windows,
     )
     history: tuple[Segment, ...] = ()
-    if state is not None:
-        saved = LoaderCheckpoint.from_dict(state)
+    if saved is not None:
         offset = ds.spec(1, False).row_offset  # with windows, the period's first row
         if (saved.rows, saved.chunk_rows, saved.row_offset) != (ds.rows, ds.chunk_rows, offset):
+            unsaid = saved.windows is None and windows is None  # a state saved before states named their windows
             raise ValueError(
                 f"the state was saved on {saved.rows} rows in chunks of {saved.chunk_rows} from row "
                 f"{saved.row_offset}; this store has {ds.rows} in chunks of {ds.chunk_rows} from row "
                 f"{offset}: audit the store (and row_range) the state belongs to"
+                + (" (and its windows, windows= or --windows, if a windows loader saved it)" if unsaid else "")
             )
         epoch, batch_size, drop_last, seed = saved.epoch, saved.batch_size, saved.drop_last, saved.seed
         shuffle, buffer_chunks = saved.shuffle, saved.buffer_chunks
@@ -201,7 +232,40 @@ def audit(
         ranks_per_node=int(ranks_per_node),
         node_memory_bytes=int(node_memory_gib * 2**30),
         memory_limit_bytes=cgroup_memory_limit() or 0,
+        missing_chunks=listed_missing_chunks(ds),
+        missing_chunks_read_as=read.missing_chunks,
     )
+
+
+def windows_of(saved: LoaderCheckpoint, given: Windows | None) -> Windows | None:
+    """The windows a state was saved with, rebuilt from its description (:meth:`Windows.describe`), or ``given``
+    where they agree; ``given`` for a state saved before states recorded them."""
+    if saved.windows is None:
+        return given
+    if not saved.windows:
+        if given is not None:
+            raise ValueError("the state was saved by a loader of rows, not of windows: audit it without windows")
+        return None
+    if given is not None and given.describe() != saved.windows:
+        raise ValueError(
+            f"the state was saved with {describe_windows(saved.windows)}, not {describe_windows(given.describe())}: "
+            "audit it without windows (they are read from the state) or with those it was saved with"
+        )
+    return given or Windows.from_description(saved.windows)
+
+
+def listed_missing_chunks(ds) -> dict[str, list[int]] | None:
+    """The chunks of the rows ``ds`` reads with no stored object, by array (one listing each, even of a store that
+    says it holds every chunk: one removed since is found here, before the job); ``None`` where the store cannot
+    list."""
+    spans, found = ds.store_row_spans(), {}
+    for name, arr in ds.arrays.items():
+        listed = missing_chunks(arr, spans, ds.read.retry)
+        if listed is None:
+            return None
+        if listed[0]:
+            found[name] = listed[0]
+    return found
 
 
 def load_state(path) -> dict:
@@ -259,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", default=None, help="a saved loader state (.json) or Lightning checkpoint (.ckpt)")
     p.add_argument("--ranks-per-node", type=int, default=0, help="also the loaders' memory of one node's ranks")
     p.add_argument("--node-memory-gib", type=float, default=0.0, help="and against the node's memory (GiB)")
+    p.add_argument(
+        "--windows",
+        type=int,
+        nargs=3,
+        default=None,
+        metavar=("HISTORY", "LEAD", "STRIDE"),
+        help="samples are windows (zarrtorch.Windows); a windows loader's --state says its own",
+    )
+    p.add_argument(
+        "--missing-chunks",
+        choices=MISSING_CHUNKS,
+        default="error",
+        help="what the job reads a chunk with no stored object as: ReadOptions(missing_chunks=...)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     a = p.parse_args(argv)
     if a.batch_size is None and a.state is None:
@@ -286,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             state=load_state(a.state) if a.state else None,
             ranks_per_node=a.ranks_per_node,
             node_memory_gib=a.node_memory_gib,
+            read=ReadOptions(missing_chunks=a.missing_chunks),
+            windows=Windows(*a.windows) if a.windows else None,
         )
     except (ValueError, OSError, LookupError, TypeError) as exc:  # OSError: a missing path, an unreachable server
         print(f"audit: {exc}", file=sys.stderr)

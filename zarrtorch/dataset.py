@@ -32,8 +32,18 @@ from zarrtorch._read.columns import (
 )
 from zarrtorch._read.early import EarlyReads, reads_early
 from zarrtorch._read.inflight import HOLD, InFlight
+from zarrtorch._read.listing import check_listed, written_whole
 from zarrtorch._read.reader import PieceReader
-from zarrtorch._read.source import Arrays, all_local, for_this_process, is_local, open_arrays, secrets_of, store_label
+from zarrtorch._read.source import (
+    Arrays,
+    all_local,
+    for_this_process,
+    is_local,
+    open_arrays,
+    open_source,
+    secrets_of,
+    store_label,
+)
 from zarrtorch._read.static import static_array
 from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
 from zarrtorch._util.arguments import row_range as checked_row_range
@@ -91,7 +101,9 @@ class ZarrIterableDataset(IterableDataset):
             memory); the chunk-to-rank assignment is then frozen at epoch 0's (the order in each process still
             changes). Memory, not disk: nothing is written.
         read: how the store is read (:class:`zarrtorch.ReadOptions`: decode threads, requests in flight,
-            storage options, retries, chunk checks, shards, CF decoding).
+            storage options, retries, missing chunks, shards, CF decoding). A store not written by ``prepare_zarr``
+            (which writes every chunk) is listed once per array here, where it can list, and refused naming its
+            missing chunks unless ``ReadOptions(missing_chunks='fill')``.
         windows: make each sample a window of consecutive time steps (:class:`zarrtorch.windows.Windows`:
             input and target steps, stride, arrays by role, static arrays, gaps). Every guarantee then holds
             for window starts: each valid start once per epoch, equal batches per rank, resume, ``audit``.
@@ -129,8 +141,8 @@ class ZarrIterableDataset(IterableDataset):
             raise TypeError(f"transform must be a function batch dict -> batch dict (picklable), got {transform!r}")
         self.read = read
         self.windows = windows
-        opened = open_arrays(source, variables, storage_options=read.storage_options, retry=read.retry)
-        self.arrays = Arrays(opened, secrets_of(read.storage_options))
+        source = open_source(source, read.storage_options, read.retry)
+        self.arrays = Arrays(open_arrays(source, variables, retry=read.retry), secrets_of(read.storage_options))
         self.static: dict[str, np.ndarray] = {}  # windows: the arrays without a time axis, read once
         if windows is not None and windows.static:
             self.static = self._static_arrays(source, windows.static, read)
@@ -146,6 +158,9 @@ class ZarrIterableDataset(IterableDataset):
             self._use_windows(windows, row_range, stack, keep_in_memory)
         elif row_range is not None:
             self.row_offset, self.layout = restrict_rows(self.layout, row_range)
+        if read.missing_chunks == "error":  # listed, but arrays whose store says it holds every chunk
+            whole = written_whole(source, self.arrays)
+            check_listed(self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self._secrets)
         self.shuffle, self.seed, self.buffer_chunks = bool(shuffle), int(seed), int(buffer_chunks)
         self.keep_in_memory, self.return_index = bool(keep_in_memory), bool(return_index)
         self.return_padding = bool(return_padding)
@@ -204,11 +219,11 @@ class ZarrIterableDataset(IterableDataset):
         arrays = {n: self.arrays.pop(n) for n in names if n in self.arrays}
         rest = [n for n in names if n not in arrays]
         if rest:
-            arrays.update(open_arrays(source, rest, storage_options=read.storage_options, retry=read.retry))
-        secrets = secrets_of(read.storage_options)
+            arrays.update(open_arrays(source, rest, retry=read.retry))
+        secrets, check_missing = secrets_of(read.storage_options), read.missing_chunks == "error"
         static = {}
         for n, a in arrays.items():
-            values = static_array(n, a, retry=read.retry, check_chunks=read.check_chunks, secrets=secrets)
+            values = static_array(n, a, retry=read.retry, check_missing=check_missing, secrets=secrets)
             packed = packing(n, a, read.cf_dtype) if read.decode_cf else None
             static[n] = packed.decoded(values) if packed is not None else values
         return static
@@ -409,6 +424,14 @@ class ZarrIterableDataset(IterableDataset):
             runs=self.starts.most_runs(self.chunk_rows),
         )
 
+    def store_row_spans(self) -> list[tuple[int, int]]:
+        """The store rows this dataset reads, as ``[start, stop)`` spans: its rows, or with ``windows`` the rows of
+        each step of the windows (not the gaps between segments, nor rows a stride steps over by whole chunks)."""
+        if self.starts is None:
+            return [(self.row_offset, self.row_offset + self.rows)]
+        runs = zip(self.starts.first.tolist(), self.starts.counts.tolist(), strict=True)
+        return [(a + o, a + n + o) for a, n in runs for o in self.windows.offsets.tolist()]
+
     # -- the plan ------------------------------------------------------------------------------------
     def spec(self, batch_size: int, drop_last: bool) -> EpochSpec:
         """What fixes every epoch's batches of this dataset in a loader of ``batch_size`` and ``drop_last``. Without
@@ -599,7 +622,7 @@ class ZarrIterableDataset(IterableDataset):
             threads=threads,
             in_flight=self._in_flight,
             policy=self.read.retry,
-            check_missing=self.read.check_chunks,
+            check_missing=self.read.missing_chunks == "error",
             pools=self._pools,
             secrets=self._secrets,
             pieces_per_read=self.pieces_per_read(),

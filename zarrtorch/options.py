@@ -15,6 +15,8 @@ from zarrtorch._read.columns import CF_DTYPES
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._util.arguments import flag, whole_number
 
+MISSING_CHUNKS = ("error", "fill")  # ReadOptions(missing_chunks=...)
+
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -29,8 +31,10 @@ class ReadOptions:
         storage_options: for a URL: fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``...);
             secrets among them never appear in a message.
         retry: timeout and retries for each remote request.
-        check_chunks: raise if a chunk is missing from the store, not read the fill value (``False`` only for
-            a store written with ``write_empty_chunks=False`` on purpose).
+        missing_chunks: what a chunk with no stored object is: ``"error"`` (default) raises, naming it (and at
+            construction where the store can list its keys); ``"fill"`` reads the array's fill value, as zarr
+            does, for a store written with zarr's default ``write_empty_chunks=False``, which stores no chunk
+            equal to the fill value everywhere. Stores written by ``prepare_zarr`` hold every chunk.
         allow_shards: accept sharded arrays, the shard being the unit of reading and distribution.
         decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``, ``_Unsigned``) as xarray
             does, time arrays and static arrays alike (the rule: :mod:`zarrtorch._read.columns`).
@@ -42,7 +46,7 @@ class ReadOptions:
     requests_in_flight: int | None = None
     storage_options: dict | None = field(default=None, hash=False)
     retry: RetryPolicy = RetryPolicy()
-    check_chunks: bool = True
+    missing_chunks: str = "error"
     allow_shards: bool = False
     decode_cf: bool = True
     cf_dtype: str = "float32"
@@ -53,6 +57,8 @@ class ReadOptions:
             if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None (the default), got {value!r}")
         object.__setattr__(self, "cf_dtype", _cf_dtype(self.cf_dtype))
+        if self.missing_chunks not in MISSING_CHUNKS:
+            raise ValueError(f"missing_chunks must be 'error' or 'fill', got {self.missing_chunks!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a zarrtorch.RetryPolicy, got {type(self.retry).__name__}")
 

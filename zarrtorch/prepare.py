@@ -23,6 +23,7 @@ import numpy as np
 import zarr
 
 from zarrtorch._read.columns import CF_ENCODING, NOT_TENSORS, decoding_attributes
+from zarrtorch._read.listing import EVERY_CHUNK_WRITTEN
 from zarrtorch._read.source import is_url, sample_dimension
 from zarrtorch._util.sizes import ceil_div, row_bytes
 from zarrtorch.layout import LayoutError, check_first_axis_layout
@@ -160,6 +161,7 @@ def prepare_zarr(
             _prepare_xarray(ds, dim, out, Path(str(store)).name, *args)
         else:
             _prepare_mapping(source, out, Path(str(store)).name, *args)
+        _say_every_chunk_written(out)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
             zarr.consolidate_metadata(out)  # lets xarray.open_zarr open the store without a warning
@@ -232,6 +234,14 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
                 out, region={dim: slice(start, stop)}, zarr_format=3, consolidated=False, write_empty_chunks=True
             )
             bar.update(stop - start)
+
+
+def _say_every_chunk_written(out) -> None:
+    """Say in the group's attributes that its variables hold every chunk (each written with
+    ``write_empty_chunks=True``), once they are all written: zarr records nowhere whether it skipped a chunk of
+    fill values, and the loader then need not list the store's keys to know (:mod:`zarrtorch._read.listing`)."""
+    group = zarr.open_group(out, mode="r+")
+    group.attrs["zarrtorch"] = {**group.attrs["zarrtorch"], EVERY_CHUNK_WRITTEN: True}
 
 
 def _checked_mapping(source: Mapping) -> dict:

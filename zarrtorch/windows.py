@@ -17,6 +17,7 @@ from more places in a buffer of the same memory (``benchmarks/windows.py`` measu
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -164,6 +165,17 @@ class Windows:
     def describe(self) -> str:
         """The settings that change which windows there are and how they are grouped (in the plan's fingerprint)."""
         return repr((self.history, self.lead, self.stride, self.segments, self.block_chunks))
+
+    @classmethod
+    def from_description(cls, described: str) -> Windows:
+        """The windows :meth:`describe` gave ``described`` (what a loader's state records): the same window starts
+        and blocks, so the same plan. The arrays' roles are not in it: every array with a time axis is an input
+        and a target."""
+        try:
+            history, lead, stride, segments, block_chunks = ast.literal_eval(described)
+        except (ValueError, SyntaxError, TypeError):
+            raise ValueError(f"{described!r} is not what Windows.describe() gives") from None
+        return cls(history=history, lead=lead, stride=stride, segments=segments, block_chunks=block_chunks)
 
 
 def check_rows(windows: Windows, rows: int) -> None:

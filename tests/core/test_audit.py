@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from zarrtorch import AuditReport, ZarrDataLoader, ZarrIterableDataset, audit, prepare_zarr
+import zarrtorch.cli
+from zarrtorch import AuditReport, Windows, ZarrDataLoader, ZarrIterableDataset, audit, prepare_zarr
 
 ROWS, CHUNK = 437, 20
 
@@ -186,3 +187,56 @@ def test_audit_says_the_cgroup_memory_limit_and_warns_over_half_of_it(store, tmp
     assert json.loads(capsys.readouterr().out)["memory_limit_bytes"] == tight
     report = audit(store, world_size=4, batch_size=16, num_workers=2, ranks_per_node=2)
     assert report.ok and report.memory_limit_bytes == tight
+
+
+WINDOWS = Windows(history=3, lead=2, stride=2, block_chunks=2)
+
+
+def windows_loader(store, rank, world, state=None, windows=WINDOWS):
+    ds = ZarrIterableDataset(store, seed=4, buffer_chunks=2, return_index=True, windows=windows)
+    loader = ZarrDataLoader(ds, batch_size=8, rank=rank, world_size=world)
+    loader.set_epoch(1)
+    if state is not None:
+        loader.load_state_dict(state)
+    return loader
+
+
+def test_cli_audits_a_windows_state_on_its_own_store(store, tmp_path, capsys):
+    """``audit --state`` of a windows loader's state blamed the very store it was saved on ("audit the store ... the
+    state belongs to"): the command had no way to say windows. They are rebuilt from the state's description, and
+    the report matches what loaders resumed from that state yield on the new topology."""
+    first = windows_loader(store, 0, 2)
+    for seen, _ in enumerate(first, start=1):
+        if seen == 3:
+            break
+    state = tmp_path / "windows_state.json"
+    state.write_text(json.dumps(first.state_dict()))
+    argv = ["audit", str(store), "--world-size", "3", "--state", str(state), "--json"]
+    code = zarrtorch.cli.main(argv)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    report = json.loads(out.out)
+    saved = json.loads(state.read_text())
+    rest = [list(windows_loader(store, rank, 3, saved)) for rank in range(3)]
+    read = np.concatenate([b["index"].numpy() for batches in rest for b in batches])
+    assert report["batches_per_rank"] == [len(batches) for batches in rest]
+    assert report["rows_read"] == len(read) and report["rows_consumed_before"] == 2 * 3 * 8
+    assert report["duplicates"] == 0 and report["rows"] == first.dataset.rows  # window starts
+
+    other = tmp_path / "other.zarr"  # a state of another store still gets the clear message
+    prepare_zarr({"x": np.arange(ROWS - 40, dtype=np.float32)}, other, chunk_rows=CHUNK, progress=False)
+    assert zarrtorch.cli.main(["audit", str(other), "--world-size", "3", "--state", str(state)]) == 2
+    assert "audit the store (and row_range) the state belongs to" in capsys.readouterr().err
+    # windows given that are not the state's: named, both
+    assert zarrtorch.cli.main([*argv[:-1], "--windows", "3", "2", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Windows(history=3, lead=2, stride=2, block_chunks=2)" in err and "stride=1" in err
+
+
+def test_cli_audits_windows_without_a_state(store, capsys):
+    argv = ["audit", str(store), "--world-size", "2", "--batch-size", "8", "--windows", "3", "2", "2", "--json"]
+    assert zarrtorch.cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = audit(store, world_size=2, batch_size=8, windows=Windows(history=3, lead=2, stride=2))
+    assert (report["rows"], report["batches_per_rank"]) == (expected.rows, expected.batches_per_rank)
+    assert expected.rows == ROWS - 8  # window starts, not rows

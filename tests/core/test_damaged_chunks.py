@@ -176,8 +176,8 @@ def test_a_missing_chunk_is_an_error_not_fill_values(pristine, tmp_path, kind, n
     chunk_file(path, kind).unlink()
     with pytest.raises(ChunkReadError, match=rf"missing chunk {DAMAGED} .*of array 'x'.*fill value"):
         read_all(path, kind, num_workers)
-    # check_chunks=False: the store was written without empty chunks on purpose, they read as fill values
-    rows = read_all(path, kind, 0, check_chunks=False)
+    # missing_chunks="fill": the store was written without empty chunks on purpose, they read as fill values
+    rows = read_all(path, kind, 0, missing_chunks="fill")
     expected = X.copy()
     expected[DAMAGED * CHUNK : (DAMAGED + 1) * CHUNK] = 0
     np.testing.assert_array_equal(rows, expected)
@@ -192,9 +192,11 @@ def test_a_shard_missing_an_inner_chunk_is_an_error(tmp_path):
     data[DAMAGED * CHUNK + CHUNK // 2 : (DAMAGED + 1) * CHUNK] = 0  # the shard's second inner chunk
     # rewritten all fill values, zarr leaves that inner chunk out of the shard (write_empty_chunks=False)
     zarr.open_group(str(path), mode="r+")["x"][shard] = data[shard]
-    with pytest.raises(ChunkReadError, match=r"inner chunk\(s\) \[\(1(, 0)*\)\] .*check_chunks=False"):
+    with pytest.raises(
+        ChunkReadError, match=r"inner chunk\(s\) \[\(1(, 0)*\)\] .*fill value 0\.0.*missing_chunks='fill'"
+    ):
         read_all(path, "sharded", 0)
-    np.testing.assert_array_equal(read_all(path, "sharded", 0, check_chunks=False), data)
+    np.testing.assert_array_equal(read_all(path, "sharded", 0, missing_chunks="fill"), data)
 
 
 def without_content_size(frame: bytes) -> bytes:

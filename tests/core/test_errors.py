@@ -200,11 +200,11 @@ def test_missing_chunk(store, num_workers):
         _read_all(loader)
     msg = str(err.value)
     assert "missing chunk 3 (rows 60:80" in msg and "array 'x'" in msg and "x/c/3/0" in msg
-    assert "check_chunks=False" in msg and "prepare_zarr" in msg
+    assert "ReadOptions(missing_chunks='fill')" in msg and "prepare_zarr" in msg and "fill value 0.0" in msg
     # opting out reads the fill value, as Zarr does
     rows = _read_all(
         ZarrDataLoader(
-            ZarrIterableDataset(store, seed=1, return_index=True, read=ReadOptions(check_chunks=False)),
+            ZarrIterableDataset(store, seed=1, return_index=True, read=ReadOptions(missing_chunks="fill")),
             batch_size=16,
             num_workers=num_workers,
             timeout=120 if num_workers else 0,

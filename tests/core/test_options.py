@@ -18,7 +18,7 @@ def store(tmp_path_factory):
 
 
 def test_reading_options_in_one_object(store):
-    read = ReadOptions(decode_threads=2, requests_in_flight=5, retry=RetryPolicy(timeout_s=3), check_chunks=False)
+    read = ReadOptions(decode_threads=2, requests_in_flight=5, retry=RetryPolicy(timeout_s=3), missing_chunks="fill")
     ds = ZarrIterableDataset(store, variables=["x"], read=read)
     assert list(ds.arrays) == ["x"] and ds.read is read
     assert ds.in_flight(ds.decode_threads(0)) == 5 and ds.decode_threads(0) == 2
@@ -32,7 +32,7 @@ def test_reading_options_in_one_object(store):
     "old,check",
     [
         (dict(decode_threads=3), lambda ds: ds.read.decode_threads == 3),
-        (dict(requests_in_flight=4, check_chunks=False), lambda ds: not ds.read.check_chunks),
+        (dict(requests_in_flight=4, missing_chunks="fill"), lambda ds: ds.read.missing_chunks == "fill"),
         (dict(arrays=["y"]), lambda ds: list(ds.arrays) == ["y"]),
         (dict(cache=True), lambda ds: ds.keep_in_memory),
     ],

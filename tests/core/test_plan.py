@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from zarr.storage import MemoryStore
 
-from zarrtorch import ZarrIterableDataset, epoch_plan
+from zarrtorch import ReadOptions, ZarrIterableDataset, epoch_plan
 from zarrtorch.buffer import RowCursor, SlotBuffer, schedule, simulate
 from zarrtorch.plan import (
     batches_consumed_per_worker,
@@ -380,12 +380,13 @@ def test_slot_buffer_moves_data_with_ids(case):
 
 
 # -- batch_row_ids of a dataset (metadata only: no chunk is ever read) -----------------------------------
+METADATA_ONLY = ReadOptions(missing_chunks="fill")  # no chunk is written, and none is read
 
 
 @lru_cache(maxsize=256)
 def metadata_dataset(rows, chunk, seed, buffer_chunks, shuffle=True):
     arr = zarr.create_array(store=MemoryStore(), shape=(rows,), chunks=(chunk,), dtype="i1")
-    return ZarrIterableDataset({"x": arr}, seed=seed, buffer_chunks=buffer_chunks, shuffle=shuffle)
+    return ZarrIterableDataset({"x": arr}, seed=seed, buffer_chunks=buffer_chunks, shuffle=shuffle, read=METADATA_ONLY)
 
 
 @SETTINGS
@@ -476,7 +477,7 @@ def test_row_range_is_a_shifted_store(setup, data):
     start, stop = first * chunk, min(rows, last * chunk)
     assume(fits(stop - start, world, batch, drop_last))
     arr = zarr.create_array(store=MemoryStore(), shape=(rows,), chunks=(chunk,), dtype="i1")
-    window = ZarrIterableDataset({"x": arr}, seed=seed, buffer_chunks=2, row_range=(start, stop))
+    window = ZarrIterableDataset({"x": arr}, seed=seed, buffer_chunks=2, row_range=(start, stop), read=METADATA_ONLY)
     alone = metadata_dataset(stop - start, chunk, seed, 2)
     kw = dict(epoch=epoch, world_size=world, batch_size=batch, drop_last=drop_last, num_workers=workers)
     for r in range(world):

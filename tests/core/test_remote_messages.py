@@ -66,7 +66,7 @@ def test_a_password_in_an_http_url_is_never_shown(served):
         with pytest.raises(ChunkReadError, match="3 attempts failed") as err:
             list(
                 ZarrDataLoader(
-                    ZarrIterableDataset(url, shuffle=False, read=ReadOptions(retry=QUICK, check_chunks=False)),
+                    ZarrIterableDataset(url, shuffle=False, read=ReadOptions(retry=QUICK, missing_chunks="fill")),
                     batch_size=10,
                 )
             )

@@ -31,6 +31,18 @@ from zarr.core.sync import sync
 from zarrtorch._read.fetch import RetryPolicy, get_buffer, with_retries, within
 from zarrtorch._util.sizes import ceil_div
 
+# what to do about a chunk with no stored object, in every message that names one (zarrtorch._read.listing)
+IF_SKIPPED = (
+    "If this store was written with write_empty_chunks=False (zarr's default), which stores no chunk equal to the "
+    "fill value everywhere, pass ReadOptions(missing_chunks='fill'); else the store is incomplete: rewrite it "
+    "(zarrtorch.prepare_zarr writes every chunk)"
+)
+
+
+def fill_text(fill_value) -> str:
+    """An array's fill value as a message shows it (what zarr reads a missing chunk as; 0 where none is set)."""
+    return repr(np.asarray(0 if fill_value is None else fill_value).item())
+
 
 def chunk_key(arr: zarr.Array, chunk: int) -> str:
     """The store key of chunk (or shard) ``chunk`` along the first axis of a first-axis-chunked array."""
@@ -169,9 +181,8 @@ async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing
         absent = [tuple(c) for c in np.argwhere(grid[..., 0] == MAX_UINT_64).tolist()]  # inner chunks' coordinates
         raise ValueError(
             f"the shard has no bytes for its inner chunk(s) {absent[:8]}{' ...' if len(absent) > 8 else ''} (their "
-            "coordinates in the shard): zarr would read them as fill values. Rewrite the store (zarrtorch.prepare_zarr "
-            "writes every chunk), or pass ReadOptions(check_chunks=False) if it was written with "
-            "write_empty_chunks=False"
+            f"coordinates in the shard): zarr would read them as the fill value {fill_text(spec.fill_value)}. "
+            f"{IF_SKIPPED}"
         )
     ends = entries[present, 0].astype(np.uint64) + entries[present, 1].astype(np.uint64)
     if len(ends) and int(ends.max()) > len(raw):

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zarr
 
-from zarrtorch._read.chunks import chunk_key, chunk_keys, read_chunk
+from zarrtorch._read.chunks import IF_SKIPPED, chunk_key, chunk_keys, fill_text, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import direct_decoder
 from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
@@ -65,7 +65,8 @@ class PieceReader:
     ``early``: reads of the first pieces started before (:mod:`zarrtorch._read.early`), used where they match;
     ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
     ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
-    :class:`~zarrtorch._read.early.EarlyReads`, kept as ``started_early``. ``first``: the epoch's pieces, whose
+    :class:`~zarrtorch._read.early.EarlyReads`, kept as ``started_early``. ``check_missing``: a chunk with no stored
+    object is an error (else the fill value, as zarr reads it). ``first``: the epoch's pieces, whose
     first reads start at once (:meth:`read_first`). ``pieces_per_read``: consecutive pieces one task of a reading
     thread reads (small chunks: a task handed to a thread costs about as much as decoding 32 KiB); the reads in
     flight are then that many pieces each.
@@ -125,9 +126,8 @@ class PieceReader:
 
     def _missing_message(self, name: str, arr: zarr.Array, chunk: int, start: int, stop: int) -> str:
         return (
-            f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value. "
-            "Rewrite the store (zarrtorch.prepare_zarr writes every chunk), or pass check_chunks=False "
-            "if it was written with write_empty_chunks=False and the chunk is legitimately empty."
+            f"missing {self._where(name, arr, chunk, start, stop)}: Zarr would read it as the fill value "
+            f"{fill_text(arr.fill_value)}. {IF_SKIPPED}."
         )
 
     def read_piece(

@@ -229,6 +229,16 @@ def _nothing_listed(group: zarr.Group) -> LookupError:
     return LookupError(f"the group at {store_label(group)} lists no arrays: {_LISTING_HINT}")
 
 
+def open_source(source, storage_options: dict | None = None, retry: RetryPolicy | None = None):
+    """``source`` opened where it is a path or URL (a group or an array; a URL with the deadline and retries of
+    ``retry``); anything else as given."""
+    if isinstance(source, (str, os.PathLike)):
+        return _open_path(source, storage_options, retry)
+    if storage_options:
+        raise ValueError("storage_options apply when the source is a URL; an opened group already has its store")
+    return source
+
+
 def open_arrays(
     source,
     names: Sequence[str] | None = None,
@@ -238,10 +248,7 @@ def open_arrays(
 ) -> dict[str, zarr.Array]:
     """Resolve ``source`` (and optionally a subset ``names``) to ``{name: zarr.Array}``; a URL is opened with
     the deadline and retries of ``retry``."""
-    if isinstance(source, (str, os.PathLike)):
-        source = _open_path(source, storage_options, retry)
-    elif storage_options:
-        raise ValueError("storage_options apply when the source is a URL; an opened group already has its store")
+    source = open_source(source, storage_options, retry)
     consolidated = False  # a group read from its consolidated metadata, or arrays that may come from one
     if isinstance(source, zarr.Array):
         arrays = {source.basename or "data": source}

@@ -11,17 +11,18 @@ from __future__ import annotations
 import numpy as np
 import zarr
 
-from zarrtorch._read.chunks import read_whole
+from zarrtorch._read.chunks import IF_SKIPPED, fill_text, read_whole
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError
 from zarrtorch._read.source import is_local, redact, store_label
 
 
 def static_array(
-    name: str, arr: zarr.Array, *, retry: RetryPolicy, check_chunks: bool = True, secrets: tuple[str, ...] = ()
+    name: str, arr: zarr.Array, *, retry: RetryPolicy, check_missing: bool = True, secrets: tuple[str, ...] = ()
 ) -> np.ndarray:
     """The whole of static array ``name``, or a :class:`ChunkReadError` saying which chunk failed and why
-    (``retry``: a remote store's deadline and retries; ``secrets``: never shown in a message)."""
+    (``retry``: a remote store's deadline and retries; ``check_missing``: a chunk with no stored object is an
+    error, else the fill value; ``secrets``: never shown in a message)."""
 
     def where(coords, key) -> str:
         return f"chunk {tuple(coords)} of static array {name!r}, key {key!r} in store {store_label(arr, secrets)}"
@@ -29,13 +30,13 @@ def static_array(
     def fail(coords, key, exc) -> ChunkReadError:
         if isinstance(exc, FileNotFoundError):
             return ChunkReadError(
-                f"missing {where(coords, key)}: Zarr would read it as the fill value. Rewrite the store, or pass "
-                "ReadOptions(check_chunks=False) if it was written with write_empty_chunks=False"
+                f"missing {where(coords, key)}: Zarr would read it as the fill value {fill_text(arr.fill_value)}. "
+                f"{IF_SKIPPED}."
             )
         return ChunkReadError(f"cannot read {where(coords, key)}: {redact(f'{type(exc).__name__}: {exc}', secrets)}")
 
     policy = None if is_local(arr) else retry
     try:
-        return read_whole(arr, policy=policy, check_missing=check_chunks, fail=fail)
+        return read_whole(arr, policy=policy, check_missing=check_missing, fail=fail)
     except ValueError as exc:  # refused before any read (a sharded static array)
         raise ValueError(f"static array {name!r}: {exc}") from None
