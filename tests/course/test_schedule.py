@@ -5,7 +5,8 @@ the deck's "The day" slide) are parsed into (start, end, notebook) rows and must
 names may be worded differently. The day runs 09:00-17:30 in one unbroken sequence of blocks; every notebook in
 ``notebooks/`` is either on the day's path or in the block after it, which the README and lesson 00 list too;
 each lesson's block is at least the time the lesson states ("about N minutes" in its first cell) and the
-duration the README's outline gives it.
+duration the README's outline gives it. Lesson 00 names the notebooks after the day by file name and points
+at the reference pages in ``docs/``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from zarrtorch.course.lessons import AFTER_THE_DAY, DAY, slot_minutes
+from zarrtorch.course.lessons import AFTER_THE_DAY, DAY, optional_notebooks, slot_minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -78,7 +79,9 @@ def test_every_notebook_is_on_the_path_or_after_the_day():
         assert re.search(rf"\b{number}\b.*\b{minutes} min", readme_after), (
             f"{number} in the README's block after the day"
         )
-        assert re.search(rf"\b{number}_", lesson00), f"lesson 00 names notebook {number}"
+    for path in optional_notebooks(ROOT):
+        assert path.name in lesson00, f"lesson 00 names the notebook {path.name} (after the day) by its file name"
+    assert "../docs/README.md" in lesson00, "lesson 00 points at the reference pages (docs/README.md)"
 
 
 def test_each_block_holds_its_lesson():
