@@ -56,8 +56,10 @@ bench: setup
 
 ## zarrtorch against the loaders its users would pick instead (LitData, MosaicML Streaming, xbatcher, torchdata,
 ## Grain, anemoi-datasets, zarr-torch-dataset): each peer in its own environment under .peers/, built on first use
+## then the reference page docs/peers.md and its figure, generated from the run's JSON (benchmarks/peers.json)
 bench-peers: setup
 	$(PY) benchmarks/peers/run.py --md benchmarks/peers.md $(PEERS_ARGS)
+	$(PY) -m zarrtorch.course.peers_table --md docs/peers.md --png docs/peers.png
 
 slides: setup
 	$(PY) slides/build.py

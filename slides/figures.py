@@ -17,8 +17,9 @@ Nothing here is typed in: every figure and every number the deck shows comes out
   lesson 07's requests in flight and the data requests of an epoch as chunks and as shards (the tiny data served
   by ``zarrtorch.course.servers.HttpStoreServer``, counted there), appendix A1's batches per rank of
   zarr-torch-dataset (``reference_rows_per_rank``) against zarrtorch's plan, and the Slurm template's lines.
-- ``peers.png``: appendix A2's figure, rows/s against held memory per loader, with the loaders that kept every
-  guarantee (``zarrtorch.course.peers_table``), read from ``make bench-peers``'s committed ``benchmarks/peers.json``.
+- ``peers.png``: the figure of the reference page ``docs/peers.md``, rows/s against held memory per loader, with the
+  loaders that kept every guarantee on its store (``zarrtorch.course.peers_table``), read from ``make bench-peers``'s
+  committed ``benchmarks/peers.json``.
 - ``throughput.png``: measured loader throughput (row-by-row Dataset vs ZarrDataLoader vs raw decode), taken
   from ``benchmarks/results/latest.json`` when it exists and is readable, else measured here on tiny data.
 
@@ -752,26 +753,32 @@ def appendix_facts() -> dict:
     return v
 
 
+def _even_fork(setting: dict) -> bool:
+    return setting["even"] and setting["start_method"] in (None, "fork")
+
+
 def fig_peers(out: Path) -> tuple[str, dict]:
-    """Appendix A2: ``make bench-peers``'s last committed run (``benchmarks/peers.json``), read, not run: rows/s
-    against held memory per loader and worker count (``zarrtorch.course.peers_table.figure``, the notebook's
-    figure), the loaders that kept every guarantee, and the fastest peer against zarrtorch."""
+    """The reference page ``docs/peers.md``: ``make bench-peers``'s last committed run (``benchmarks/peers.json``),
+    read, not run: rows/s against held memory per loader and worker count (``zarrtorch.course.peers_table.figure``,
+    the page's figure), the loaders that kept every guarantee on its store, and whether that store could trigger
+    the failures of an uneven split or a spawn start."""
     from zarrtorch.course import peers_table
 
     results = peers_table.load()
     safe = peers_table.keeps_all(results)
-    fig, ax = plt.subplots(figsize=(11, 4.6))
+    fig, ax = plt.subplots(figsize=(11, 3.4))
     peers_table.figure(results, ax, label_size=11)
-    ahead = max(
-        (r for r in peers_table.runs(results, ranks=1) if r["loader"] != "zarrtorch" and r["x_zarrtorch"]),
-        key=lambda r: r["x_zarrtorch"],
-    )
     v = {
-        "a2_safe": " and ".join(filter(None, [", ".join(safe[:-1]), safe[-1]])),
-        "a2_checked": str(len(peers_table.verdicts(results))),
-        "a2_fastest": f"{ahead['loader']} ({ahead['workers']} workers), {ahead['x_zarrtorch']:.2f}x zarrtorch",
-        "a2_date": results["date"].replace("T", " "),
-        "a2_machine": results["machine"].split(",")[0],
+        "peers_safe": " and ".join(filter(None, [", ".join(safe[:-1]), safe[-1]])),
+        "peers_checked": str(len(peers_table.verdicts(results))),
+        "peers_date": results["date"].replace("T", " "),
+        "peers_machine": results["machine"].split(",")[0],
+        "peers_store": (
+            "Its store splits evenly into whole chunks, workers forked: it cannot show the failures of an uneven "
+            "split or a spawn start (A1 does)"
+            if _even_fork(peers_table.guarantee_setting(results))
+            else "Its store splits unevenly, or starts workers by spawn: it can show the failures A1 shows"
+        ),
     }
     return _save(fig, out, "peers.png"), v
 
@@ -797,7 +804,7 @@ def make_all(out: Path, *, bench_json: Path | None = BENCH_JSON, log=print) -> d
         ("memory", lambda: (None, memory_facts())),
         ("object storage (serves the tiny data on 127.0.0.1)", lambda: (None, object_storage_facts())),
         ("appendix A1", lambda: (None, appendix_facts())),
-        ("appendix A2 (benchmarks/peers.json)", lambda: fig_peers(out)),
+        ("peers (benchmarks/peers.json, docs/peers.md)", lambda: fig_peers(out)),
         ("slurm", lambda: (None, slurm_facts())),
     ]
     for label, step in steps:

@@ -136,7 +136,7 @@ def main() -> None:
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
         f"JSON: {a.out}; processes' stderr: {log_path}"
     )
-    if a.md:  # the page and its numbers, committed: appendix A2 reads the JSON
+    if a.md:  # the page and its numbers, committed: docs/peers.md is generated from the JSON
         Path(a.md).write_text(page(results, text, a))
         Path(a.md).with_suffix(".json").write_text(json.dumps(results, indent=1))
 

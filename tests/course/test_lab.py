@@ -8,11 +8,14 @@ running a cell never writes a notebook of the checkout. ``--LabApp.expose_app_in
 with the keys a learner presses (Shift+Enter, through the DevTools protocol).
 
 - ``test_lesson_00_environment_check_runs_in_the_zarrtorch_kernel``: lesson 00 opens in the ``zarrtorch``
-  kernel (the one every notebook names), and its cells, run from the top down to the environment check,
-  print every requirement ``ok`` and the tiny data ``ready``, with no error.
-- ``test_solutions_collapsed_and_answer_cells_visible``: lesson 00 has no exercises, so this opens every lesson
-  that has some: each ``solution``-tagged cell shows JupyterLab's collapsed-input placeholder and no code,
-  each ``exercise``-tagged answer cell shows its code.
+  kernel (the one every notebook names), and its cells, run from the top down to the environment check's
+  cells, print every requirement ``ok``, the tiny data ``ready`` and ``tiny`` as the size in use, with no error.
+- ``test_exercise_cells_shown_and_solution_cells_show_only_their_load_line``: in every lesson (01-07, 08, A1)
+  each ``exercise``-tagged cell shows its code, and each ``solution``-tagged cell shows its one line,
+  ``# %load solutions/NN_exk.py``, and nothing else: the solution is in a file, not in the page.
+- ``test_uncommented_load_line_loads_the_solution_into_its_cell``: in the first lesson, a learner deletes the
+  ``# `` of the first solution cell and presses Shift+Enter: IPython's ``%load`` reads
+  ``notebooks/solutions/NN_ex1.py`` and JupyterLab puts its text into the cell, under the (commented) load line.
 
 The browser is Debian's chromium, launched as ``test_slides.py`` launches it; without one the tests skip,
 saying so (``make test`` installs it with ``scripts/install_browser.sh``).
@@ -56,12 +59,18 @@ def _tags(cell: dict) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
 
 
-def _environment_check_index() -> int:
-    """The code cell under lesson 00's 'Environment check' heading."""
+def _environment_check_indices() -> list[int]:
+    """The code cells under lesson 00's 'Environment check' heading (up to the next markdown cell)."""
     cells = _cells("00_index.ipynb")
     for i, cell in enumerate(cells):
         if cell["cell_type"] == "markdown" and "".join(cell["source"]).startswith("## Environment check"):
-            return next(j for j in range(i + 1, len(cells)) if cells[j]["cell_type"] == "code")
+            found = []
+            for j in range(i + 1, len(cells)):
+                if cells[j]["cell_type"] != "code":
+                    break
+                found.append(j)
+            assert found, "lesson 00's 'Environment check' has no code cell"
+            return found
     raise AssertionError("lesson 00 has no '## Environment check' section")
 
 
@@ -262,59 +271,82 @@ def test_notebooks_name_the_zarrtorch_kernel():
 def test_lesson_00_environment_check_runs_in_the_zarrtorch_kernel(page):
     page.open("00_index.ipynb", first=True)
     assert page.kernel_name() == KERNEL
-    check = _environment_check_index()
-    for i in range(check + 1):  # from the top, as a learner does: the check uses the size cell's imports
+    checks = _environment_check_indices()
+    for i in range(checks[-1] + 1):  # from the top, as a learner does: the check uses the size cell's imports
         page.shift_enter(i)
-    text = page.output_text(check)
+    text = "\n".join(page.output_text(i) for i in checks)
     assert "Error" not in text and "Traceback" not in text, text
-    requirement_lines = [line for line in text.splitlines() if line.split() and line.split()[0] in REQUIREMENTS]
-    assert sorted(line.split()[0] for line in requirement_lines) == sorted(REQUIREMENTS), text
-    assert all(line.rstrip().endswith(" ok") for line in requirement_lines), text
-    assert "size in use: tiny" in text and "data for 'tiny': ready" in text, text
+    check = page.output_text(checks[0])  # the requirements; the cells after it print versions and devices
+    requirement_lines = [line for line in check.splitlines() if line.split() and line.split()[0] in REQUIREMENTS]
+    assert sorted(line.split()[0] for line in requirement_lines) == sorted(REQUIREMENTS), check
+    assert all(line.rstrip().endswith(" ok") for line in requirement_lines), check
+    assert "data for the size in use: ready" in text and "size in use: tiny" in text, text
 
 
 REQUIREMENTS = ("torch", "zarr", "lightning", "numpy", "xarray")  # what the check cell checks
 
+# what the page shows of each exercise cell: its code shown, JupyterLab's collapsed-input placeholder, its text
+SHOWN_CELLS = """(async () => {{ const w = {current}; const out = [];
+    const shown = e => !!e && getComputedStyle(e).display !== 'none' && e.getBoundingClientRect().height > 0;
+    for (let i = 0; i < w.content.widgets.length; i++) {{
+      const c = w.content.widgets[i]; const tags = c.model.getMetadata('tags') || [];
+      if (!tags.includes('solution') && !tags.includes('exercise')) continue;
+      await w.content.scrollToItem(i);
+      const area = () => c.node.querySelector('.jp-Cell-inputWrapper .jp-InputArea');
+      const box = () => c.node.querySelector('.jp-InputPlaceholder');
+      // a cell scrolled into view is laid out (and its editor made) a moment later
+      const editor = () => c.node.querySelector('.jp-Cell-inputWrapper .cm-content');
+      for (let t = 0; t < 100 && !shown(box()) && !(shown(area()) && shown(editor())); t++) {{
+        c.node.scrollIntoView({{block: 'center'}});  // again: cells above may have changed height
+        await new Promise(r => setTimeout(r, 50));
+      }}
+      out.push({{i, tags, code: shown(area()), placeholder: shown(box()),
+                 text: shown(editor()) ? editor().textContent : ''}});
+    }}
+    return out; }})()"""
 
-def test_solutions_collapsed_and_answer_cells_visible(page):
-    lessons = [p.name for p in sorted(NOTEBOOKS.glob("*.ipynb")) if any("solution" in _tags(c) for c in _cells(p.name))]
-    assert len(lessons) >= 10, lessons  # 01-08, A1 and A2 all have worked solutions
-    page.open("00_index.ipynb", first=True)
-    seen = {}
-    for name in lessons:
-        page.open(name, kernel=False)  # what the page shows; no cell is run
-        cells = page.js(
-            f"""(async () => {{ const w = {CURRENT}; const out = [];
-            const shown = e => !!e && getComputedStyle(e).display !== 'none' && e.getBoundingClientRect().height > 0;
-            for (let i = 0; i < w.content.widgets.length; i++) {{
-              const c = w.content.widgets[i]; const tags = c.model.getMetadata('tags') || [];
-              if (!tags.includes('solution') && !tags.includes('exercise')) continue;
-              await w.content.scrollToItem(i);
-              const area = () => c.node.querySelector('.jp-Cell-inputWrapper .jp-InputArea');
-              const box = () => c.node.querySelector('.jp-InputPlaceholder');
-              // a cell scrolled into view is laid out (and its editor made) a moment later
-              const editor = () => c.node.querySelector('.jp-Cell-inputWrapper .cm-content');
-              for (let t = 0; t < 100 && !shown(box()) && !(shown(area()) && shown(editor())); t++) {{
-                c.node.scrollIntoView({{block: 'center'}});  // again: cells above may have changed height
-                await new Promise(r => setTimeout(r, 50));
-              }}
-              out.push({{i, tags, code: shown(area()), placeholder: shown(box()),
-                         text: shown(editor()) ? editor().textContent : '', visible: w.isVisible,
-                         classes: c.node.className}});
-            }}
-            return out; }})()"""
-        )
-        page.shutdown_kernel()
-        source = _cells(name)
-        solutions = [c for c in cells if "solution" in c["tags"]]
-        exercises = [c for c in cells if "exercise" in c["tags"]]
-        assert len(solutions) == sum("solution" in _tags(c) for c in source), (name, cells)
-        assert exercises, f"{name}: worked solutions but no exercise cell"
-        for c in solutions:
-            assert not c["code"] and c["placeholder"], f"{name}, cell {c['i']}: the solution's code is shown: {c}"
-        for c in exercises:
-            first_line = "".join(source[c["i"]]["source"]).splitlines()[0]
-            assert c["code"] and not c["placeholder"], f"{name}, cell {c['i']}: the answer cell is collapsed: {c}"
-            assert first_line.strip() in c["text"], f"{name}, cell {c['i']}: shows {c['text'][:80]!r}"
-        seen[name] = (len(exercises), len(solutions))
-    assert len(seen) == len(lessons), seen
+
+def _lessons() -> list[Path]:
+    from test_notebook_structure import LESSONS
+
+    return LESSONS
+
+
+@pytest.mark.parametrize("lesson", _lessons(), ids=lambda p: p.name)
+def test_exercise_cells_shown_and_solution_cells_show_only_their_load_line(page, lesson):
+    name = lesson.name
+    page.open(name, first=True, kernel=False)  # what the page shows; no cell is run
+    cells = page.js(SHOWN_CELLS.format(current=CURRENT))
+    source = _cells(name)
+    solutions = [c for c in cells if "solution" in c["tags"]]
+    exercises = [c for c in cells if "exercise" in c["tags"]]
+    assert len(exercises) >= 2 and len(solutions) == len(exercises), (name, cells)
+    for c in exercises:
+        first_line = "".join(source[c["i"]]["source"]).splitlines()[0]
+        assert c["code"] and not c["placeholder"], f"{name}, cell {c['i']}: the exercise cell is collapsed: {c}"
+        assert first_line.strip() in c["text"], f"{name}, cell {c['i']}: shows {c['text'][:80]!r}"
+    for k, c in enumerate(solutions, start=1):
+        load = f"# %load solutions/{name[:2]}_ex{k}.py"
+        assert c["code"] and not c["placeholder"], f"{name}, cell {c['i']}: the solution cell is collapsed: {c}"
+        assert c["text"].strip() == load, f"{name}, cell {c['i']}: shows {c['text'][:200]!r}, not only {load!r}"
+    page.shutdown_kernel()
+
+
+def test_uncommented_load_line_loads_the_solution_into_its_cell(page):
+    """What a learner does to see a solution: delete the ``# `` of the load line, press Shift+Enter. The kernel
+    runs ``%load``, which reads the file and asks the front end to put its text into the cell; the cell's
+    source then is the load line, commented again, and the solution's code (nothing is saved)."""
+    name = _lessons()[0].name
+    page.open(name, first=True)
+    index = next(i for i, c in enumerate(_cells(name)) if "solution" in _tags(c))
+    load = "".join(_cells(name)[index]["source"]).strip()
+    assert load.startswith("# %load solutions/"), load
+    solution = (NOTEBOOKS / load.removeprefix("# %load ")).read_text(encoding="utf-8")
+    cell = f"{CURRENT}.content.widgets[{index}].model.sharedModel"
+    page.js(f"(() => {{ {cell}.setSource({json.dumps(load.removeprefix('# '))}); return 1; }})()")
+    page.shift_enter(index)
+    page.wait(f"{cell}.getSource().includes({json.dumps(solution.strip().splitlines()[0])})", timeout=60)
+    loaded = page.js(f"{cell}.getSource()")
+    assert loaded.splitlines()[0] == load, loaded  # %load comments its own line out again
+    assert loaded.strip().endswith(solution.strip()), loaded
+    page.shutdown_kernel()

@@ -1,5 +1,5 @@
-"""Every zarrtorch module, and every name in one, that the README, the lessons, the slides and the other
-guides mention exists as written: a module moved or renamed fails here, not in a learner's hands."""
+"""Every zarrtorch module, and every name in one, that the README, the lessons, the slides, the reference pages
+and the other guides mention exists as written: a module moved or renamed fails here, not in a learner's hands."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 GUIDES = ["README.md", "benchmarks/README.md", "data/README.md", "slides/workshop.md"]
 GUIDES += [f"slurm/{name}" for name in ("README.md", "CHECKLIST.md", "WALKTHROUGH.md")]
-DOCS = [ROOT / name for name in GUIDES] + sorted((ROOT / "notebooks").glob("*.ipynb"))
+DOCS = [ROOT / name for name in GUIDES] + sorted((ROOT / "docs").glob("*.md"))  # the reference pages
+DOCS += sorted((ROOT / "notebooks").glob("*.ipynb"))
 NOT_MODULES = {"zarrtorch.commands"}  # the entry-point group the course registers its commands under
 DOTTED = re.compile(r"\bzarrtorch(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 COURSE = re.compile(r"`(course(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")  # `course.layouts`: the course package's modules

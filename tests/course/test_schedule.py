@@ -1,11 +1,12 @@
-"""One workshop schedule (issue 26, item 5): lesson 00, the README and the slides show the same day.
+"""One workshop day: lesson 00, the README and the slides show the schedule of ``zarrtorch.course.lessons.DAY``.
 
 The three tables (lesson 00's "Schedule of the workshop day" cell, the README's "Workshop schedule" section,
-the deck's "The day" slide) are parsed into (start, end, notebook) rows and must be equal; the block names may
-be worded differently. The day must list every notebook in ``notebooks/`` (00-08, A1 and A2), in one unbroken
-sequence of times; each lesson's block must be at least the time the lesson itself states ("about N minutes"
-in its first cell), and as long as the duration the README's outline gives it (at least as long for 00,
-whose block also holds the welcome).
+the deck's "The day" slide) are parsed into (start, end, notebook) rows and must equal :data:`DAY`; the block
+names may be worded differently. The day runs 09:00-17:30 in one unbroken sequence of blocks; every notebook in
+``notebooks/`` is either on the day's path or in the block after it, which the README and lesson 00 list too;
+each lesson's block is at least the time the lesson states ("about N minutes" in its first cell) and the
+duration the README's outline gives it. Lesson 00 names the notebooks after the day by file name and points
+at the reference pages in ``docs/``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import json
 import re
 from pathlib import Path
 
+from zarrtorch.course.lessons import AFTER_THE_DAY, DAY, optional_notebooks, slot_minutes
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 ROW = re.compile(r"^\|\s*(\d\d:\d\d)\s*-\s*(\d\d:\d\d)\s*\|([^|]*)\|\s*([^|]*?)\s*\|\s*$")
+EXPECTED = [(b.start, b.end, b.notebook) for b in DAY]
 
 
 def rows(markdown: str) -> list[tuple[str, str, str]]:
@@ -47,38 +51,37 @@ def schedules() -> dict[str, list[tuple[str, str, str]]]:
     assert len(lesson00) == 1, "lesson 00 should have one '## Schedule ...' cell"
     readme = section((ROOT / "README.md").read_text(encoding="utf-8"), "## Workshop schedule")
     deck = section((ROOT / "slides" / "workshop.md").read_text(encoding="utf-8"), "## The day")
-    found = {"lesson 00": rows(lesson00[0]), "README": rows(readme), "slides": rows(deck)}
-    for where, table in found.items():
-        assert len(table) >= 10, f"no schedule table found in {where}: {table}"
-    return found
+    return {"lesson 00": rows(lesson00[0]), "README": rows(readme), "slides": rows(deck)}
 
 
-def minutes(hhmm: str) -> int:
-    h, m = hhmm.split(":")
-    return 60 * int(h) + int(m)
+def test_lesson_00_readme_and_slides_show_the_day():
+    for where, table in schedules().items():
+        assert table == EXPECTED, f"{where}'s schedule differs from zarrtorch.course.lessons.DAY:\n{table}"
 
 
-def slots() -> dict[str, int]:
-    """Minutes of each notebook's block, from the README's schedule."""
-    return {nb: minutes(end) - minutes(start) for start, end, nb in schedules()["README"] if nb}
+def test_the_day_fits_9_to_17_30_without_gaps():
+    assert DAY[0].start == "09:00" and DAY[-1].end == "17:30"
+    for before, after in zip(DAY, DAY[1:], strict=False):
+        assert before.end == after.start, f"a gap or an overlap between {before} and {after}"
+    assert all(b.minutes > 0 for b in DAY)
+    breaks = [b for b in DAY if not b.notebook and b.what in ("break", "lunch")]
+    assert len(breaks) == 3, "two breaks and lunch"
 
 
-def test_lesson_00_readme_and_slides_show_one_schedule():
-    found = schedules()
-    reference = found["README"]
-    for where, table in found.items():
-        assert table == reference, f"{where}'s schedule differs from the README's:\n{table}\n{reference}"
-
-
-def test_the_day_lists_every_notebook_once_in_unbroken_time():
-    table = schedules()["README"]
-    listed = [nb for _, _, nb in table if nb]
+def test_every_notebook_is_on_the_path_or_after_the_day():
+    on_path = [b.notebook for b in DAY if b.notebook]
+    after = [n for n, _, _ in AFTER_THE_DAY]
     present = sorted(p.name.split("_")[0] for p in NOTEBOOKS.glob("*.ipynb"))
-    assert sorted(listed) == present, f"the schedule lists {listed}; notebooks/ holds {present}"
-    assert {"07", "08", "A1", "A2"} <= set(listed)
-    for (_, end, _), (start, _, _) in zip(table, table[1:], strict=False):
-        assert end == start, f"a gap or an overlap between {end} and {start}: {table}"
-    assert all(minutes(end) > minutes(start) for start, end, _ in table), table
+    assert sorted(on_path + after) == present, f"path {on_path} + after the day {after}; notebooks/ holds {present}"
+    readme_after = section((ROOT / "README.md").read_text(encoding="utf-8"), "## After the day")
+    lesson00 = "\n".join(notebook_markdown("00_index.ipynb"))
+    for number, _, minutes in AFTER_THE_DAY:
+        assert re.search(rf"\b{number}\b.*\b{minutes} min", readme_after), (
+            f"{number} in the README's block after the day"
+        )
+    for path in optional_notebooks(ROOT):
+        assert path.name in lesson00, f"lesson 00 names the notebook {path.name} (after the day) by its file name"
+    assert "../docs/README.md" in lesson00, "lesson 00 points at the reference pages (docs/README.md)"
 
 
 def test_each_block_holds_its_lesson():
@@ -88,9 +91,8 @@ def test_each_block_holds_its_lesson():
         m = re.search(r"\*\*Time\*\*:?\s*about (\d+) minutes", first)
         if m:
             stated[path.name.split("_")[0]] = int(m.group(1))
-    assert len(stated) >= 10, f"lessons stating their time: {stated}"  # 01-08, A1 and A2
-    have = slots()
-    short = {nb: (have[nb], t) for nb, t in stated.items() if have.get(nb, 0) < t}
+    assert set(stated) >= {b.notebook for b in DAY if b.notebook} - {"00"}, f"lessons stating their time: {stated}"
+    short = {nb: (slot_minutes(nb), t) for nb, t in stated.items() if slot_minutes(nb) < t}
     assert not short, f"blocks shorter than the lesson says it takes (block, lesson minutes): {short}"
 
 
@@ -99,10 +101,6 @@ def test_blocks_match_the_readme_outline_durations():
     durations = {
         m.group(1): int(m.group(2)) for m in re.finditer(r"^\| \[`(\w\w)_[^`]*`\].*\| (\d+) min \|$", outline, re.M)
     }
-    assert len(durations) >= 8, durations
-    have = slots()
+    assert set(durations) == {b.notebook for b in DAY if b.notebook} | {n for n, _, _ in AFTER_THE_DAY}, durations
     for nb, duration in durations.items():
-        if nb == "00":
-            assert have[nb] >= duration, (nb, have[nb], duration)
-        else:
-            assert have[nb] == duration, f"{nb}: {have[nb]} min in the schedule, {duration} min in the outline"
+        assert slot_minutes(nb) == duration, f"{nb}: {slot_minutes(nb)} min in the schedule, {duration} in the outline"

@@ -1,15 +1,19 @@
-"""Appendix A2's reading of ``make bench-peers``: the committed results (``benchmarks/peers.json``, written with
-``benchmarks/peers.md`` by ``benchmarks/peers/run.py --md``) as records, guarantee verdicts and one figure.
+"""The reference page ``docs/peers.md`` (zarrtorch beside the loaders its users would pick instead), generated
+from ``make bench-peers``'s committed results (``benchmarks/peers.json``, written with ``benchmarks/peers.md`` by
+``benchmarks/peers/run.py --md``): records, guarantee verdicts, the page's text and its figure.
+
+    python -m zarrtorch.course.peers_table --md docs/peers.md --png docs/peers.png   # make bench-peers runs it
 
 Nothing is run or measured here: a results dict in, numbers, text or a figure out. The markdown table and the
 rows/s over two epochs are those of ``benchmarks/peers/table.py`` (the script that writes ``peers.md``),
-loaded by path, so the notebook, the slides and the page show one computation.
+loaded by path, so the page, the slides and ``benchmarks/peers.md`` show one computation.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -172,7 +176,7 @@ def figure(results: dict, ax=None, label_size: float = 8):
     ax.set(
         xlabel="rows/s, epochs 1 and 2 together (log scale)",
         ylabel="held memory, MiB (larger epoch, log scale)",
-        title="Right and low is fast and lean; filled: every guarantee kept",
+        title="Right and low is fast and lean; filled: all six guarantees kept on this store",
     )
     ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
     handles = [
@@ -182,3 +186,331 @@ def figure(results: dict, ax=None, label_size: float = 8):
     ]
     ax.legend(handles=handles, fontsize=label_size, loc="lower left")
     return ax
+
+
+# -- the reference page docs/peers.md -----------------------------------------------------------------------
+PAGE = "docs/peers.md"
+FIGURE = "docs/peers.png"
+TIE = 1.25  # single figures move by tens of percent between runs: a smaller lead is a tie
+
+# what each guarantee column checks, and what a DDP job sees when a loader fails it (keys: the table's titles)
+GUARANTEE_MEANING = {
+    "every row once (2 ranks)": (
+        "over both ranks' epoch, no row twice and none missing beyond a `drop_last` remainder",
+        "some rows trained twice in an epoch, others never",
+    ),
+    "equal batches per rank": (
+        "both ranks yield as many batches",
+        "one rank enters an all-reduce its peer never joins: gloo stops the job, NCCL hangs (lesson 02, A1)",
+    ),
+    "reshuffled across ranks": (
+        "rows change rank between epochs 1 and 2",
+        "each rank trains on the same share of the rows every epoch",
+    ),
+    "mid-epoch resume exact": (
+        "a state saved after half of rank 0's epoch, restored into a new loader, yields the rows the "
+        "uninterrupted run yielded",
+        "a job requeued mid-epoch does not continue with the rows it would have had",
+    ),
+    "resume on 1 rank (saved on 2)": (
+        "both ranks' states, resumed on one rank: the rows before plus those after make one epoch",
+        "a job restarted on fewer GPUs reads rows twice, or loses some, in that epoch",
+    ),
+    "resume on other worker count": (
+        "a state saved with workers, resumed with 0: the rows before plus those after make one epoch",
+        "the same after a change of `num_workers`",
+    ),
+}
+
+
+def guarantee_setting(results: dict) -> dict:
+    """How the guarantees were checked, and whether that store could trigger the failures of an uneven split:
+    ``ranks``, ``workers`` (per rank), ``readers`` (ranks x workers), ``chunks`` (full ones), ``partial_rows``
+    (of a last, shorter chunk), ``batches_per_rank`` (full batches of a rank's equal share), ``even`` (whole
+    chunks in equal number for every reader and whole batches for every rank: no loader can then be caught
+    dealing unequal shares) and ``start_method`` (of DataLoader workers; ``None`` when the run did not record it)."""
+    store, settings = results["store"], results["settings"]
+    workers = {int(p["guarantees"]["workers"]) for p in results["peers"] if "workers" in (p.get("guarantees") or {})}
+    ranks = 2  # the checks run ranks 0 and 1 of a world of 2 (benchmarks/peers/checks.py)
+    readers = ranks * max(1, max(workers, default=0))
+    chunks, partial = divmod(store["rows"], store["chunk_rows"])
+    per_rank, batch = store["rows"] // ranks, settings["batch_size"]
+    even = partial == 0 and chunks % readers == 0 and store["rows"] % ranks == 0 and per_rank % batch == 0
+    return {
+        "ranks": ranks,
+        "workers": sorted(workers),
+        "readers": readers,
+        "chunks": chunks,
+        "partial_rows": partial,
+        "batches_per_rank": per_rank // batch,
+        "even": even,
+        "start_method": settings.get("start_method"),
+    }
+
+
+def page(results: dict) -> str:
+    """The whole text of ``docs/peers.md`` for ``results``: what was run, the table, what its columns mean, what
+    this store can and cannot show, what the run shows (every statement computed from ``results``), the figure
+    and how to make it again."""
+    parts = [
+        _page_head(results),
+        "## The table\n\n" + markdown(results) + "\n",
+        _page_columns(),
+        _page_limits(results),
+        _page_findings(results),
+        _page_figure(),
+        _page_reproduce(),
+    ]
+    return "\n".join(parts)
+
+
+def _paragraph(text: str, width: int = 112) -> str:
+    """``text`` as one markdown paragraph wrapped at ``width`` (the values put into it come from the JSON)."""
+    return textwrap.fill(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+
+def _page_head(results: dict) -> str:
+    store, settings, l0 = results["store"], results["settings"], results.get("l0") or {}
+    row_kib = store["decoded_bytes"] / store["rows"] / 1024
+    chunk_mib = store["chunk_rows"] * store["decoded_bytes"] / store["rows"] / MiB
+    workers = " and ".join(str(w) for w in settings["workers"])
+    l0_text = (
+        f"; L0, every chunk decoded once in order by {l0['threads']} threads, read {l0['rows_per_s']:,.0f} rows/s"
+        if l0.get("rows_per_s")
+        else ""
+    )
+    generated = f"""*Reference page, generated: `python -m zarrtorch.course.peers_table --md {PAGE} --png {FIGURE}`
+    writes it from `benchmarks/peers.json`, the last committed run of `make bench-peers` (which runs that command
+    too). Do not edit it by hand: `tests/course/test_peers_table.py` checks that it is what the generator writes
+    from the committed JSON.*"""
+    what = """zarrtorch is not the only way to feed PyTorch from chunked arrays. `make bench-peers` runs it beside the
+    loaders a weather or imaging user would pick instead, on one generated Zarr store, each written the way its
+    own documentation shows and run in fresh processes of its own environment; it measures rows/s, the time to the
+    first batch and the memory held, and checks six guarantees by running two simulated ranks and three resumes.
+    Each loader's recipe, and the page of its documentation it follows, is in
+    [`benchmarks/README.md`](../benchmarks/README.md#peers-zarrtorch-against-the-loaders-its-users-would-pick-instead-make-bench-peers)."""
+    run = f"""**The run.** {results["date"].replace("T", " ")}, on {results["machine"]}; {results["wall_s"]:.0f} s in
+    all. Store: {store["rows"]:,} rows of {row_kib:.0f} KiB ({store["dtype"]} {tuple(store["sample_shape"])}),
+    chunks of {store["chunk_rows"]} rows ({chunk_mib:.0f} MiB), {store["decoded_bytes"] / MiB:.0f} MiB decoded and
+    {store["stored_bytes"] / MiB:.0f} MiB stored ({store["codec"]} level {store["level"]}), warm page cache. Batch
+    size {settings["batch_size"]}, DataLoader workers {workers}{l0_text}. One run on one machine: single figures
+    move by tens of percent from run to run, so read a ratio far from 1 as a difference and one close to 1 as a
+    tie."""
+    body = "\n\n".join(_paragraph(x) for x in (generated, what, run))
+    return f"# zarrtorch and the alternatives: the measured table\n\n{body}\n"
+
+
+def _page_columns() -> str:
+    rows = "\n".join(f"| {column} | {checks} | {fails} |" for column, (checks, fails) in GUARANTEE_MEANING.items())
+    return f"""## What the columns mean
+
+- **ranks**: 1 is rank 0 of 1, which reads every row; 2 is rank 0 of 2 simulated ranks, which reads half of
+  them (its rows/s are that rank's).
+- **rows/s ep1, ep2**: rows per second from `iter()` to the last batch, in epoch 1 (starting workers, opening
+  the store, the first reads) and in epoch 2.
+- **x L0**, **x zarrtorch**: rows/s over both epochs together, divided by L0 (every chunk decoded once, in
+  order, by 2 threads through zarr: a loader that decodes the store every epoch comes at best about as far) and
+  by zarrtorch's with as many ranks and workers in the same run.
+- **TTFB s**: the time to the first batch of epoch 1. **held MiB**: the memory the loader's processes gained
+  (the main process's growth plus each worker's private pages), the larger of the two epochs. Pages of a
+  memory-mapped file belong to the page cache and are not counted.
+- **conversion**: the time and disk space of the loader's own copy of the data, for the loaders that need one.
+- **The six guarantees**, judged on what the loader delivered (every sample carries its row's number), with
+  ranks 0 and 1 of a world of 2, each with DataLoader workers, for two epochs, then three resumes. Verdicts:
+  `yes`; `no` (and what happens instead); `wrong` (with the counts); `refused` (the library raised: its error);
+  `no API` (the library cannot save a position).
+
+| guarantee | what the check asks | what a DDP job sees when a loader fails it |
+|---|---|---|
+{rows}
+"""
+
+
+def _page_limits(results: dict) -> str:
+    s = guarantee_setting(results)
+    store, batch = results["store"], results["settings"]["batch_size"]
+    workers = " or ".join(str(w) for w in s["workers"]) or "?"
+    forked = s["start_method"] in (None, "fork")
+    start = (
+        "`fork` (`benchmarks/peers/common.py` sets it; the run's JSON does not record it)"
+        if s["start_method"] is None
+        else f"`{s['start_method']}`"
+    )
+    last = f" and a last chunk of {s['partial_rows']} rows" if s["partial_rows"] else ""
+    setting = f"""The guarantees were checked on a store of {s["chunks"]} full chunks of {store["chunk_rows"]}
+    rows{last}, read by {s["ranks"]} ranks x {workers} workers = {s["readers"]} reading processes, with DataLoader
+    workers started by {start}."""
+    if s["even"] and forked:
+        text = f"""{setting} Every reading process can get {s["chunks"] // s["readers"]} whole chunks and every
+        rank {s["batches_per_rank"]} full batches of {batch}, and a forked worker inherits what its rank knows.
+        **Such a store cannot trigger the failures of an uneven split or of a spawn start** that appendix A1 shows
+        zarr-torch-dataset 0.0.9 making on the course's data: ranks with unequal batches (and a DDP job that stops
+        at the extra one) when the rows do not split evenly over ranks x workers (a partial last chunk, or a chunk
+        count that does not divide), and every rank reading every row when workers are started by `spawn` or
+        `forkserver` (the default on macOS, and what CUDA code often needs). So a `yes` under "every row once" and
+        "equal batches per rank" says that a loader keeps them on an even split with forked workers, and no more:
+        zarr-torch-dataset's `yes` there does not hold on an uneven split, as A1 measures, and no other peer has
+        been run on one. zarrtorch's own tests check both cases (`tests/core/test_plan.py` on splits that do not
+        divide, `tests/core/test_loader.py` and `tests/core/test_ddp.py` with spawned workers); the peers' have
+        not been checked there. A run of `make bench-peers` on a store that can trigger these failures is still
+        to be made; this page says so itself once its JSON comes from one."""
+    else:
+        why = [
+            "its rows do not split into whole chunks and whole batches evenly over the ranks and workers"
+            if not s["even"]
+            else "",
+            "its workers do not inherit their rank's process state" if not forked else "",
+        ]
+        text = f"""{setting} This store can trigger the failures of an uneven split or of a spawn start:
+        {" and ".join(w for w in why if w)}. A loader that deals unequal shares, or learns its rank only inside its
+        workers, fails the first two guarantee columns here."""
+    return "## What this store can and cannot show\n\n" + _paragraph(text) + "\n"
+
+
+def _page_findings(results: dict) -> str:
+    verdict = verdicts(results)
+    safe = keeps_all(results)
+    lines = [
+        "## What the run shows",
+        "",
+        f"- **All six guarantees kept on this store** ({len(safe)} of {len(verdict)} loaders checked): "
+        + (", ".join(safe) or "none")
+        + ".",
+    ]
+    for name, row in verdict.items():
+        failed = {c: v for c, v in row.items() if not kept(v)}
+        if failed:
+            lines.append(f"- {name} fails {len(failed)}: " + "; ".join(f"{c}: {v}" for c, v in failed.items()) + ".")
+    one_rank = runs(results, ranks=1)
+    for w in sorted({r["workers"] for r in one_rank}):
+        among = [r for r in one_rank if r["workers"] == w and r["loader"] in safe]
+        if among:
+            fast = max(among, key=lambda r: r["rows_per_s"])
+            lean = min(among, key=lambda r: r["held_mib"])
+            lines.append(
+                f"- One rank, {w} workers, among those keeping all six: fastest {fast['loader']} "
+                f"({fast['rows_per_s']:,.0f} rows/s over both epochs), leanest {lean['loader']} "
+                f"({lean['held_mib']:.0f} MiB held)."
+            )
+    ahead = [r for r in one_rank if r["loader"] != "zarrtorch" and (r["x_zarrtorch"] or 0) > TIE]
+    if ahead:
+        lines.append(
+            f"- Ahead of zarrtorch by more than a tie (x zarrtorch above {TIE}), one rank: "
+            + "; ".join(f"{r['loader']} with {r['workers']} workers ({r['x_zarrtorch']:.2f}x)" for r in ahead)
+            + "."
+        )
+    copies = {p["name"]: p["conversion"] for p in results["peers"] if (p.get("conversion") or {}).get("disk_bytes")}
+    if copies:
+        stored = results["store"]["stored_bytes"]
+        lines.append(
+            "- Loaders that read a copy of their own pay for it once: "
+            + "; ".join(
+                f"{n} {c['conversion_s']:.0f} s and {c['disk_bytes'] / MiB:.0f} MiB on disk "
+                f"({c['disk_bytes'] / stored:.1f}x the Zarr store)"
+                for n, c in copies.items()
+            )
+            + "."
+        )
+    lines += ["", _paragraph(HOW_PEERS_DIFFER.format(buffer=_buffer_share(results))), ""]
+    return "\n".join(lines)
+
+
+HOW_PEERS_DIFFER = """How a peer gets ahead of zarrtorch, or holds less: it reads a copy of its own,
+uncompressed (read by memory map: no decode, and the pages are the page cache's) or in a codec cheaper to
+decode, and pays in conversion time and a second copy on disk; or it keeps its whole share decoded in memory,
+which then grows with the data (A1 measures it); or it mixes less (a batch from one or two chunks, or a block
+of consecutive rows, needs no buffer across chunks, and is that much less shuffled: lesson 03 measures what a
+buffer buys). {buffer} A loader that saves a count of the batches it yielded resumes exactly on the same
+topology but not on another (the `wrong` and `refused` verdicts); zarrtorch saves the rows each rank has
+consumed, so a resume can be planned again on any topology (lesson 06)."""
+
+
+def _buffer_share(results: dict) -> str:
+    """What share of zarrtorch's held memory (one rank) its shuffle buffers are: ``buffer_chunks`` (the dataset's
+    default, as the benchmark runs it) decoded chunks per reading process (each worker, or the rank itself)."""
+    import inspect
+
+    from zarrtorch import ZarrIterableDataset
+
+    buffer_chunks = inspect.signature(ZarrIterableDataset).parameters["buffer_chunks"].default
+    store = results["store"]
+    chunk_mib = store["chunk_rows"] * store["decoded_bytes"] / store["rows"] / MiB
+    ours = [r for r in runs(results, ranks=1) if r["loader"] == "zarrtorch"]
+    if not ours:
+        return ""
+    shares = [
+        f"{max(1, r['workers']) * buffer_chunks * chunk_mib / r['held_mib']:.0%} with {r['workers']} workers"
+        for r in ours
+    ]
+    return (
+        f"Of what zarrtorch holds, its shuffle buffers ({buffer_chunks} decoded chunks of {chunk_mib:.0f} MiB per "
+        f"reading process, `buffer_chunks`'s default) are {' and '.join(shares)}: a setting, not the size of the data."
+    )
+
+
+def _page_figure() -> str:
+    name = Path(FIGURE).name
+    return f"""## In one picture
+
+![rows/s against held memory per loader and worker count, one rank; filled: all six guarantees kept]({name})
+
+One point per loader and worker count, with one rank: rows/s over both epochs across, held memory up (both on
+log scales); the dashed line is L0. Filled markers are the loaders that kept all six guarantees on this store
+(see above for what that store cannot show), hollow ones failed at least one; circles are 0 workers, squares
+more. Fast and lean is bottom right.
+"""
+
+
+def _page_reproduce() -> str:
+    return f"""## Making it again
+
+```bash
+make bench-peers          # every loader (about 5 minutes once the peers' environments exist under .peers/)
+make bench-peers PEERS_ARGS="--only litdata,zarrtorch"    # two loaders (this page then shows those two)
+```
+
+`make bench-peers` writes `benchmarks/peers.json` and `benchmarks/peers.md` (the table alone), then this page
+and its figure with `python -m zarrtorch.course.peers_table --md {PAGE} --png {FIGURE}`. The options
+(`--rows`, `--chunk-rows`, `--workers`, ...) and how each number is measured are in `benchmarks/README.md`,
+section "Peers".
+"""
+
+
+def write_figure(results: dict, path: str | Path) -> Path:
+    """The page's figure as a PNG (about 60 KB), without the software stamp, so that a rerun on the same
+    matplotlib writes the same bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    figure(results, ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return Path(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Write the reference page docs/peers.md from make bench-peers's JSON.")
+    p.add_argument("--json", type=Path, default=None, help="results (default: benchmarks/peers.json)")
+    p.add_argument("--md", type=Path, default=None, help=f"write the page here (e.g. {PAGE}); else print it")
+    p.add_argument("--png", type=Path, default=None, help=f"write its figure here (e.g. {FIGURE})")
+    a = p.parse_args(argv)
+    results = load(a.json)
+    text = page(results)
+    if a.md:
+        a.md.parent.mkdir(parents=True, exist_ok=True)
+        a.md.write_text(text, encoding="utf-8")
+    else:
+        print(text, end="")
+    if a.png:
+        write_figure(results, a.png)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
