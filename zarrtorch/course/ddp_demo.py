@@ -48,6 +48,7 @@ def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative integers."""
     return -(-int(a) // int(b))
 
+
 RESULT_PREFIX = "ZARRTORCH-DDP-DEMO "
 SPLITS = ("naive", "zarrtorch")
 DEMO_BUDGET_MB = 128  # decoded MiB one demo epoch reads at most (all ranks together): a few seconds on 2 cores
