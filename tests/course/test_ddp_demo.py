@@ -43,6 +43,19 @@ def test_naive_split_reads_every_row_once(store):
     assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(ROWS))
 
 
+@pytest.mark.parametrize("split_by_worker, times", [(True, 1), (False, 2)])
+def test_naive_split_with_two_workers_reads_each_row_once_or_once_per_worker(store, split_by_worker, times):
+    """Lesson 02 shows the other way to read rows twice: a dataset whose ``__iter__`` ignores which DataLoader
+    worker runs it yields the rank's whole share from every worker."""
+    from torch.utils.data import DataLoader
+
+    ds = ddp_demo.NaiveChunkSplit(
+        store, batch_size=8, variables=["y"], rank=0, world_size=1, split_by_worker=split_by_worker
+    )
+    seen = np.concatenate([b["index"].numpy() for b in DataLoader(ds, batch_size=None, num_workers=2)])
+    assert np.array_equal(np.bincount(seen, minlength=ROWS), np.full(ROWS, times))
+
+
 @pytest.mark.slow
 def test_naive_split_fails_and_zarrtorch_completes(store):
     common = dict(world_size=2, store=store, batch_size=8, timeout_s=10, inputs="x", target="y")

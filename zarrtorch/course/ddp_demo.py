@@ -43,7 +43,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from zarrtorch._util.sizes import ceil_div
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative integers."""
+    return -(-int(a) // int(b))
+
 
 RESULT_PREFIX = "ZARRTORCH-DDP-DEMO "
 SPLITS = ("naive", "zarrtorch")
@@ -104,7 +108,9 @@ class NaiveChunkSplit(IterableDataset):
     """Chunks dealt round-robin to ranks (and, inside a rank, to DataLoader workers); each reader cuts its
     rows into batches in chunk order. Yields ``{name: tensor}`` batches plus ``"index"`` (row numbers).
     Use with ``DataLoader(dataset, batch_size=None)``; the rank comes from ``torch.distributed``.
-    ``rows``: use only the first ``rows`` rows (a whole number of chunks, or all rows)."""
+    ``rows``: use only the first ``rows`` rows (a whole number of chunks, or all rows).
+    ``split_by_worker=False``: the common slip of an ``IterableDataset`` that looks only at its rank, so every
+    DataLoader worker yields the rank's whole share (each row once per worker; lesson 02 shows it)."""
 
     def __init__(
         self,
@@ -116,6 +122,7 @@ class NaiveChunkSplit(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         rows: int | None = None,
+        split_by_worker: bool = True,
     ):
         from zarrtorch import open_arrays
         from zarrtorch.layout import check_first_axis_layout, restrict_rows
@@ -127,19 +134,22 @@ class NaiveChunkSplit(IterableDataset):
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = rank, world_size
+        self.split_by_worker = bool(split_by_worker)
 
     def _topology(self) -> tuple[int, int]:
         if self.rank is not None:
             return int(self.rank), int(self.world_size)
-        from zarrtorch._util.process import distributed_topology
+        import torch.distributed as dist
 
-        return distributed_topology()
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
 
     def chunks(self) -> np.ndarray:
         """The chunks this process reads (its rank's share, split again across DataLoader workers)."""
         rank, world = self._topology()
         mine = naive_rank_chunks(self.layout.n_chunks, rank, world)
-        info = get_worker_info()
+        info = get_worker_info() if self.split_by_worker else None
         return mine[info.id :: info.num_workers] if info is not None else mine
 
     def __len__(self) -> int:
