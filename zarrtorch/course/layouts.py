@@ -19,6 +19,7 @@ overhead, not the disk or the network file system.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -494,4 +495,53 @@ def compare_layouts(
         )
         if not keep:
             _fresh(target)
+    return out
+
+
+def loader_read_rates(
+    arrays: Mapping[str, Any],
+    folder: str | Path,
+    chunk_rows: Iterable[int],
+    *,
+    batch_size: int = 64,
+    repeats: int = 3,
+    seed: int = 0,
+) -> list[dict]:
+    """For each chunk length: write ``arrays`` with :func:`zarrtorch.prepare_zarr` (zstd), then read one shuffled
+    epoch through :class:`zarrtorch.ZarrDataLoader` (no workers: one process, as the lesson's kernel) and keep
+    the best of ``repeats`` epochs. One dict per length: ``chunk_rows``, ``chunk_MiB``, ``n_chunks``,
+    ``seconds``, ``MB_per_s`` (decoded data, MB = 10**6 bytes) and ``ms_per_chunk``. Stores are deleted after."""
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+
+    rows = _check_arrays(arrays)
+    nbytes = row_nbytes(arrays)
+    folder = Path(folder)
+    out = []
+    for c in chunk_rows:
+        c = _check_chunk_rows(c, rows)
+        store = folder / f"rate_{c}.zarr"
+        _fresh(store)
+        prepare_zarr(dict(arrays), store, chunk_rows=c, overwrite=True, progress=False)
+        ds = ZarrIterableDataset(str(store), shuffle=True, seed=seed)
+        best = math.inf
+        for epoch in range(max(1, int(repeats))):
+            loader = ZarrDataLoader(ds, batch_size=batch_size, drop_last=False)
+            loader.set_epoch(epoch)
+            start = time.perf_counter()
+            seen = sum(int(next(iter(batch.values())).shape[0]) for batch in loader)
+            best = min(best, time.perf_counter() - start)
+            if seen != rows:
+                raise AssertionError(f"an epoch of {rows} rows yielded {seen}")
+        n_chunks = ceil_div(rows, c)
+        out.append(
+            {
+                "chunk_rows": c,
+                "chunk_MiB": c * nbytes / 2**20,
+                "n_chunks": n_chunks,
+                "seconds": best,
+                "MB_per_s": rows * nbytes / MB / best,
+                "ms_per_chunk": best / n_chunks * 1e3,
+            }
+        )
+        shutil.rmtree(store)
     return out
