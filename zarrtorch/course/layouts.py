@@ -1,6 +1,7 @@
 """Write the same arrays in several on-disk layouts and measure how fast training-style reads are.
 
-The layouts compared in lesson 01:
+Lesson 01 measures the chunk length through the loader (:func:`loader_read_rates`); ``docs/chunk-size.md``
+reports that sweep and the comparison of three layouts (:func:`compare_layouts`):
 
 * ``zarr``: a Zarr v3 store chunked along the first axis (``zarrtorch.prepare_zarr``), one object per chunk;
 * ``npy``: a stack of ``.npy`` files, one file per block of ``chunk_rows`` rows and one folder per array
@@ -74,7 +75,7 @@ def row_nbytes(arrays: Mapping[str, Any]) -> int:
 def sweep_lengths(row_bytes: int, *, min_mb: float = 0.25, max_mb: float = 12.0, rows: int | None = None) -> list[int]:
     """Chunk lengths (powers of two, in rows) whose chunks hold between ``min_mb`` and ``max_mb`` MB
     (10**6 bytes, every array together), and at most ``rows`` rows when given: the same range of chunk
-    sizes whatever the size of one row, so the sweep of lesson 01 costs about the same on every dataset."""
+    sizes whatever the size of one row, so that a sweep costs about the same on every dataset."""
     if row_bytes < 1 or not 0 < min_mb <= max_mb:
         raise ValueError(f"need row_bytes >= 1 and 0 < min_mb <= max_mb, got {row_bytes}, {min_mb}, {max_mb}")
     out, c = [], 1
