@@ -30,8 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from zarrtorch._util.sizes import ceil_div, row_bytes
-
 MB = 1e6  # throughputs and sizes are reported in MB = 10**6 bytes
 
 LAYOUTS = ("zarr", "npy", "hdf5")
@@ -67,9 +65,13 @@ def _fresh(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
 def row_nbytes(arrays: Mapping[str, Any]) -> int:
     """Bytes of one sample: row ``i`` of every array, uncompressed."""
-    return row_bytes(arrays)
+    return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
 
 
 def sweep_lengths(row_bytes: int, *, min_mb: float = 0.25, max_mb: float = 12.0, rows: int | None = None) -> list[int]:
