@@ -143,6 +143,18 @@ def test_sample_latency_structure(arrays, tmp_path):
         layouts.sample_latency(info["path"], n=0)
 
 
+def test_loader_read_rates_read_every_row_of_each_length_through_the_loader(arrays, tmp_path):
+    """Lesson 01's measurement of the chunk length: one shuffled epoch per length through ZarrDataLoader (it
+    checks that every row came, else raises), each store removed after."""
+    rates = layouts.loader_read_rates(arrays, tmp_path / "rates", [1, 8, 64], batch_size=16, repeats=2)
+    assert [r["chunk_rows"] for r in rates] == [1, 8, 50] and [r["n_chunks"] for r in rates] == [50, 7, 1]
+    for r in rates:
+        assert set(r) == {"chunk_rows", "chunk_MiB", "n_chunks", "seconds", "MB_per_s", "ms_per_chunk"}
+        assert all(np.isfinite(v) and v > 0 for v in r.values())
+        assert r["chunk_MiB"] == r["chunk_rows"] * layouts.row_nbytes(arrays) / 2**20
+    assert not any((tmp_path / "rates").glob("*.zarr"))
+
+
 def test_sweep_and_compare_structures(arrays, tmp_path):
     sweep = layouts.chunk_length_sweep(arrays, tmp_path / "sweep", [4, 16, 64], latency_samples=5, repeats=2)
     assert [r["chunk_rows"] for r in sweep] == [4, 16, 50]

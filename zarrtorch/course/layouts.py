@@ -1,6 +1,7 @@
 """Write the same arrays in several on-disk layouts and measure how fast training-style reads are.
 
-The layouts compared in lesson 01:
+Lesson 01 measures the chunk length through the loader (:func:`loader_read_rates`); ``docs/chunk-size.md``
+reports that sweep and the comparison of three layouts (:func:`compare_layouts`):
 
 * ``zarr``: a Zarr v3 store chunked along the first axis (``zarrtorch.prepare_zarr``), one object per chunk;
 * ``npy``: a stack of ``.npy`` files, one file per block of ``chunk_rows`` rows and one folder per array
@@ -19,6 +20,7 @@ overhead, not the disk or the network file system.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -27,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from zarrtorch._util.sizes import ceil_div, row_bytes
 
 MB = 1e6  # throughputs and sizes are reported in MB = 10**6 bytes
 
@@ -65,15 +65,19 @@ def _fresh(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
 def row_nbytes(arrays: Mapping[str, Any]) -> int:
     """Bytes of one sample: row ``i`` of every array, uncompressed."""
-    return row_bytes(arrays)
+    return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
 
 
 def sweep_lengths(row_bytes: int, *, min_mb: float = 0.25, max_mb: float = 12.0, rows: int | None = None) -> list[int]:
     """Chunk lengths (powers of two, in rows) whose chunks hold between ``min_mb`` and ``max_mb`` MB
     (10**6 bytes, every array together), and at most ``rows`` rows when given: the same range of chunk
-    sizes whatever the size of one row, so the sweep of lesson 01 costs about the same on every dataset."""
+    sizes whatever the size of one row, so that a sweep costs about the same on every dataset."""
     if row_bytes < 1 or not 0 < min_mb <= max_mb:
         raise ValueError(f"need row_bytes >= 1 and 0 < min_mb <= max_mb, got {row_bytes}, {min_mb}, {max_mb}")
     out, c = [], 1
@@ -494,4 +498,53 @@ def compare_layouts(
         )
         if not keep:
             _fresh(target)
+    return out
+
+
+def loader_read_rates(
+    arrays: Mapping[str, Any],
+    folder: str | Path,
+    chunk_rows: Iterable[int],
+    *,
+    batch_size: int = 64,
+    repeats: int = 3,
+    seed: int = 0,
+) -> list[dict]:
+    """For each chunk length: write ``arrays`` with :func:`zarrtorch.prepare_zarr` (zstd), then read one shuffled
+    epoch through :class:`zarrtorch.ZarrDataLoader` (no workers: one process, as the lesson's kernel) and keep
+    the best of ``repeats`` epochs. One dict per length: ``chunk_rows``, ``chunk_MiB``, ``n_chunks``,
+    ``seconds``, ``MB_per_s`` (decoded data, MB = 10**6 bytes) and ``ms_per_chunk``. Stores are deleted after."""
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+
+    rows = _check_arrays(arrays)
+    nbytes = row_nbytes(arrays)
+    folder = Path(folder)
+    out = []
+    for c in chunk_rows:
+        c = _check_chunk_rows(c, rows)
+        store = folder / f"rate_{c}.zarr"
+        _fresh(store)
+        prepare_zarr(dict(arrays), store, chunk_rows=c, overwrite=True, progress=False)
+        ds = ZarrIterableDataset(str(store), shuffle=True, seed=seed)
+        best = math.inf
+        for epoch in range(max(1, int(repeats))):
+            loader = ZarrDataLoader(ds, batch_size=batch_size, drop_last=False)
+            loader.set_epoch(epoch)
+            start = time.perf_counter()
+            seen = sum(int(next(iter(batch.values())).shape[0]) for batch in loader)
+            best = min(best, time.perf_counter() - start)
+            if seen != rows:
+                raise AssertionError(f"an epoch of {rows} rows yielded {seen}")
+        n_chunks = ceil_div(rows, c)
+        out.append(
+            {
+                "chunk_rows": c,
+                "chunk_MiB": c * nbytes / 2**20,
+                "n_chunks": n_chunks,
+                "seconds": best,
+                "MB_per_s": rows * nbytes / MB / best,
+                "ms_per_chunk": best / n_chunks * 1e3,
+            }
+        )
+        shutil.rmtree(store)
     return out
