@@ -391,7 +391,7 @@ def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     loader = zarrtorch_loader(spec, cache=spec["kind"] == "cache", **kwargs)
     budget = loader_memory(loader)  # the package's prediction of what the loader holds at most
     epochs = timed_epochs(loader, spec, sampler, spec["epochs"], set_epoch=True, receive=receive)
-    buffer_chunks = loader.dataset.buffer_chunks
+    buffer_chunks = loader.data.buffer_chunks
     del loader
     predicted = {"predicted_mib": budget.total / MiB, "budget": dataclasses.asdict(budget)}
     return {"epochs": epochs, "buffer_chunks": buffer_chunks, "variant": variant} | predicted

@@ -63,8 +63,9 @@ def rows_per_second(
             rows += len(next(iter(batch.values())))
         rates.append(rows / (time.perf_counter() - start))
         if log is not None:
-            state = loader.dataset.epoch_state
-            levels = [loader.dataset._in_flight.level] if not workers else [state.level(w) for w in range(workers)]
+            state = loader.job.epochs
+            own = loader.dataset.process_state().in_flight
+            levels = [own.level] if not workers else [state.level(w) for w in range(workers)]
             log(rates[-1], levels)
     return statistics.median(rates)
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import zarr  # noqa: E402
 
-from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
+from zarrtorch import ReadOptions, ReadPlan, ZarrDataLoader, ZarrIterableDataset, prepare_zarr  # noqa: E402
 from zarrtorch._read.chunks import chunk_key  # noqa: E402
 from zarrtorch._read.reader import PieceReader  # noqa: E402
 from zarrtorch._util.process import available_cpus  # noqa: E402
@@ -71,7 +71,9 @@ def reader_limit(path: Path, threads: int) -> float:
     ds = ZarrIterableDataset(path)
     c, rows = ds.chunk_rows, ds.rows
     pieces = np.array([(a, min(a + c, rows)) for a in range(0, rows, c)], dtype=np.int64)
-    reader = PieceReader(ds.arrays, c, threads=threads, prefetch=threads + 1, pieces_per_read=ds.pieces_per_read())
+    reader = PieceReader(
+        ds.arrays, c, threads=threads, prefetch=threads + 1, pieces_per_read=ReadPlan.of(ds, 0).pieces_per_read
+    )
     start = time.perf_counter()
     for _ in reader.iter_pieces(pieces):
         pass

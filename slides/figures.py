@@ -661,7 +661,7 @@ def memory_facts() -> dict:
     """Decoded memory one reading process holds, from the loader's own ``worker_memory_bytes``, for the workshop
     dataset's shape with 2 decode threads: read from a file system (requests in flight: decode threads + 1) and
     by URL (the adaptive default's most requests in flight), served on 127.0.0.1."""
-    from zarrtorch import ZarrIterableDataset
+    from zarrtorch import ReadPlan, ZarrIterableDataset
     from zarrtorch.course.servers import HttpStoreServer
     from zarrtorch.course.synthetic import PRESETS, TRAIN_CHUNK_ROWS
 
@@ -676,7 +676,7 @@ def memory_facts() -> dict:
                         source, buffer_chunks=bc, variables=["fields", "target"], read=METADATA_ONLY
                     )
                     v[f"ws_{where}_mem_{bc}"] = f"{ds.worker_memory_bytes(decode_threads=2) / 2**20:,.0f}"
-                v[f"ws_{where}_in_flight"] = str(ds.in_flight(decode_threads=2))
+                v[f"ws_{where}_in_flight"] = str(ReadPlan.of(ds, 0, decode_threads=2).chunks_ahead)
                 v["ws_chunk_mib"] = f"{ds.chunk_rows * ds.row_bytes / 2**20:.0f}"
     return v
 
@@ -687,7 +687,7 @@ def object_storage_facts() -> dict:
     of 4 chunks (the tiny data, served on 127.0.0.1 and counted by the server)."""
     import xarray as xr
 
-    from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+    from zarrtorch import ReadOptions, ReadPlan, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
     from zarrtorch.course import paths
     from zarrtorch.course.servers import HttpStoreServer
 
@@ -709,8 +709,11 @@ def object_storage_facts() -> dict:
                     f"{server.url}/{key}", variables=["fields", "target"], read=ReadOptions(allow_shards=shards)
                 )
                 if name == "chunks":
-                    most = ds.in_flight_range(decode_threads=2)[1]
-                    v |= {"os_in_flight_start": str(ds.in_flight_start(2)), "os_in_flight_most": str(most)}
+                    plan = ReadPlan.of(ds, 0, decode_threads=2)
+                    v |= {
+                        "os_in_flight_start": str(plan.start_in_flight),
+                        "os_in_flight_most": str(plan.most_in_flight),
+                    }
                     v["os_chunk_rows"] = str(ds.chunk_rows)
                     v["os_chunk_mib"] = f"{ds.chunk_rows * ds.row_bytes / 2**20:.1f}"
                     v["os_bound_1"] = f"{ds.chunk_rows / 0.020:,.0f}"

@@ -1,9 +1,10 @@
 """zarrtorch: feed PyTorch (and DDP) training from Zarr arrays chunked along the sample axis.
 
 Two layers. The modules at the top are the ones the lessons build and users import: ``prepare`` and
-``layout`` (lesson 01), ``plan`` (02), ``buffer``, ``quality`` and ``windows`` (03), ``dataset``, ``stream``,
-``loader``, ``options``, ``budget`` and ``roofline`` (04), ``lightning`` and ``window_stream`` (05), ``resume`` and
-``audit`` (06). The
+``layout`` (lesson 01), ``plan`` (02), ``buffer``, ``quality`` and ``windows`` (03), ``dataset`` (the data,
+described), ``loader``, ``job`` and ``epoch`` (a loader's job and one epoch in one process), ``stream`` and
+``window_stream`` (rows and windows gathered into batches), ``options``, ``readplan``, ``budget`` and ``roofline``
+(04), ``lightning`` (05), ``resume`` and ``audit`` (06). The
 machinery behind them lives in private subpackages by role: ``_read`` (opening stores, reading and decoding
 chunks), ``_workers`` (moving batches and state between the loader's processes and threads) and ``_util``
 (small helpers). The core needs numpy, zarr and torch (``zarrtorch.lightning`` also Lightning);
@@ -22,6 +23,7 @@ from zarrtorch.loader import ZarrDataLoader
 from zarrtorch.options import ReadOptions
 from zarrtorch.plan import EpochSpec, RankPlan, Topology, epoch_plan
 from zarrtorch.prepare import prepare_zarr
+from zarrtorch.readplan import ReadPlan
 from zarrtorch.resume import LoaderCheckpoint
 from zarrtorch.windows import Windows
 
@@ -37,6 +39,7 @@ __all__ = [
     "MemoryBudget",
     "RankPlan",
     "ReadOptions",
+    "ReadPlan",
     "RetryPolicy",
     "Topology",
     "Windows",

@@ -169,8 +169,9 @@ def audit(
 
     read = read or ReadOptions()
     saved = LoaderCheckpoint.from_dict(state) if state is not None else None
-    if saved is not None:
+    if saved is not None:  # the state's settings, its own windows
         windows = windows_of(saved, windows)
+        seed, shuffle, buffer_chunks = saved.spec.seed, saved.spec.shuffle, saved.spec.buffer_chunks
     ds = ZarrIterableDataset(
         source,
         variables=variables,
@@ -182,20 +183,19 @@ def audit(
         windows=windows,
     )
     history: tuple[Segment, ...] = ()
-    if saved is not None:
-        offset = ds.spec(1, False).row_offset  # with windows, the period's first row
-        if (saved.rows, saved.chunk_rows, saved.row_offset) != (ds.rows, ds.chunk_rows, offset):
-            unsaid = saved.windows is None and windows is None  # a state saved before states named their windows
+    if saved is None:
+        spec = ds.spec(batch_size, drop_last)
+    else:
+        spec = saved.spec
+        here = ds.spec(spec.batch_size, spec.drop_last)
+        if (spec.rows, spec.chunk_rows, spec.row_offset) != (here.rows, here.chunk_rows, here.row_offset):
             raise ValueError(
-                f"the state was saved on {saved.rows} rows in chunks of {saved.chunk_rows} from row "
-                f"{saved.row_offset}; this store has {ds.rows} in chunks of {ds.chunk_rows} from row "
-                f"{offset}: audit the store (and row_range) the state belongs to"
-                + (" (and its windows, windows= or --windows, if a windows loader saved it)" if unsaid else "")
+                f"the state was saved on {spec.rows} rows in chunks of {spec.chunk_rows} from row "
+                f"{spec.row_offset}; this store has {here.rows} in chunks of {here.chunk_rows} from row "
+                f"{here.row_offset}: audit the store (and row_range) the state belongs to"
             )
-        epoch, batch_size, drop_last, seed = saved.epoch, saved.batch_size, saved.drop_last, saved.seed
-        shuffle, buffer_chunks = saved.shuffle, saved.buffer_chunks
+        epoch, batch_size, drop_last = saved.epoch, spec.batch_size, spec.drop_last
         history = saved.segments + (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
-    spec = dataclasses.replace(ds.spec(batch_size, drop_last), seed=seed, shuffle=shuffle, buffer_chunks=buffer_chunks)
     consumed = []
     for i, past in enumerate(history):
         for rank in range(past.world_size):
@@ -239,19 +239,18 @@ def audit(
 
 def windows_of(saved: LoaderCheckpoint, given: Windows | None) -> Windows | None:
     """The windows a state was saved with, rebuilt from its description (:meth:`Windows.describe`), or ``given``
-    where they agree; ``given`` for a state saved before states recorded them."""
-    if saved.windows is None:
-        return given
-    if not saved.windows:
+    where they agree."""
+    described = saved.spec.windows
+    if not described:
         if given is not None:
             raise ValueError("the state was saved by a loader of rows, not of windows: audit it without windows")
         return None
-    if given is not None and given.describe() != saved.windows:
+    if given is not None and given.describe() != described:
         raise ValueError(
-            f"the state was saved with {describe_windows(saved.windows)}, not {describe_windows(given.describe())}: "
+            f"the state was saved with {describe_windows(described)}, not {describe_windows(given.describe())}: "
             "audit it without windows (they are read from the state) or with those it was saved with"
         )
-    return given or Windows.from_description(saved.windows)
+    return given or Windows.from_description(described)
 
 
 def listed_missing_chunks(ds) -> dict[str, list[int]] | None:

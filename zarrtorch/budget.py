@@ -1,7 +1,7 @@
 """The host memory a loader holds at most, all of its processes together: the figure to size a job with.
 
 A job's memory per GPU is the loader's data on top of what any PyTorch process holds: the decoded chunks of
-every reading process (:meth:`ZarrIterableDataset.worker_memory_bytes`), with ``keep_in_memory=True`` the rows each
+every reading process (:func:`reader_bytes`), with ``keep_in_memory=True`` the rows each
 process keeps, the stored bytes its reading threads hold (a chunk file read into a thread's buffer, or the
 answer of a remote request in flight), the ring of batch slots the main process shares with its workers
 (:mod:`zarrtorch._workers.ring`), the batches waiting in the main process, and what each process of the loader
@@ -17,11 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zarrtorch._read.columns import decode_block_bytes
 from zarrtorch._read.fastpath import read_buffer_bytes
-from zarrtorch._read.reader import reading_threads
 from zarrtorch._read.source import is_local
 from zarrtorch._util.cgroup import cgroup_memory_limit
-from zarrtorch.plan import Topology
+from zarrtorch._util.sizes import held_chunks
+from zarrtorch.plan import Topology, shuffles_rows
+from zarrtorch.readplan import ReadPlan
+from zarrtorch.window_stream import window_chunks_for_batches
 
 MiB = 2**20
 # What a process of the loader holds besides its data (anonymous and private dirty memory): the main process's
@@ -107,6 +110,34 @@ def fetched_bytes(arrays: dict, threads: int) -> int:
     return threads * local + (threads + 1 if remote else 0) * remote
 
 
+def reader_bytes(data, plan: ReadPlan, batch_size: int) -> int:
+    """Decoded data one reading process holds at most (``data`` a :class:`~zarrtorch.ZarrIterableDataset`, its
+    reads as ``plan`` says, batches of ``batch_size``): rows, the shuffle buffer (grown to a batch when a batch
+    holds more rows: :func:`zarrtorch.buffer.buffer_capacity`), one chunk per read ahead and the chunk being
+    consumed (:func:`zarrtorch._util.sizes.held_chunks`); windows, the chunks its batches draw from
+    (:func:`zarrtorch.window_stream.window_chunks_for_batches`) and those read ahead; and what it decodes
+    CF-packed columns in (:func:`decode_bytes`)."""
+    if data.windows is not None:
+        held = window_chunks_for_batches(data, batch_size) + plan.chunks_ahead
+        return held * data.store_chunk_rows * data.row_bytes + decode_bytes(data, batch_size)
+    row_shuffle = shuffles_rows(data.shuffle, data.buffer_chunks)
+    held = held_chunks(buffer_chunks=data.buffer_chunks, in_flight=plan.chunks_ahead, row_shuffle=row_shuffle)
+    grown = max(0, int(batch_size) - data.buffer_rows) if row_shuffle else 0
+    return (held * data.chunk_rows + grown) * data.row_bytes + decode_bytes(data, batch_size)
+
+
+def decode_bytes(data, batch_size: int) -> int:
+    """Bytes a reading process holds to decode CF-packed columns: one batch of them gathered as stored, and
+    the float64 block the decode computes in (:func:`~zarrtorch._read.columns.decode_block_bytes`)."""
+    packed = data.packed_columns
+    if not packed:
+        return 0
+    out, stored = data.out_columns, data.columns
+    values = {c: int(np.prod(out[c][0], dtype=np.int64)) for c in packed}
+    gathered = int(batch_size) * sum(values[c] * stored[n][1].itemsize for c, n in packed.items())
+    return gathered + max(decode_block_bytes(v, int(batch_size)) for v in values.values())
+
+
 def loader_memory(loader) -> MemoryBudget:
     """The memory budget of a :class:`~zarrtorch.ZarrDataLoader` with its current settings.
 
@@ -118,23 +149,22 @@ def loader_memory(loader) -> MemoryBudget:
     store's requests in flight hold their answers (:func:`fetched_bytes`), counted with the most requests in
     flight the loader may reach. The budget also carries this process's cgroup memory limit
     (:attr:`MemoryBudget.within_memory_limit`)."""
-    ds, cfg = loader.dataset, loader.config
-    workers = cfg.num_workers
-    threads = ds.decode_threads(workers)
-    per_reader = ds.worker_memory_bytes(decode_threads=threads)
-    read_buffers = max(1, workers) * fetched_bytes(ds.arrays, reading_threads(threads, ds.in_flight_range(threads)[1]))
-    batch_bytes = cfg.batch_size * (ds.batch_row_bytes + 8)  # + the int64 row index
-    ring = loader.ring.nbytes if loader.ring is not None else 0
+    job = loader.job
+    ds, workers, batch = job.data, job.num_workers, job.spec.batch_size
+    per_reader = reader_bytes(ds, job.read_plan, batch)
+    read_buffers = max(1, workers) * fetched_bytes(ds.arrays, job.read_plan.threads)
+    batch_bytes = batch * (ds.batch_row_bytes + 8)  # + the int64 row index
+    ring = job.ring.nbytes if job.ring is not None else 0
     batches = 0
-    if loader.ring is None:
+    if job.ring is None:
         batches = (loader.work_ahead + 1 if loader.work_ahead else 0) + 2
         if workers:
             batches += workers * (loader.prefetch_factor or 2)
     kept = 0
     if ds.keep_in_memory:  # a reader keeps every piece it reads (those in flight too) and buffers row ids only
         rank, world = loader.topology()
-        pieces = sum(len(w.pieces) for w in loader.spec.plan(0, Topology(rank, world, workers)).workers)
-        per_reader, kept = ds.decode_bytes(), pieces * ds.chunk_rows * ds.row_bytes
+        pieces = sum(len(w.pieces) for w in job.spec.plan(0, Topology(rank, world, workers)).workers)
+        per_reader, kept = decode_bytes(ds, batch), pieces * ds.chunk_rows * ds.row_bytes
     processes = MAIN_PROCESS_BYTES + workers * WORKER_PROCESS_BYTES
     limit = cgroup_memory_limit() or 0
     return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers, processes, limit)

@@ -35,7 +35,7 @@ from zarrtorch._util.sizes import ceil_div
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
-from zarrtorch.options import ReadOptions, deprecated_dataset_arguments
+from zarrtorch.options import ReadOptions
 
 SHUFFLE_MODES = ("none", "chunks", "full")
 
@@ -154,8 +154,7 @@ def plan_split(rows: int, chunk_rows: int, val_fraction: float, halo: int = 0) -
         raise ValueError(f"the store has {n_chunks} chunk(s): a split by whole chunks needs at least 2")
     val_chunks = min(n_chunks - 1, max(1, int(round(val_fraction * n_chunks))))
     split = (n_chunks - val_chunks) * int(chunk_rows)
-    # the gap after the fitting period's targets, then one whole window (a shorter period was refused with a
-    # message about a row_range the user never gave, found by a break-test)
+    # the gap after the fitting period's targets, then one whole window: said here, in the user's terms
     if halo and rows - split < 2 * int(halo) + 1:
         raise ValueError(
             f"the validation period (the last {rows - split} rows, {val_chunks} chunk(s) of {chunk_rows}) cannot hold "
@@ -212,13 +211,13 @@ class ZarrDataModule(L.LightningDataModule):
         windows=None,
         rows: int | None = None,
         allow_other_data: bool = False,
-        **deprecated,
     ):
         super().__init__()
         self.windows = windows
         self.allow_other_data = flag(allow_other_data, "allow_other_data")
-        read, renamed = deprecated_dataset_arguments(read, deprecated)
-        variables = renamed.get("variables", variables)
+        if read is not None and not isinstance(read, ReadOptions):
+            raise TypeError(f"read must be a zarrtorch.ReadOptions(...), got {type(read).__name__}: {read!r}")
+        read = read or ReadOptions()
         if shuffle not in SHUFFLE_MODES:
             raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, got {shuffle!r}")
         self.store = store if is_url(store) else Path(store)  # a URL through Path would lose a slash: s3:/b

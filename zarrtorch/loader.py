@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -31,19 +32,23 @@ from zarrtorch._util.process import (
     process_state,
 )
 from zarrtorch._workers.ring import make_ring, pin_copy
-from zarrtorch._workers.shared import EpochState, EpochView, LoaderConfig
+from zarrtorch._workers.shared import EpochState, EpochView
 from zarrtorch._workers.torch_private import (
     EpochSampler,
+    WorkerTimeout,
     awaited_worker,
     bound_waits,
+    raised_in_a_worker,
     set_sampler,
     stop_workers,
     worker_processes,
 )
 from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
+from zarrtorch.job import EpochJob, EpochRunner
 from zarrtorch.options import check_loader_settings, loader_numbers
 from zarrtorch.plan import PLAN_VERSION, EpochSpec, Segment, Topology
+from zarrtorch.readplan import ReadPlan
 from zarrtorch.resume import LoaderCheckpoint, resumed_plan
 
 
@@ -71,8 +76,8 @@ SUPERSEDED = (
 
 
 def worker_timeout_s(policy: RetryPolicy | None) -> float:
-    """How long the loader waits for a worker's next batch by default (DataLoader's own default is forever: a
-    stopped or deadlocked worker hung the loop for good, found by a break-test): at least 5 minutes, and twice
+    """How long the loader waits for a worker's next batch by default (DataLoader's own default is forever, and a
+    stopped or deadlocked worker must not hang the training loop): at least 5 minutes, and twice
     what one chunk read may take before it fails (every attempt of the retry policy, with its back-offs), plus a
     minute for a worker's start."""
     policy = policy or RetryPolicy()
@@ -83,14 +88,15 @@ def worker_timeout_s(policy: RetryPolicy | None) -> float:
 
 class EpochIterator:
     """One epoch of a :class:`ZarrDataLoader`: counts the batches handed out (for ``state_dict``), stops
-    the workers at once when one of them fails, and refuses to go on once a newer epoch started."""
+    the workers at once when one of them fails, and refuses to go on once a newer epoch started. ``loader``
+    gives it what it needs by name (:class:`EpochControl`): nothing here reaches into the loader."""
 
-    def __init__(self, inner, loader: ZarrDataLoader, run: EpochRun, transform=None):
+    def __init__(self, inner, control: EpochControl, run: EpochRun, transform=None):
         ahead = isinstance(inner, WorkAhead)
         self._inner = inner.inner if ahead else inner  # DataLoader's own iterator
-        self._next = inner.__next__ if ahead else lambda: loader.receive(next(inner))  # received there
+        self._next = inner.__next__ if ahead else lambda: control.receive(next(inner))  # received there
         self._stop_ahead = inner.stopper() if ahead else None
-        self._loader = loader
+        self._control = control
         self._run = run
         self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
 
@@ -98,13 +104,13 @@ class EpochIterator:
         return self
 
     def __next__(self):
-        loader = self._loader
-        if loader._run is not self._run:
+        control = self._control
+        if control.newest() is not self._run:
             raise RuntimeError(SUPERSEDED)
         try:
             batch = self._next()
         except StopIteration:
-            loader._finished(self._run)
+            control.finished(self._run)
             raise
         except ProducerSilent as silent:
             raise self._unblock(silent) from None
@@ -113,15 +119,15 @@ class EpochIterator:
             # iterator, which is not safe to shut down under it: that thread sees the death within seconds too
             if self._stop_ahead is not None and not self._stop_ahead(timeout_s=30.0, quiet=True):
                 raise
-            stalled = loader._stalled(self._inner, exc)
-            if stop_workers(loader, self._inner, stuck=stalled is not None):
+            stalled = control.stalled(self._inner, exc)
+            if stop_workers(control.loader, self._inner, stuck=stalled is not None):
                 if stalled is not None:
                     raise stalled from None
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
                 # would keep this loader and its next workers for the garbage collector); the message
                 # already carries the worker's traceback. An error of this process's own (receiving a batch
-                # from a worker that exited) keeps its traceback: without it, "FileNotFoundError" said nothing
-                if "Original Traceback" in str(exc) or isinstance(exc, RuntimeError):  # a worker's, or its death
+                # from a worker that exited) keeps its traceback, which names what failed
+                if raised_in_a_worker(exc) or isinstance(exc, RuntimeError):  # a worker's, or its death
                     raise exc.with_traceback(None) from None
                 raise RuntimeError(
                     f"receiving a batch from a DataLoader worker failed ({type(exc).__name__}: {exc}): the worker "
@@ -140,8 +146,8 @@ class EpochIterator:
         """The work-ahead thread is blocked inside a batch that never arrives whole (a worker stopped after it
         queued the batch: receiving it waits on that worker, with no timeout). Its workers are continued (a
         stopped one ends at shutdown), or killed if the thread still does not come out; then stopped."""
-        loader, inner = self._loader, self._inner
-        error = loader._stalled(inner, f"DataLoader timed out after {silent}")
+        control, inner = self._control, self._inner
+        error = control.stalled(inner, WorkerTimeout(f"DataLoader timed out after {silent}"))
         workers = worker_processes(inner)
         for worker in workers:
             with contextlib.suppress(OSError):
@@ -152,13 +158,25 @@ class EpochIterator:
                     worker.kill()
             self._stop_ahead(timeout_s=30.0, quiet=True)
         with contextlib.suppress(Exception):
-            stop_workers(loader, inner, stuck=True)
+            stop_workers(control.loader, inner, stuck=True)
         return error
 
     @property
     def workers(self) -> list:
         """This epoch's worker processes (empty with ``num_workers=0``)."""
         return worker_processes(self._inner)
+
+
+@dataclass(frozen=True)
+class EpochControl:
+    """What an :class:`EpochIterator` asks of its loader: the newest iteration, that one ended, what a silent
+    worker means, how a batch is received."""
+
+    loader: DataLoader
+    newest: Callable[[], EpochRun | None]
+    finished: Callable[[EpochRun], None]
+    stalled: Callable[[object, BaseException], RuntimeError | None]
+    receive: Callable
 
 
 class ZarrDataLoader(DataLoader):
@@ -189,7 +207,7 @@ class ZarrDataLoader(DataLoader):
         self,
         dataset: ZarrIterableDataset,
         batch_size: int = 1,
-        *positional,
+        *,
         drop_last: bool = False,
         num_workers: int = 0,
         rank: int | None = None,
@@ -201,9 +219,6 @@ class ZarrDataLoader(DataLoader):
     ):
         if not isinstance(dataset, ZarrIterableDataset):
             raise TypeError(f"ZarrDataLoader needs a zarrtorch.ZarrIterableDataset, got {type(dataset).__name__}")
-        dataset = dataset.for_loader()  # its epochs' state is this loader's alone
-        if positional:
-            drop_last, num_workers = positional_arguments(positional, drop_last, num_workers)
         batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks = loader_numbers(
             batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks
         )
@@ -211,23 +226,26 @@ class ZarrDataLoader(DataLoader):
         # seconds a worker's next batch may take: DataLoader's own default waits forever (bound_waits)
         asked = kwargs.pop("timeout", None)
         self.worker_timeout_s = float(worker_timeout_s(dataset.read.retry) if asked is None else asked)
-        self.work_ahead = int(work_ahead)
-        self.check_ranks = bool(check_ranks)
-        persistent = bool(kwargs.get("persistent_workers"))
+        self.work_ahead = work_ahead
+        self.check_ranks = check_ranks
         # with no workers a random transform would run in the work-ahead thread, drawing from torch's global
         # generator while the training step does: it runs in the consumer's thread instead, as DataLoader's
-        in_consumer = dataset.transform is not None and int(num_workers) == 0 and self.work_ahead > 0
-        self.spec = dataset.spec(batch_size, drop_last)  # what fixes every epoch's batches, made once
-        self.config = LoaderConfig(batch_size, bool(drop_last), int(num_workers), persistent, in_consumer, self.spec)
-        self.epoch_state = EpochState()
-        pinned = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
+        in_consumer = dataset.transform is not None and num_workers == 0 and work_ahead > 0
         prefetch = kwargs.get("prefetch_factor") or 2
-        self.ring = make_ring(dataset, self.config, prefetch, self.work_ahead, transport)  # allocated by iter()
+        self.job = EpochJob(
+            data=dataset,
+            spec=dataset.spec(batch_size, drop_last),
+            num_workers=num_workers,
+            persistent=bool(kwargs.get("persistent_workers")),
+            transform_in_consumer=in_consumer,
+            read_plan=ReadPlan.of(dataset, num_workers),
+            ring=make_ring(dataset, batch_size, num_workers, prefetch, work_ahead, transport),  # allocated by iter()
+            epochs=EpochState(),
+        )
         # what receive() keeps of a slot
         self._ring_keep = None if dataset.return_index else set(dataset.out_columns) | {"padding"}
-        self._ring_copy = pin_copy if pinned else None
-        dataset.bind(self.config, self.epoch_state, self.ring)
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+        self._ring_copy = pin_copy if bool(kwargs.get("pin_memory")) and torch.cuda.is_available() else None
+        super().__init__(EpochRunner(self.job), batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
         self._epoch = 0  # the epoch the next iter() runs
@@ -246,6 +264,35 @@ class ZarrDataLoader(DataLoader):
         # batches of each epoch the consumer takes at most, when fewer than the epoch's (Lightning's
         # limit_train_batches): taken them all, the epoch is over for it, and a checkpoint holds the next one's start
         self.consumer_epoch_length: Callable[[], int | None] | None = None
+
+    # -- what it streams -----------------------------------------------------------------------------
+    @property
+    def data(self) -> ZarrIterableDataset:
+        """The dataset this loader streams (the one it was given: nothing writes into it)."""
+        return self.job.data
+
+    @property
+    def spec(self) -> EpochSpec:
+        """What fixes every epoch's batches: the dataset's rows and shuffle, this loader's batch size and
+        ``drop_last`` (:class:`zarrtorch.plan.EpochSpec`)."""
+        return self.job.spec
+
+    def batch_row_ids(
+        self, *, epoch: int | None = None, rank: int | None = None, world_size: int | None = None, history=()
+    ) -> list[np.ndarray]:
+        """The store rows (or window start rows) of every batch this loader yields in ``epoch`` (default: the one
+        the next ``iter()`` runs) on ``rank`` of ``world_size`` (default: this loader's), computed without reading
+        data; ``history``: the epoch's earlier segments on other topologies (:mod:`zarrtorch.resume`)."""
+        own_rank, own_world = self.topology() if rank is None or world_size is None else (rank, world_size)
+        return self.data.batch_row_ids(
+            epoch=self._epoch if epoch is None else epoch,
+            batch_size=self.spec.batch_size,
+            drop_last=self.spec.drop_last,
+            rank=own_rank if rank is None else rank,
+            world_size=own_world if world_size is None else world_size,
+            num_workers=self.num_workers,
+            history=history,
+        )
 
     # -- epochs and topology ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -288,11 +335,11 @@ class ZarrDataLoader(DataLoader):
         if start is None:
             return (), 0
         if isinstance(start, LoaderCheckpoint):
-            return resumed_history(start, world, self.config.num_workers), start.batches_seen
+            return resumed_history(start, world, self.num_workers), start.batches_seen
         return start
 
     def _plan(self, rank: int, world: int, history: tuple[Segment, ...], epoch: int | None = None):
-        topology = Topology(rank, world, self.config.num_workers)
+        topology = Topology(rank, world, self.num_workers)
         return resumed_plan(self.spec, self._epoch if epoch is None else epoch, history, topology)
 
     def _length(self, rank: int, world: int, history: tuple[Segment, ...]) -> int:
@@ -336,7 +383,7 @@ class ZarrDataLoader(DataLoader):
             self._start = None  # refused as a whole: the loader starts the epoch afresh next time
             raise ValueError(f"the loaded state was not applied: {exc}") from exc
         last = self._run
-        if last is not None and last.done and not self._set_since_run and self.dataset.shuffle:
+        if last is not None and last.done and not self._set_since_run and self.data.shuffle:
             warnings.warn(
                 f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
                 "loader.set_epoch(epoch) before each epoch to get a new shuffle",
@@ -346,53 +393,46 @@ class ZarrDataLoader(DataLoader):
         run = self._run = EpochRun(self._epoch, history, skip, length)
         self._set_since_run = False
         if self.check_ranks and self._checks_ranks():
-            cfg = self.config
-            fingerprint = self.spec.fingerprint()
             check_ranks_agree(
-                f"plan {fingerprint}, epoch {run.epoch}, {world} ranks x {cfg.num_workers} workers, "
+                f"plan {self.spec.fingerprint()}, epoch {run.epoch}, {world} ranks x {self.num_workers} workers, "
                 f"{length} batches from batch {skip}, earlier segments {[tuple(s) for s in history]}, "
-                f"data {self.dataset.data_fingerprint()}",
+                f"data {self.data.data_fingerprint()}",
                 f"epoch {run.epoch} of a ZarrDataLoader",
             )
-        self.dataset.bind(self.config, self.epoch_state, self.ring)
         self._drop_dead_workers()
-        if self.ring is not None:
+        if self.job.ring is not None:
             self._stop_earlier_workers()
-            self.ring.start_epoch()
+            self.job.ring.start_epoch()
         earlier = sum(seg.batches for seg in history)
-        self.epoch_state.publish(EpochView(run.epoch, skip - earlier, rank, world, history))
-        self.dataset._loader_starting = True  # with num_workers=0, DataLoader calls iter(dataset) right here
-        try:
-            inner = self._start_workers()
-        finally:
-            self.dataset._loader_starting = False
+        self.job.epochs.publish(EpochView(run.epoch, skip - earlier, rank, world, history))
+        inner = self._start_workers()
         bound_waits(inner, self.worker_timeout_s)
-        self._last_workers = weakref.ref(inner) if self.config.num_workers else None
+        self._last_workers = weakref.ref(inner) if self.num_workers else None
         if self.work_ahead > 0:
             # the consumer's own limit, past DataLoader's: receiving a batch whose worker stopped after queueing
-            # it waits for that worker without any timeout (found stuck in a test)
+            # it waits for that worker without any timeout
             silent_s, wait_s = None, self.worker_timeout_s
-            if self.config.num_workers and wait_s > 0:
+            if self.num_workers and wait_s > 0:
                 silent_s = wait_s + max(5.0, min(60.0, wait_s))
             inner = WorkAhead(inner, self.work_ahead, convert=self.receive, timeout_s=silent_s)
             self._stop_work_ahead = inner.stopper()
-        transform = self.dataset.transform if self.config.transform_in_consumer else None
-        iterator = EpochIterator(inner, self, run, transform)
+        transform = self.data.transform if self.job.transform_in_consumer else None
+        control = EpochControl(self, lambda: self._run, self._finished, self._stalled, self.receive)
+        iterator = EpochIterator(inner, control, run, transform)
         self._run_iterator = weakref.ref(iterator)
         return iterator
 
     def _checks_ranks(self) -> bool:
         """Whether this iteration is one of a process group's ranks, which must agree on the plan: no ``rank=``
-        given, or the group's own rank and size given (as DistributedSampler users pass them; the check was
-        skipped then, and ranks with other seeds read overlapping rows, found by a break-test). Ranks simulated
-        in one process (another size) are not checked."""
+        given, or the group's own rank and size given (as DistributedSampler users pass them: ranks with other
+        seeds would read overlapping rows). Ranks simulated in one process (another size) are not checked."""
         if not torch.distributed.is_initialized():
             return False
         own = (torch.distributed.get_rank(), torch.distributed.get_world_size())
         given = self._fixed_topology
         if given is not None and given[1] == own[1] and given[0] != own[0]:
-            # not a simulation (the group's size), yet another rank's share: LOCAL_RANK passed on a second node
-            # read rank 0's rows twice and left a third of the epoch out (found by a break-test)
+            # not a simulation (the group's size), yet another rank's share (LOCAL_RANK passed on a second node):
+            # refused, or that rank's rows would be read twice and others never
             raise ValueError(
                 f"rank={given[0]} was given, but this process is rank {own[0]} of the process group's {own[1]}: "
                 "pass torch.distributed.get_rank() (not LOCAL_RANK), or leave rank= and world_size= out. To look "
@@ -405,19 +445,19 @@ class ZarrDataLoader(DataLoader):
         that die as they resume (a terminal's Ctrl-C reached them too, and they were still exiting when the next
         epoch began) are replaced once, instead of the epoch failing with "worker exited unexpectedly"."""
         try:
-            with frozen_objects(self.config.num_workers > 0):
+            with frozen_objects(self.num_workers > 0):
                 return super().__iter__()
         except RuntimeError:
             kept = getattr(self, "_iterator", None)
             if kept is None or all(w.is_alive() for w in worker_processes(kept)):
                 raise
             stop_workers(self, kept)
-        with frozen_objects(self.config.num_workers > 0):
+        with frozen_objects(self.num_workers > 0):
             return super().__iter__()
 
     def _stalled(self, iterator, exc: Exception) -> RuntimeError | None:
         """DataLoader's "timed out after N seconds", said again with the worker it waited for and the fix."""
-        if not str(exc).startswith("DataLoader timed out after"):
+        if not isinstance(exc, WorkerTimeout):
             return None  # another error: said as it is
         awaited = awaited_worker(iterator)
         stopped = [(w, p) for w, p in enumerate(worker_processes(iterator)) if process_state(p.pid)]
@@ -439,7 +479,7 @@ class ZarrDataLoader(DataLoader):
     def _drop_dead_workers(self) -> None:
         """Persistent workers of which one has died since the last epoch (killed between epochs, in the training
         step, or by a terminal's Ctrl-C, which reaches them too) are replaced: DataLoader would hand out their
-        iterator again and fail every later epoch with "worker exited unexpectedly" (found by a break-test)."""
+        iterator again and fail every later epoch with "worker exited unexpectedly"."""
         kept = getattr(self, "_iterator", None)
         if kept is not None and any(not w.is_alive() for w in worker_processes(kept)):
             stop_workers(self, kept)
@@ -453,9 +493,9 @@ class ZarrDataLoader(DataLoader):
 
     def receive(self, batch):
         """A batch as the consumer gets it: views of its ring slot when it came through one."""
-        if self.ring is None:
+        if self.job.ring is None:
             return batch
-        return self.ring.receive(batch, self._ring_keep, copy=self._ring_copy)
+        return self.job.ring.receive(batch, self._ring_keep, copy=self._ring_copy)
 
     def _finished(self, run: EpochRun) -> None:
         run.done = True
@@ -482,7 +522,7 @@ class ZarrDataLoader(DataLoader):
         else:
             (history, seen), epoch = self._start_point(world), self._epoch
         return checkpoint_of(
-            self.spec, self.dataset.data_fingerprints(), self.config.num_workers, epoch, seen, rank, world, history
+            self.spec, self.data.data_fingerprints(), self.num_workers, epoch, seen, rank, world, history
         )
 
     def _consumed_length(self, run: EpochRun) -> int:
@@ -544,13 +584,13 @@ class ZarrDataLoader(DataLoader):
         except TopologyUnknown:
             rank = world = None  # checked when the epoch starts, once the process group exists
         if world is not None:  # raises for a position this data cannot have (cache=True on another topology...)
-            self._plan(rank, world, resumed_history(saved, world, self.config.num_workers), epoch=saved.epoch)
+            self._plan(rank, world, resumed_history(saved, world, self.num_workers), epoch=saved.epoch)
         self._epoch, self._start, self._run = saved.epoch, saved, None
         self._set_since_run = True
 
     def _setup_checkpoint(self) -> LoaderCheckpoint:
         """A checkpoint of this loader's set-up (its position fields are placeholders)."""
-        return checkpoint_of(self.spec, self.dataset.data_fingerprints(), self.config.num_workers, 0, 0, 0, 1, ())
+        return checkpoint_of(self.spec, self.data.data_fingerprints(), self.num_workers, 0, 0, 0, 1, ())
 
 
 def checkpoint_of(
@@ -563,44 +603,19 @@ def checkpoint_of(
     world: int,
     history: tuple[Segment, ...],
 ) -> LoaderCheckpoint:
-    """The checkpoint of a position (``seen`` batches of ``epoch``) of a loader with ``spec``."""
+    """The checkpoint of a position (``seen`` batches of ``epoch``) of a loader with ``spec`` on ``data``."""
     return LoaderCheckpoint(
         epoch=epoch,
         batches_seen=seen,
         rank=rank,
         world_size=world,
         num_workers=num_workers,
-        batch_size=spec.batch_size,
-        drop_last=spec.drop_last,
-        seed=spec.seed,
-        shuffle=spec.shuffle,
-        buffer_chunks=spec.buffer_chunks,
-        row_offset=spec.row_offset,
-        rows=spec.rows,
-        chunk_rows=spec.chunk_rows,
-        keep_in_memory=spec.freeze_partition,
+        history=tuple(tuple(seg) for seg in history),
+        spec=spec,
         plan_version=PLAN_VERSION,
         fingerprint=spec.fingerprint(),
         data=tuple(sorted(data.items())),
-        history=tuple(tuple(seg) for seg in history),
-        windows=spec.windows,
     )
-
-
-def positional_arguments(positional: tuple, drop_last: bool, num_workers: int) -> tuple[bool, int]:
-    """``drop_last`` and ``num_workers`` given by position, as zarrtorch 0.1 took them: they still work, for one
-    release, with a DeprecationWarning."""
-    if len(positional) > 2:
-        raise TypeError(f"ZarrDataLoader takes batch_size by position, then keywords; got {len(positional) + 2}")
-    warnings.warn(
-        "ZarrDataLoader(dataset, batch_size, drop_last, num_workers) by position is deprecated (DataLoader's third "
-        "positional argument is shuffle): pass drop_last= and num_workers= by name",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    drop_last = bool(positional[0])
-    num_workers = int(positional[1]) if len(positional) == 2 else num_workers
-    return drop_last, num_workers
 
 
 def resumed_history(saved: LoaderCheckpoint, world: int, num_workers: int) -> tuple[Segment, ...]:

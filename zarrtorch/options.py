@@ -4,8 +4,6 @@ surface as a less readable error in every process at once."""
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,38 +70,6 @@ def _cf_dtype(value) -> str:
     if name not in CF_DTYPES:
         raise ValueError(f"cf_dtype must be 'float32' (the default) or 'float64', got {value!r}")
     return name
-
-
-READ_FIELDS = tuple(f.name for f in dataclasses.fields(ReadOptions))
-RENAMED = {"arrays": "variables", "cache": "keep_in_memory"}
-
-
-def deprecated_dataset_arguments(read: ReadOptions | None, given: dict) -> tuple[ReadOptions, dict]:
-    """The reading options and renamed arguments from the spellings of zarrtorch 0.1 (each still works, for one
-    release, with a DeprecationWarning that gives the new one); anything else is refused by name."""
-    unknown = sorted(set(given) - set(READ_FIELDS) - set(RENAMED))
-    if unknown:
-        raise TypeError(f"ZarrIterableDataset got unexpected keyword argument(s) {unknown}")
-    reading = {k: given[k] for k in READ_FIELDS if k in given}
-    renamed = {RENAMED[k]: given[k] for k in RENAMED if k in given}
-    if reading:
-        spelled = ", ".join(f"{k}=..." for k in reading)
-        warnings.warn(
-            f"ZarrIterableDataset({spelled}) is deprecated: pass read=zarrtorch.ReadOptions({spelled})",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    for old, new in RENAMED.items():
-        if old in given:
-            warnings.warn(
-                f"ZarrIterableDataset({old}=...) is deprecated: it is called {new}=...",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-    if read is not None and not isinstance(read, ReadOptions):
-        raise TypeError(f"read must be a zarrtorch.ReadOptions(...), got {type(read).__name__}: {read!r}")
-    read = read or ReadOptions()
-    return (dataclasses.replace(read, **reading) if reading else read), renamed
 
 
 def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs) -> None:

@@ -310,22 +310,6 @@ def epoch_stream(rows: int, chunk_rows: int, *, seed: int, epoch: int, shuffle: 
     )
 
 
-def chunk_runs(order: np.ndarray, rows: int, chunk_rows: int) -> np.ndarray:
-    """The chunks in ``order`` (a whole array) as ``(n_chunks, 2)`` half-open row ranges."""
-    lo = np.asarray(order, dtype=np.int64) * chunk_rows
-    return np.stack([lo, np.minimum(lo + chunk_rows, rows)], axis=1)
-
-
-def slice_runs(runs: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """:func:`stream_slice` of the stream laid out by ``runs`` (``(m, 2)`` row ranges, in order)."""
-    return stream_slice(RunStream(runs), start, stop)
-
-
-def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
-    """Rows at stream positions ``[start, stop)`` of the chunks laid end to end in ``order``."""
-    return slice_runs(chunk_runs(order, rows, chunk_rows), start, stop)
-
-
 def stretch(stream, start: int, stop: int, shuffle_key: tuple[int, ...] | None = None) -> np.ndarray:
     """Stream positions ``[start, stop)`` as row ranges; with ``shuffle_key``, the ranges in an order drawn
     from it (the cached mode's pieces)."""

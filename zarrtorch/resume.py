@@ -68,8 +68,7 @@ class RemainderStream:
 
     A row read twice in that segment (its own rank's copy and another rank's padding) counts as consumed when its
     own copy was yielded: a padding copy is flagged (``return_padding``) and left out of a metric, so a row whose
-    only yielded copy was padding would never have counted (found by a break-test: one window in 23 missing from
-    an evaluation resumed on another world size). It may be yielded once more after the resume."""
+    only yielded copy was padding would never have counted. It may be yielded once more after the resume."""
 
     def __init__(self, spec: EpochSpec, epoch: int, parent, segment: int, past: Segment):
         self.spec, self.epoch, self.parent, self.segment, self.past = spec, epoch, parent, segment, past
@@ -180,71 +179,74 @@ def resumed_plan(spec: EpochSpec, epoch: int, history: tuple[Segment, ...], topo
 
 
 # -- what state_dict saves --------------------------------------------------------------------------------
-@dataclass(frozen=True)
+SETTING_NAMES = {"freeze_partition": "keep_in_memory"}  # a spec field by the name a user sets it with
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoaderCheckpoint:
-    """Where one rank's loader is in its epoch, and the set-up that position is only valid for."""
+    """Where one rank's loader is in its epoch (``epoch``, ``batches_seen``, the topology and the epoch's
+    earlier ``history``), and what that position is only valid for: the :class:`~zarrtorch.plan.EpochSpec` the
+    loader ran with, the plan's version and ``fingerprint`` (equal exactly when the batches are), and ``data``,
+    a hash of each array's first bytes (:meth:`zarrtorch.ZarrIterableDataset.data_fingerprints`)."""
 
     epoch: int
     batches_seen: int
     rank: int
     world_size: int
     num_workers: int
-    batch_size: int
-    drop_last: bool
-    seed: int
-    shuffle: bool
-    buffer_chunks: int
-    row_offset: int
-    rows: int
-    chunk_rows: int
-    keep_in_memory: bool
-    plan_version: int
-    fingerprint: str  # zarrtorch.plan.plan_fingerprint of the set-up: equal exactly when the batches are
-    data: tuple[tuple[str, str], ...]  # (array, hash of its first bytes): ZarrIterableDataset.data_fingerprints
     history: tuple[tuple[int, int, int], ...] = ()  # (world_size, num_workers, batches) of earlier segments
-    windows: str | None = ""  # Windows.describe() ("" for rows), named when it differs; None: saved before it was
+    spec: EpochSpec
+    plan_version: int
+    fingerprint: str
+    data: tuple[tuple[str, str], ...]
 
-    # where the rank is and on which topology; every other field must match to resume
     POSITION = ("epoch", "batches_seen", "rank", "world_size", "num_workers", "history")
 
     def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["history"] = [list(seg) for seg in self.history]
-        out["data"] = dict(self.data)
-        return out
+        return {
+            **{name: getattr(self, name) for name in self.POSITION if name != "history"},
+            "history": [list(seg) for seg in self.history],
+            "spec": dataclasses.asdict(self.spec),
+            "plan_version": self.plan_version,
+            "fingerprint": self.fingerprint,
+            "data": dict(self.data),
+        }
 
     @classmethod
     def from_dict(cls, state: dict) -> LoaderCheckpoint:
         if not isinstance(state, dict):
             raise TypeError(f"a ZarrDataLoader state is a dict (from state_dict()), got {type(state).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in state and n != "windows"]
-        if missing and set(missing) <= {"plan_version", "fingerprint"}:
-            raise ValueError(
-                "this loader state was saved by a zarrtorch whose plan (plan version 1) gives other batches than "
-                "this one's: the position cannot be carried over. Start the epoch afresh with "
-                "loader.set_epoch(epoch) (Lightning: resume the weights only, or start the next epoch)"
-            )
+        names = [*cls.POSITION, "spec", "plan_version", "fingerprint", "data"]
+        missing = [n for n in names if n not in state]
         if missing:
             raise ValueError(
-                f"not a ZarrDataLoader state: keys {missing} are missing (saved by "
-                "ZarrDataLoader.state_dict() of zarrtorch >= 0.1?)"
+                f"not a state of this zarrtorch's ZarrDataLoader: keys {missing} are missing (a state of another "
+                "zarrtorch cannot be carried over: start the epoch afresh with loader.set_epoch(epoch))"
             )
-        values = {n: state[n] for n in names if n in state}
-        values.setdefault("windows", None)  # saved before the field existed: the fingerprint still tells
-        values["history"] = tuple(tuple(int(v) for v in seg) for seg in values["history"])
-        if not isinstance(values["data"], dict):
-            raise ValueError(f"not a ZarrDataLoader state: 'data' is {values['data']!r}, not a dict array -> hash")
-        values["data"] = tuple(sorted((str(k), str(v)) for k, v in values["data"].items()))
-        counts = {n: values[n] for n in ("epoch", "batches_seen", "rank", "num_workers")}
-        counts.update({f"history[{i}]": min(seg) for i, seg in enumerate(values["history"])})
-        negative = {n: v for n, v in counts.items() if int(v) < 0}
-        if negative or int(values["world_size"]) < 1:
+        spec_fields = {f.name for f in dataclasses.fields(EpochSpec)}
+        if not isinstance(state["spec"], dict) or set(state["spec"]) != spec_fields:
             raise ValueError(
-                f"not a position a loader can be at: {negative or {'world_size': values['world_size']}} "
+                f"not a ZarrDataLoader state: 'spec' must hold {sorted(spec_fields)}, got {state['spec']!r}"
+            )
+        if not isinstance(state["data"], dict):
+            raise ValueError(f"not a ZarrDataLoader state: 'data' is {state['data']!r}, not a dict array -> hash")
+        history = tuple(tuple(int(v) for v in seg) for seg in state["history"])
+        counts = {n: state[n] for n in ("epoch", "batches_seen", "rank", "num_workers")}
+        counts.update({f"history[{i}]": min(seg) for i, seg in enumerate(history)})
+        negative = {n: v for n, v in counts.items() if int(v) < 0}
+        if negative or int(state["world_size"]) < 1:
+            raise ValueError(
+                f"not a position a loader can be at: {negative or {'world_size': state['world_size']}} "
                 "(counts are >= 0, world_size >= 1); the state was altered or written by something else"
             )
-        return cls(**values)
+        return cls(
+            **{n: int(state[n]) for n in cls.POSITION if n != "history"},
+            history=history,
+            spec=EpochSpec(**state["spec"]),
+            plan_version=int(state["plan_version"]),
+            fingerprint=str(state["fingerprint"]),
+            data=tuple(sorted((str(k), str(v)) for k, v in state["data"].items())),
+        )
 
     @property
     def segments(self) -> tuple[Segment, ...]:
@@ -256,38 +258,30 @@ class LoaderCheckpoint:
         return self.batches_seen - sum(seg.batches for seg in self.segments)
 
     def setup_differences(self, other: LoaderCheckpoint) -> list[str]:
-        """``"field: saved X, now Y"`` for every set-up field that differs."""
+        """``"setting: saved X, now Y"`` for every part of the set-up that differs: the plan's version, the
+        windows (every other difference follows from them), each field of the spec, the data."""
         if self.plan_version != other.plan_version:
             return [
                 f"plan version: saved {self.plan_version}, now {other.plan_version}: that zarrtorch's plan gives other "
-                "batches than this one's (version 3 orders chunks by a keyed bijection, computed per position), "
-                "so the position cannot be carried over"
+                "batches than this one's, so the position cannot be carried over"
             ]
-        if None not in (self.windows, other.windows) and self.windows != other.windows:  # the rest follows from it
+        saved, now = self.spec, other.spec
+        if saved.windows != now.windows:
             return [
-                f"windows: saved {describe_windows(self.windows)}, now {describe_windows(other.windows)}: "
+                f"windows: saved {describe_windows(saved.windows)}, now {describe_windows(now.windows)}: "
                 "samples of other windows are other samples"
             ]
-        out = []
-        for f in dataclasses.fields(self):
-            if f.name in ("windows", "data"):
-                continue
-            if f.name not in self.POSITION and getattr(self, f.name) != getattr(other, f.name):
-                out.append(f"{f.name}: saved {getattr(self, f.name)!r}, now {getattr(other, f.name)!r}")
-        names = [line.split(":", 1)[0] for line in out]
-        if self.windows and names == ["row_offset", "fingerprint"] and self.row_offset == 0 < other.row_offset:
+        out = [
+            f"{SETTING_NAMES.get(f.name, f.name)}: saved {getattr(saved, f.name)!r}, now {getattr(now, f.name)!r}"
+            for f in dataclasses.fields(EpochSpec)
+            if getattr(saved, f.name) != getattr(now, f.name)
+        ]
+        if not out and self.fingerprint != other.fingerprint:
             out.append(
-                "a state of windows saved by a zarrtorch before 2026-11-26 records no period (row_offset 0) even with "
-                "row_range: if it was saved on this row_range, start this epoch afresh (its position cannot be "
-                "checked against the period)"
-            )
-        out += data_differences(dict(self.data), dict(other.data))
-        if out == [f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r}"]:
-            out = [
                 f"fingerprint: saved {self.fingerprint!r}, now {other.fingerprint!r} with the same settings: the "
                 "state was saved by another zarrtorch or NumPy whose plan or random numbers differ"
-            ]
-        return out
+            )
+        return out + data_differences(dict(self.data), dict(other.data))
 
 
 def data_differences(saved: dict[str, str], now: dict[str, str]) -> list[str]:

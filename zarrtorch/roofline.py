@@ -354,7 +354,7 @@ def paced_epoch(loader, step_s: float, limit: int | None = None) -> dict:
     reads), at most ``limit`` batches; the buffers' warm-up counted from the loader's own settings."""
     it = iter(loader)
     next(it)
-    warmup = warmup_batches(loader.dataset.buffer_chunks, loader.num_workers) - 1  # the first one is taken
+    warmup = warmup_batches(loader.data.buffer_chunks, loader.num_workers) - 1  # the first one is taken
     result = paced(it, step_s, len(loader) - 1 if limit is None else min(limit, len(loader) - 1), warmup)
     del it
     return result

@@ -28,7 +28,7 @@ from zarrtorch._read.reader import PieceReader
 from zarrtorch._util.sizes import ceil_div
 from zarrtorch.buffer import simulate
 from zarrtorch.held_chunks import HeldChunks
-from zarrtorch.plan import WorkerPlan
+from zarrtorch.plan import WorkerPlan, shuffles_rows
 from zarrtorch.windows import Windows, WindowStarts
 
 
@@ -68,6 +68,21 @@ def held_chunks_bound(
     pieces = ceil_div(max(int(buffer_rows), int(batch_size)), block) * (1 + math.log(fan))
     per_window = min(windows.steps, halo + 1)  # chunks one window reads
     return max(math.ceil((pieces + 2) * per_piece), int(batch_size) * per_window)
+
+
+def window_chunks_for_batches(data, batch_size: int) -> int:
+    """The store chunks a reading process holds at most for the window batches of ``data`` (a
+    :class:`~zarrtorch.ZarrIterableDataset` with ``windows``) in batches of ``batch_size``, its reads ahead not
+    counted: :func:`held_chunks_bound` of its windows, blocks, buffer and runs of starts."""
+    row_shuffle = shuffles_rows(data.shuffle, data.buffer_chunks)
+    return held_chunks_bound(
+        data.windows,
+        block_rows=data.chunk_rows,
+        chunk_rows=data.store_chunk_rows,
+        buffer_rows=data.buffer_rows if row_shuffle else 0,
+        batch_size=int(batch_size),
+        runs=data.starts.most_runs(data.chunk_rows),
+    )
 
 
 def window_rows(starts: WindowStarts, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -217,29 +232,25 @@ def stream_windows(
     inputs: tuple[str, ...],
     targets: tuple[str, ...],
     static: dict[str, np.ndarray],
-    out_columns: dict[str, tuple[tuple[int, ...], np.dtype]],
+    columns: dict[str, tuple[tuple[int, ...], np.dtype]],
     rows: int,
     skip: int = 0,
-    padding: np.ndarray | None = None,
-    packings: dict | None = None,
-    scratch=None,
     out=None,
     held_slots: int = 0,
     held_arrays=None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """The batches ``batches[skip:]`` as ``{"index": start rows, name: inputs, name_target: targets, static...}``
-    (and ``"padding"`` when ``padding``, the rank's padded window ids, is given). ``out(n)``, when given,
-    returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`). ``packings``: the
-    :class:`~zarrtorch._read.columns.Packing` of each CF-packed column, gathered as stored into the arrays
-    ``scratch(n)`` returns (``{column: array}``) and decoded into the batch's. The chunks are held in
-    :class:`~zarrtorch.held_chunks.HeldChunks` of at least ``held_slots`` chunks, made by ``held_arrays``."""
+    """The batches ``batches[skip:]`` as ``{"index": start rows, name: inputs, name_target: targets, static...}``.
+    ``out(n)``, when given, returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`, pooled
+    arrays), else new ones of ``columns`` are made. Each column is gathered as the chunks hold it (CF-packed ones
+    are decoded after, :mod:`zarrtorch.epoch`). The chunks are held in :class:`~zarrtorch.held_chunks.HeldChunks`
+    of at least ``held_slots`` chunks, made by ``held_arrays``."""
     chunk_rows = reader.chunk_rows
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
-    columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
+    chunk_columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
     in_flight = reader.in_flight.most_held * reader.pieces_per_read  # taken by reads not yet handed over
     held_most = min(max(reads.most_held, held_slots), starts.chunks_reached(int(offsets[-1]) + 1, chunk_rows))
     slots = held_most + in_flight + reader.pieces_per_read  # one chunk is held in one slot at a time
-    held = HeldChunks(columns, chunk_rows, slots, make=held_arrays)
+    held = HeldChunks(chunk_columns, chunk_rows, slots, make=held_arrays)
     data = reader.iter_pieces(pieces.reshape(-1, 2), read=held.reading(reader.read_piece))
     drops: dict[int, list[int]] = {}
     k = 0
@@ -253,26 +264,19 @@ def stream_windows(
             ids = batches[j]
             dest = out(len(ids)) if out is not None else None
             if dest is None:
-                dest = {n: np.empty((len(ids), *shape), dtype=dt) for n, (shape, dt) in out_columns.items()}
-            gathered = dict(dest)  # CF-packed columns: as stored, then decoded into dest
-            if packings:
-                gathered.update(scratch(len(ids)))
+                dest = {n: np.empty((len(ids), *shape), dtype=dt) for n, (shape, dt) in columns.items()}
             where = window_rows(starts, ids, offsets)
             dest["index"][:] = where[:, 0]
             at = held.rows_of(where.reshape(-1)).reshape(where.shape)
             inputs_at = np.ascontiguousarray(at[:, :history]).reshape(-1)
             for name in inputs:
-                held.gather(name, inputs_at, gathered[name])
+                held.gather(name, inputs_at, dest[name])
             if targets:
                 targets_at = np.ascontiguousarray(at[:, history:]).reshape(-1)
                 for name in targets:
-                    held.gather(name, targets_at, gathered[name + "_target"])
+                    held.gather(name, targets_at, dest[name + "_target"])
             for name, value in static.items():
                 dest[name][...] = value
-            if padding is not None:
-                dest["padding"][:] = np.isin(ids, padding) if len(padding) else False
-            for column, packing in (packings or {}).items():
-                packing.decode(gathered[column], dest[column])
             for c in drops.pop(j, ()):
                 held.drop(c)
             yield dest

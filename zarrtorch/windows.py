@@ -242,15 +242,6 @@ class WindowStarts:
         run = np.searchsorted(self._ends, ids, side="right")
         return self.first[run] + ids - (self._ends[run] - self.counts[run])
 
-    def id_of(self, starts) -> np.ndarray:
-        """The window id of each start row (-1 where no valid window starts there)."""
-        starts = np.asarray(starts, dtype=np.int64)
-        run = np.clip(np.searchsorted(self.first, starts, side="right") - 1, 0, max(0, len(self.first) - 1))
-        if not len(self.first):
-            return np.full(starts.shape, -1, dtype=np.int64)
-        inside = (starts >= self.first[run]) & (starts < self.first[run] + self.counts[run])
-        return np.where(inside, self._ends[run] - self.counts[run] + starts - self.first[run], -1)
-
 
 def no_windows_message(windows: Windows, rows: int, row_range) -> str:
     return (

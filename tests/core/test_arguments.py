@@ -72,7 +72,7 @@ def test_loader_arguments_are_refused_by_name(store, kwargs, needle):
 def test_numpy_integers_are_whole_numbers(store):
     ds = ZarrIterableDataset(store, seed=np.int64(3), buffer_chunks=np.int32(2), row_range=(np.int64(8), 64.0))
     loader = ZarrDataLoader(ds, batch_size=np.int64(4), num_workers=np.int64(0), rank=np.int64(0), world_size=2)
-    assert loader.config.batch_size == 4 and type(loader.config.batch_size) is int
+    assert loader.spec.batch_size == 4 and type(loader.spec.batch_size) is int
     assert len(loader) == (ROWS - 8) // (2 * 4)
     loader.set_epoch(np.int64(2))
     assert loader.epoch == 2

@@ -100,7 +100,8 @@ def test_cli(store, tmp_path):
     assert json.loads(ok.stdout)["batches_per_rank"] == [13, 13]
     loader = yielded(store, 2, 0, True, stop_after=2)[0][1]
     state = tmp_path / "state.json"
-    state.write_text(json.dumps({**loader.state_dict(), "rows": ROWS + 1}))
+    saved = loader.state_dict()
+    state.write_text(json.dumps({**saved, "spec": {**saved["spec"], "rows": ROWS + 1}}))
     bad = subprocess.run(run + ["--world-size", "3", "--state", str(state)], capture_output=True, text=True)
     assert bad.returncode == 2 and "the state was saved on 438 rows" in bad.stderr
 
@@ -221,7 +222,7 @@ def test_cli_audits_a_windows_state_on_its_own_store(store, tmp_path, capsys):
     read = np.concatenate([b["index"].numpy() for batches in rest for b in batches])
     assert report["batches_per_rank"] == [len(batches) for batches in rest]
     assert report["rows_read"] == len(read) and report["rows_consumed_before"] == 2 * 3 * 8
-    assert report["duplicates"] == 0 and report["rows"] == first.dataset.rows  # window starts
+    assert report["duplicates"] == 0 and report["rows"] == first.data.rows  # window starts
 
     other = tmp_path / "other.zarr"  # a state of another store still gets the clear message
     prepare_zarr({"x": np.arange(ROWS - 40, dtype=np.float32)}, other, chunk_rows=CHUNK, progress=False)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import zarrtorch
-from zarrtorch import ZarrIterableDataset, available_cpus, prepare_zarr
+from zarrtorch import ReadPlan, ZarrIterableDataset, available_cpus, prepare_zarr
 from zarrtorch._util import cgroup
 from zarrtorch._util.cgroup import cgroup_cpu_limit, cgroup_memory_limit
 
@@ -60,8 +60,8 @@ def test_a_kernel_limited_to_2_cpus_on_a_64_core_node_decodes_in_2_threads(tmp_p
     store = tmp_path / "data.zarr"
     prepare_zarr({"x": np.zeros((40, 3), np.float32)}, store, chunk_rows=4, progress=False)
     ds = ZarrIterableDataset(store)
-    assert ds.decode_threads(0) == 2 and ds.decode_threads(2) == 1
-    assert ds.in_flight_range(ds.decode_threads(0)) == (3, 3)
+    assert ReadPlan.of(ds, 0).decode_threads == 2 and ReadPlan.of(ds, 2).decode_threads == 1
+    assert ReadPlan.of(ds, 0).most_in_flight == 3
 
 
 def test_v2_max_is_no_limit(tmp_path):

@@ -14,11 +14,13 @@ import pytest
 import torch
 
 import zarrtorch._util.sizes
+import zarrtorch.epoch
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._util.pool import Pool
 from zarrtorch.buffer import SlotBuffer
+from zarrtorch.plan import Topology
 
 CHUNK, CHUNKS, THREADS = 16, 12, 2
 USED: list[int] = []  # reads taken from those the last epoch started (in the buffer, in flight), in this process
@@ -42,15 +44,15 @@ def store(tmp_path_factory):
 @pytest.fixture()
 def recorded(monkeypatch):
     read_piece, take_leading, take_staged = PieceReader.read_piece, EarlyReads.take_leading, EarlyReads.take_staged
-    started = ZarrIterableDataset._read_next_epoch_early
+    started = zarrtorch.epoch._read_next_epoch_early
     reads: list[tuple[int, int]] = []  # this test's: an earlier test's early reads may still finish now
 
     def record(self, start, stop):
         reads.append((int(start), int(stop)))
         return read_piece(self, start, stop)
 
-    def mark(self, *args):  # reads an epoch starts as it ends, not those an epoch starts for itself
-        early = started(self, *args)
+    def mark(*args):  # reads an epoch starts as it ends, not those an epoch starts for itself
+        early = started(*args)
         early.by_last_epoch = True
         return early
 
@@ -66,7 +68,7 @@ def recorded(monkeypatch):
             USED.append(len(taken))
         return taken
 
-    monkeypatch.setattr(ZarrIterableDataset, "_read_next_epoch_early", mark)
+    monkeypatch.setattr(zarrtorch.epoch, "_read_next_epoch_early", mark)
     monkeypatch.setattr(PieceReader, "read_piece", record)
     monkeypatch.setattr(EarlyReads, "take_leading", record_taken)
     monkeypatch.setattr(EarlyReads, "take_staged", record_staged)
@@ -102,12 +104,24 @@ def assert_same(got, want):
             torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
 
 
-def first_pieces(ds, epoch, n):
-    return [tuple(int(v) for v in p) for p in ds.plan(epoch=epoch).workers[0].pieces[:n]]
+def first_pieces(loader, epoch, n):
+    """The first ``n`` pieces of worker 0's share of ``epoch``."""
+    plan = loader.spec.plan(epoch, Topology(0, 1, loader.num_workers))
+    return [tuple(int(v) for v in p) for p in plan.workers[0].pieces[:n]]
 
 
-def wait_for_early_reads(ds):
-    for _, read in ds._early._reads:
+def early_of(loader):
+    """The next epoch's reads the loader's process started (in the training process: no workers)."""
+    return loader.dataset.process_state().early
+
+
+def ahead_of(loader) -> int:
+    """Chunks a reading process of the loader keeps read ahead."""
+    return loader.job.read_plan.chunks_ahead
+
+
+def wait_for_early_reads(loader):
+    for _, read in early_of(loader)._reads:
         read.result()
 
 
@@ -117,20 +131,19 @@ def test_the_next_epoch_starts_from_reads_made_as_this_one_ended(store, recorded
     the reads in flight. Epoch 1 reads only the pieces after them, and yields a fresh start's batches."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epoch_batches(loader, 0, step_s=0.02)  # a step long enough for every early read to finish
-    ahead = ds.in_flight(THREADS)
-    early = ds._early.pieces
-    assert early == first_pieces(ds, 1, len(early))
-    staged_rows = sum(b - a for a, b in ds._early._staged)
-    assert ahead < len(early) <= len(ds._early._staged) + ahead and 0 < staged_rows <= ds.buffer_rows
-    wait_for_early_reads(ds)
+    ahead = ahead_of(loader)
+    early = early_of(loader).pieces
+    assert early == first_pieces(loader, 1, len(early))
+    staged_rows = sum(b - a for a, b in early_of(loader)._staged)
+    assert ahead < len(early) <= len(early_of(loader)._staged) + ahead and 0 < staged_rows <= loader.data.buffer_rows
+    wait_for_early_reads(loader)
     assert sorted(recorded[-len(early) :]) == sorted(early)  # read after all of epoch 0's
 
     recorded.clear()
     got = epoch_batches(loader, 1)
     assert sum(USED) == len(early)
-    assert recorded[: CHUNKS - len(early)] == first_pieces(ds, 1, CHUNKS)[len(early) :]  # none twice or skipped
+    assert recorded[: CHUNKS - len(early)] == first_pieces(loader, 1, CHUNKS)[len(early) :]  # none twice or skipped
     assert_same(got, fresh_batches(store, 1))
 
 
@@ -139,14 +152,13 @@ def test_an_unexpected_next_epoch_reads_everything_itself(store, recorded):
     and reads all its pieces, with the batches of a fresh start."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epoch_batches(loader, 0)
-    other = next(e for e in range(2, 50) if first_pieces(ds, e, 1) != first_pieces(ds, 1, 1))
-    wait_for_early_reads(ds)
+    other = next(e for e in range(2, 50) if first_pieces(loader, e, 1) != first_pieces(loader, 1, 1))
+    wait_for_early_reads(loader)
     recorded.clear()
     got = epoch_batches(loader, other)
     assert sum(USED) == 0
-    assert recorded[:CHUNKS] == first_pieces(ds, other, CHUNKS)
+    assert recorded[:CHUNKS] == first_pieces(loader, other, CHUNKS)
     assert_same(got, fresh_batches(store, other))
 
 
@@ -163,7 +175,6 @@ def test_workers_read_early_only_when_they_live_on(store, recorded, persistent):
     loader = ZarrDataLoader(
         ds, batch_size=8, num_workers=2, persistent_workers=persistent, multiprocessing_context="fork"
     )
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     for epoch in range(3):
         got = epoch_batches(loader, epoch, step_s=0.01)
         early = [int(b.pop("early")) for b in got]
@@ -176,15 +187,14 @@ def test_early_reads_belong_to_one_process(store):
     there, so nothing of them is waited on or touched."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epoch_batches(loader, 0)
-    assert ds._early is not None and ds._early.pieces
-    copy = pickle.loads(pickle.dumps(ds))
-    assert copy._early is None or copy._early.pieces == []
-    early = ds._early
+    assert early_of(loader) is not None and early_of(loader).pieces
+    copy = pickle.loads(pickle.dumps(loader.dataset))  # what a spawned worker gets
+    assert copy.process_state().early is None
+    early = early_of(loader)
     early._pid = os.getpid() + 1  # as in a forked child
-    assert early.take_staged(np.array(first_pieces(ds, 1, 3))) == (None, 0)
-    assert early.take_leading(np.array(first_pieces(ds, 1, 3))) == []
+    assert early.take_staged(np.array(first_pieces(loader, 1, 3))) == (None, 0)
+    assert early.take_leading(np.array(first_pieces(loader, 1, 3))) == []
     assert early.pieces == []
 
 
@@ -228,9 +238,8 @@ def test_the_shuffle_buffer_is_reused_between_epochs(store, buffer_arrays, unexp
     """One buffer for every epoch, whether the next epoch finds its first rows in it or not."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     epochs = (
-        [0, next(e for e in range(2, 50) if first_pieces(ds, e, 1) != first_pieces(ds, 1, 1))]
+        [0, next(e for e in range(2, 50) if first_pieces(loader, e, 1) != first_pieces(loader, 1, 1))]
         if unexpected
         else [0, 1, 2]
     )
@@ -266,14 +275,13 @@ def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
     monkeypatch.setattr(Pool, "take", tracked_take)
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     for epoch in range(4):
         epoch_batches(loader, epoch, step_s=0.005)  # early reads copied into the draining buffer
-        assert epoch == 0 or ds._early._staged
-    assert ds._early is not None and ds._early.pieces  # the reads for epoch 4 are under way
-    assert 0 < peak[0] <= ds.in_flight(THREADS) + 1
+        assert epoch == 0 or early_of(loader)._staged
+    assert early_of(loader) is not None and early_of(loader).pieces  # the reads for epoch 4 are under way
+    assert 0 < peak[0] <= ahead_of(loader) + 1
     # nor more chunk buffers in all: a segment copied into the buffer lets its chunk go before the next read
-    assert 0 < len(chunk_buffers) <= ds.in_flight(THREADS) + 1
+    assert 0 < len(chunk_buffers) <= ahead_of(loader) + 1
 
 
 def synchronous(fn, *args):
@@ -359,7 +367,7 @@ def test_a_resumed_epoch_drops_the_rows_copied_early(store, recorded):
 
     loader = ZarrDataLoader(dataset(store), batch_size=8)
     epoch_batches(loader, 0, step_s=0.005)
-    assert loader.dataset._early._staged
+    assert early_of(loader)._staged
     loader.load_state_dict(state)
     got = [{k: v.clone() for k, v in b.items()} for b in loader]
     assert_same(got, want)
@@ -376,14 +384,13 @@ def test_an_epoch_starts_reading_when_its_iterator_is_made(store, recorded):
     reads start then, not at the first batch, and are not read again."""
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8, work_ahead=0)  # nothing reads until a batch is asked for
-    ds = loader.dataset  # the loader's own copy holds its epochs' state
     loader.set_epoch(0)
     it = iter(loader)
-    ahead = ds.in_flight(THREADS)
+    ahead = ahead_of(loader)
     deadline = time.monotonic() + 10
     while len(recorded) < ahead and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sorted(recorded) == sorted(first_pieces(ds, 0, ahead))
+    assert sorted(recorded) == sorted(first_pieces(loader, 0, ahead))
     got = [{k: v.clone() for k, v in b.items()} for b in it]
-    assert sorted(recorded[:CHUNKS]) == sorted(first_pieces(ds, 0, CHUNKS))  # each once (then epoch 1's start)
+    assert sorted(recorded[:CHUNKS]) == sorted(first_pieces(loader, 0, CHUNKS))  # each once (then epoch 1's start)
     assert_same(got, fresh_batches(store, 0))

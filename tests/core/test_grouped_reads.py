@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zarrtorch._util.sizes
-from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
+from zarrtorch import ReadOptions, ReadPlan, ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
 from zarrtorch._read.fastpath import read_buffer_bytes
 from zarrtorch._read.reader import ChunkReadError, PieceReader
 
@@ -60,13 +60,15 @@ def test_a_damaged_piece_inside_a_task_comes_after_the_pieces_before_it(store):
 def test_pieces_per_read_and_what_the_budget_counts(store, tmp_path):
     group, _ = store
     ds = ZarrIterableDataset(group.store.root, read=ReadOptions(decode_threads=2))
-    per_read = ds.pieces_per_read()
+    plan = ReadPlan.of(ds, 0)
+    per_read = plan.pieces_per_read
     assert per_read == zarrtorch._util.sizes.MOST_PIECES_PER_READ  # 48-byte chunks: as many as a task may take
-    assert ds.in_flight_range(2) == (3, 3) and ds.in_flight(2) == 3 * per_read  # 3 reads of per_read chunks
+    assert (plan.first_in_flight, plan.most_in_flight) == (3, 3) and plan.chunks_ahead == 3 * per_read
     set_reads = ZarrIterableDataset(group.store.root, read=ReadOptions(decode_threads=2, requests_in_flight=5))
-    assert set_reads.pieces_per_read() == 1 and set_reads.in_flight(2) == 5  # a number set is chunks, as before
+    fixed = ReadPlan.of(set_reads, 0)
+    assert fixed.pieces_per_read == 1 and fixed.chunks_ahead == 5  # a number set is chunks, as before
     big = prepare_zarr({"x": np.zeros((64, 256, 1024), np.float32)}, tmp_path / "b.zarr", chunk_rows=1, progress=False)
-    assert ZarrIterableDataset(big.store.root).pieces_per_read() == 1  # 1 MiB chunks: one a task (so from 128 KiB)
+    assert ReadPlan.of(ZarrIterableDataset(big.store.root), 0).pieces_per_read == 1  # 1 MiB chunks: one a task
     budget = loader_memory(ZarrDataLoader(ds, batch_size=8))
     # a file buffer per reading thread: 2 threads for 3 reads in flight, not one per chunk those reads hold
     assert budget.read_buffers == 2 * read_buffer_bytes(ds.arrays["x"]) > 0

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
+from zarrtorch import ReadOptions, ReadPlan, ZarrDataLoader, ZarrIterableDataset, loader_memory, prepare_zarr
 from zarrtorch._read.inflight import HOLD, InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch.course.servers import HttpStoreServer
@@ -219,7 +219,8 @@ def test_a_slow_first_read_does_not_empty_the_wire(store):
 def test_the_adaptive_default_reads_every_row_once_over_a_slow_server(store, workers):
     with HttpStoreServer(store.parent, delay_ms=20) as server:
         ds = ZarrIterableDataset(f"{server.url}/{store.name}", variables=["x"], return_index=True, seed=1)
-        first, most = ds.in_flight_range(1)
+        plan = ReadPlan.of(ds, 0, decode_threads=1)
+        first, most = plan.first_in_flight, plan.most_in_flight
         assert (first, most) == (8, 256)  # small chunks: the most that 256 MiB of them hold is capped at 256
         loader = ZarrDataLoader(ds, batch_size=10, num_workers=workers)
         assert loader_memory(loader).per_reader >= (most + 1) * 6 * 3 * 4  # counts the most, not the first
@@ -228,8 +229,10 @@ def test_the_adaptive_default_reads_every_row_once_over_a_slow_server(store, wor
             rows = np.concatenate([b["index"].numpy() for b in loader])
             assert np.array_equal(np.sort(rows), np.arange(600))
     fixed = ZarrIterableDataset(store, variables=["x"], read=ReadOptions(requests_in_flight=3))
-    assert fixed.in_flight_range(1) == (3, 3)
-    assert ZarrIterableDataset(store, variables=["x"]).in_flight_range(2) == (3, 3)  # local: decode threads + 1
+    fixed_plan = ReadPlan.of(fixed, 0, decode_threads=1)
+    assert (fixed_plan.first_in_flight, fixed_plan.most_in_flight) == (3, 3)
+    local = ReadPlan.of(ZarrIterableDataset(store, variables=["x"]), 0, decode_threads=2)
+    assert (local.first_in_flight, local.most_in_flight) == (3, 3)  # local: decode threads + 1
 
 
 def test_the_level_found_is_kept_for_the_next_epochs_workers():

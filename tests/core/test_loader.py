@@ -15,7 +15,7 @@ import pytest
 import torch
 import zarr
 
-from zarrtorch import LayoutError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import LayoutError, ReadOptions, Topology, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 
 ROWS, CHUNK = 437, 20  # 22 chunks, the last one partial (17 rows)
 
@@ -271,7 +271,7 @@ def test_resume_refused_on_another_row_window(store):
     loader = ZarrDataLoader(ds, **kw)
     next(iter(loader))
     state = loader.state_dict()
-    assert (state["row_offset"], state["rows"]) == (2 * CHUNK, 6 * CHUNK)
+    assert (state["spec"]["row_offset"], state["spec"]["rows"]) == (2 * CHUNK, 6 * CHUNK)
     shifted = ZarrIterableDataset(store, seed=13, row_range=(4 * CHUNK, 10 * CHUNK))
     with pytest.raises(ValueError, match=f"row_offset: saved {2 * CHUNK}, now {4 * CHUNK}"):
         ZarrDataLoader(shifted, **kw).load_state_dict(state)
@@ -283,9 +283,13 @@ def test_resume_refused_on_another_row_window(store):
     assert rest.min() >= 2 * CHUNK and rest.max() < 8 * CHUNK
     # a dict that is not a whole state (a key missing) is refused, naming the key
     whole = ZarrDataLoader(ZarrIterableDataset(store, seed=13), **kw)
-    partial = {k: v for k, v in whole.state_dict().items() if k != "row_offset"}
-    with pytest.raises(ValueError, match=r"keys \['row_offset'\] are missing"):
+    partial = {k: v for k, v in whole.state_dict().items() if k != "batches_seen"}
+    with pytest.raises(ValueError, match=r"keys \['batches_seen'\] are missing"):
         ZarrDataLoader(ZarrIterableDataset(store, seed=13), **kw).load_state_dict(partial)
+    spec = whole.state_dict()["spec"]
+    no_offset = {**whole.state_dict(), "spec": {k: v for k, v in spec.items() if k != "row_offset"}}
+    with pytest.raises(ValueError, match=r"'spec' must hold \[.*'row_offset'"):
+        ZarrDataLoader(ZarrIterableDataset(store, seed=13), **kw).load_state_dict(no_offset)
 
 
 def test_resume_applied_when_topology_is_known(store):
@@ -398,7 +402,7 @@ def test_chunk_order_only_matches_batch_row_ids(store, num_workers, drop_last):
         )
         assert same(got, expected) and len(loader) == len(got)
         # each worker's stream: increasing runs inside chunks, in the plan's chunk order
-        plan = loader.dataset.plan(epoch=2, rank=rank, world_size=world)
+        plan = loader.spec.plan(2, Topology(rank, world, loader.num_workers))
         for w in plan.workers:
             first = w.first_batch
             stream = np.concatenate(got[first : first + len(w.batch_sizes)]) if num_workers == 0 else None

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+import zarrtorch.epoch
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fastpath import read_buffer_bytes
 from zarrtorch._read.reader import PieceReader
-from zarrtorch.budget import MAIN_PROCESS_BYTES, WORKER_PROCESS_BYTES
+from zarrtorch.budget import MAIN_PROCESS_BYTES, WORKER_PROCESS_BYTES, reader_bytes
 from zarrtorch.buffer import SlotBuffer
 
 CHUNK, FEATURES = 32, 256  # 32 rows x 1 KiB per chunk of x
@@ -148,13 +149,18 @@ def test_memory_bound_in_process(tracked, tmp_path, chunks):
         f"batch 1 of {last['reads']}"
     )
     assert last["reads"] >= chunks  # every piece was read (and tracked)
-    ahead = ds.in_flight(THREADS)  # (THREADS + 1) reads in flight, pieces_per_read chunks each
+    ahead = loader.job.read_plan.chunks_ahead  # (THREADS + 1) reads in flight, pieces_per_read chunks each
     assert held_pieces <= ahead + 1
     assert last["peak_piece_bytes"] <= (ahead + 1) * chunk_bytes(ds)
     assert last["buffer_bytes"] <= BUFFER_CHUNKS * chunk_bytes(ds)
-    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= loader.dataset.worker_memory_bytes(THREADS)
+    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= bound(loader)
     # the first batch needs one chunk; the reader runs at most `ahead` pieces ahead
     assert last["reads_before_first_batch"] <= ahead + 1
+
+
+def bound(loader) -> int:
+    """The decoded bytes one reading process of ``loader`` holds at most, as its budget counts them."""
+    return reader_bytes(loader.data, loader.job.read_plan, loader.spec.batch_size)
 
 
 def test_memory_bound_counts_a_buffer_grown_to_a_batch(tracked, tmp_path):
@@ -170,7 +176,7 @@ def test_memory_bound_counts_a_buffer_grown_to_a_batch(tracked, tmp_path):
     loader = ZarrDataLoader(ds, batch_size=batch, work_ahead=0)
     last = [{k: int(v) for k, v in b.items() if k not in ("x", "y")} for b in loader][-1]
     assert last["buffer_bytes"] > BUFFER_CHUNKS * chunk_bytes(ds)  # it did grow past the buffer's chunks
-    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= loader.dataset.worker_memory_bytes(THREADS)
+    assert last["peak_piece_bytes"] + last["buffer_bytes"] <= bound(loader)
 
 
 @pytest.mark.slow
@@ -189,10 +195,10 @@ def test_memory_bound_per_worker(tracked, tmp_path):
     for w, rep in sorted(per_worker.items()):
         print(f"\nworker {w}: {rep}")
         assert rep["reads"] >= 96 // 2
-        assert rep["peak_pieces"] <= ds.in_flight(THREADS) + 1
-        assert rep["peak_piece_bytes"] + rep["buffer_bytes"] <= loader.dataset.worker_memory_bytes(THREADS)
+        assert rep["peak_pieces"] <= loader.job.read_plan.chunks_ahead + 1
+        assert rep["peak_piece_bytes"] + rep["buffer_bytes"] <= bound(loader)
         # a worker's share may begin inside a chunk: its first batch (one chunk of rows) then needs two pieces
-        assert rep["reads_before_first_batch"] <= ds.in_flight(THREADS) + 2
+        assert rep["reads_before_first_batch"] <= loader.job.read_plan.chunks_ahead + 2
 
 
 def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monkeypatch):
@@ -207,7 +213,7 @@ def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monke
     def drop():
         live[0] -= 1
 
-    to_torch = ZarrIterableDataset._to_torch
+    to_torch = zarrtorch.epoch.as_tensors
 
     def counted(self, batch):
         out = to_torch(self, batch)
@@ -216,7 +222,7 @@ def test_loader_budget_counts_the_batches_the_main_process_holds(tmp_path, monke
         weakref.finalize(out["x"], drop)
         return out
 
-    monkeypatch.setattr(ZarrIterableDataset, "_to_torch", counted)
+    monkeypatch.setattr(zarrtorch.epoch, "as_tensors", counted)
     ds = ZarrIterableDataset(
         make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)
     )
@@ -245,7 +251,7 @@ def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
         make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)
     )
     ring = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2))
-    slots = ZarrDataLoader(ds, batch_size=16, num_workers=2).ring
+    slots = ZarrDataLoader(ds, batch_size=16, num_workers=2).job.ring
     assert ring.ring == slots.nbytes == 2 * slots.shape.slots * 16 * (ds.row_bytes + 8)
     assert ring.batches == 0 and ring.readers == 2
     queue = loader_memory(ZarrDataLoader(ds, batch_size=16, num_workers=2, transport="queue", prefetch_factor=3))
@@ -277,7 +283,9 @@ def test_loader_budget_counts_the_cache(tmp_path, world):
     loader = ZarrDataLoader(ds, **kw)
     budget = loader_memory(loader)
     list(loader)
-    roots = {id(r): r for r in (_root(a) for piece in loader.dataset._kept.values() for a in piece.values())}
+    roots = {
+        id(r): r for r in (_root(a) for piece in loader.dataset.process_state().kept.values() for a in piece.values())
+    }
     held = sum(r.nbytes for r in roots.values())
     assert 0 < held <= budget.kept
     assert budget.kept - held < ds.chunk_rows * ds.row_bytes  # at most one chunk's slack (a partial piece)

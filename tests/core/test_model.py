@@ -403,7 +403,8 @@ class LoaderMachine(RuleBasedStateMachine):
         state = loader.state_dict()
         before_len = len(loader)
         bad = dict(state)
-        bad[field] = (not bad[field]) if field == "drop_last" else bad[field] + 1
+        spec = bad["spec"] = dict(bad["spec"])
+        spec[field] = (not spec[field]) if field == "drop_last" else spec[field] + 1
         with pytest.raises(ValueError, match=f"{field}: saved"):
             loader.load_state_dict(bad)
         assert loader.state_dict() == state and len(loader) == before_len

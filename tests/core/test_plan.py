@@ -27,12 +27,13 @@ from zarr.storage import MemoryStore
 from zarrtorch import ReadOptions, ZarrIterableDataset, epoch_plan
 from zarrtorch.buffer import RowCursor, SlotBuffer, schedule, simulate
 from zarrtorch.plan import (
+    RunStream,
     batches_consumed_per_worker,
     chunk_order,
     resume_roles,
     round_robin_order,
     row_budget,
-    stream_pieces,
+    stream_slice,
     worker_batch_ranges,
 )
 
@@ -279,6 +280,13 @@ def test_resume_roles_continue_the_run(n_batches, num_workers, data):
     assert resumed == order[skip:].tolist()
     for role, skipped in roles:
         assert skipped == int(np.sum(order[:skip] == role))
+
+
+def stream_pieces(order: np.ndarray, rows: int, chunk_rows: int, start: int, stop: int) -> np.ndarray:
+    """Rows at stream positions ``[start, stop)`` of the chunks laid end to end in ``order``."""
+    lo = np.asarray(order, dtype=np.int64) * chunk_rows
+    runs = np.stack([lo, np.minimum(lo + chunk_rows, rows)], axis=1)
+    return stream_slice(RunStream(runs), start, stop)
 
 
 @SETTINGS

@@ -35,7 +35,7 @@ def check_epoch(ds: ZarrIterableDataset, **loader_kwargs) -> None:
         loader = ZarrDataLoader(ds, batch_size=BATCH, rank=rank, world_size=WORLD, **loader_kwargs)
         batches = list(loader)
         counts.append(len(batches))
-        planned = loader.dataset.batch_row_ids(epoch=0, rank=rank, world_size=WORLD)
+        planned = loader.batch_row_ids(epoch=0)
         for batch, rows in zip(batches, planned, strict=True):
             np.testing.assert_array_equal(batch["index"].numpy(), rows)
             np.testing.assert_array_equal(batch["y"].numpy(), rows * 3)
@@ -97,7 +97,7 @@ def test_a_remote_epoch_requests_no_chunk_of_the_next(served):
         ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, buffer_chunks=2, return_index=True)
         loader = ZarrDataLoader(ds, batch_size=BATCH)
         assert sum(len(b["index"]) for b in loader) == ROWS
-        assert loader.dataset._early is None
+        assert loader.dataset.process_state().early is None
         reads = [server.requests.get(f"s.zarr/x/c/{c}/0/0", 0) for c in range(-(-ROWS // CHUNK))]
         assert set(reads) == {1}
 

@@ -314,6 +314,6 @@ def test_the_arrays_of_a_dataset_print_without_the_password(served):
             str(ds.arrays),
             repr(ds.arrays),
             f"{ds.arrays}",
-            str(ZarrDataLoader(ds, batch_size=8).dataset.arrays),
+            str(ZarrDataLoader(ds, batch_size=8).data.arrays),
         ):
             assert PASSWORD not in text and "reader:***@" in text

@@ -49,11 +49,11 @@ def test_ring_gives_the_queues_batches_kept_or_not(store, context, persistent):
     ds = ZarrIterableDataset(store, seed=1, buffer_chunks=2, return_index=True)
     kw = dict(batch_size=BATCH, num_workers=2, multiprocessing_context=context, persistent_workers=persistent)
     queue_loader = ZarrDataLoader(ds, transport="queue", **kw)
-    assert queue_loader.ring is None
+    assert queue_loader.job.ring is None
     via_queue = epochs(queue_loader)
     ring_loader = ZarrDataLoader(ds, **kw)
-    assert ring_loader.ring is not None
-    assert len(via_queue[0]) > 2 * ring_loader.ring.shape.slots  # more batches than slots
+    assert ring_loader.job.ring is not None
+    assert len(via_queue[0]) > 2 * ring_loader.job.ring.shape.slots  # more batches than slots
     kept = epochs(ring_loader)  # every batch kept, no copy
     assert_same(kept, via_queue)
     assert_same(epochs(ring_loader, copy=True), via_queue)  # each batch dropped after its copy
@@ -111,7 +111,7 @@ def test_a_slot_stays_held_while_anything_references_its_batch(store, ahead):
     planned = ds.batch_row_ids(epoch=0, num_workers=1, batch_size=BATCH, drop_last=False)
     it = iter(loader)
     first = next(it)
-    ring = loader.ring
+    ring = loader.job.ring
     slot = _slot_of(ring, first["index"])
     assert slot is not None and int(ring.busy[slot]) == HELD
     part, rows = first["x"][2:, 1], first["index"].numpy()  # a view of one column, an array of another
@@ -160,10 +160,10 @@ def test_starting_an_epoch_stops_the_workers_of_an_earlier_one(store):
 
 def test_no_ring_where_a_batch_changes_after_gathering(store):
     plain = ZarrIterableDataset(store)
-    assert ZarrDataLoader(plain, batch_size=4, num_workers=0).ring is None  # no workers
-    assert ZarrDataLoader(plain, batch_size=4, num_workers=1, transport="queue").ring is None
+    assert ZarrDataLoader(plain, batch_size=4, num_workers=0).job.ring is None  # no workers
+    assert ZarrDataLoader(plain, batch_size=4, num_workers=1, transport="queue").job.ring is None
     with_transform = ZarrIterableDataset(store, transform=dict)
-    assert ZarrDataLoader(with_transform, batch_size=4, num_workers=1).ring is None  # the loader's choice
+    assert ZarrDataLoader(with_transform, batch_size=4, num_workers=1).job.ring is None  # the loader's choice
     with pytest.raises(ValueError, match="transport='ring' carries batches .* a transform"):  # once silently queued
         ZarrDataLoader(with_transform, batch_size=4, num_workers=1, transport="ring")
     with pytest.raises(ValueError, match="transport must be"):

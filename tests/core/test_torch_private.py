@@ -212,3 +212,23 @@ def test_every_batch_is_taken_through_get_data():
     assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._next_data)
     assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._reset)
     assert list(inspect.signature(_MultiProcessingDataLoaderIter._try_get_data).parameters) == ["self", "timeout"]
+
+
+class _Failing(IterableDataset):
+    def __iter__(self):
+        raise KeyError("from the worker")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_workers_error_is_told_from_this_process_own_by_where_it_was_raised(num_workers):
+    """``raised_in_a_worker`` finds DataLoader's ``ExceptionWrapper.reraise`` as the innermost frame of a worker's
+    error, and only there: the loader then drops the frame that holds it, not the traceback of its own errors."""
+    from zarrtorch._workers.torch_private import raised_in_a_worker
+
+    with pytest.raises(KeyError) as err:
+        next(iter(DataLoader(_Failing(), batch_size=None, num_workers=num_workers)))
+    assert raised_in_a_worker(err.value) == (num_workers > 0)
+    try:
+        raise RuntimeError("Original Traceback (most recent call last): a message alone is not a worker's")
+    except RuntimeError as own:
+        assert not raised_in_a_worker(own)

@@ -53,5 +53,23 @@ def test_the_dataset_a_user_built_is_not_written_by_its_loaders(store):
     ds = ZarrIterableDataset(store, buffer_chunks=2)
     loader = ZarrDataLoader(ds, batch_size=BATCH)
     list(loader)
-    assert loader.dataset is not ds and loader.dataset.arrays is ds.arrays
-    assert ds.config is None and ds.epoch_state is None and ds._early is None
+    before = dict(vars(ds))
+    list(loader)
+    assert loader.data is ds and vars(ds).keys() == before.keys()
+    assert all(vars(ds)[k] is v for k, v in before.items() if k != "_fingerprints")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_plain_torch_dataloader_is_refused_with_the_fix(store, num_workers):
+    """A stock ``torch.utils.data.DataLoader(dataset, batch_size=None)`` knows no batch size, epoch or rank split:
+    each worker would read every row and ranks would yield unequal batches. torch gives a dataset no hook when a
+    DataLoader is built, so the refusal comes at the first ``iter()`` (in the main process or the worker), naming
+    ZarrDataLoader; ``len()`` refuses alike."""
+    from torch.utils.data import DataLoader
+
+    ds = ZarrIterableDataset(store)
+    plain = DataLoader(ds, batch_size=None, num_workers=num_workers)
+    with pytest.raises(TypeError, match=r"through zarrtorch.ZarrDataLoader\(dataset, batch_size=...\), not a plain"):
+        next(iter(plain))
+    with pytest.raises(TypeError, match="ZarrDataLoader"):
+        len(ds)

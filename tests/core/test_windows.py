@@ -18,13 +18,20 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, audit, loader_memory, prepare_zarr
+from zarrtorch import ReadOptions, ReadPlan, ZarrDataLoader, ZarrIterableDataset, audit, loader_memory, prepare_zarr
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError, PieceReader
+from zarrtorch.budget import reader_bytes
 from zarrtorch.buffer import buffer_rng
 from zarrtorch.course.servers import NO_ANSWER, HttpStoreServer
 from zarrtorch.plan import EpochSpec, Topology
-from zarrtorch.window_stream import chunk_reads, held_chunks_bound, window_rows, worker_window_batches
+from zarrtorch.window_stream import (
+    chunk_reads,
+    held_chunks_bound,
+    window_chunks_for_batches,
+    window_rows,
+    worker_window_batches,
+)
 from zarrtorch.windows import Windows, WindowStarts
 
 ROWS = 240
@@ -107,7 +114,8 @@ def test_window_ids_number_exactly_the_valid_starts(history, lead, stride, cuts,
     expected = valid_starts(w, ROWS, row_range)
     assert starts.n == len(expected)
     np.testing.assert_array_equal(starts.start(np.arange(starts.n)), expected)
-    ids = starts.id_of(np.arange(ROWS))
+    ids = np.full(ROWS, -1)
+    ids[starts.start(np.arange(starts.n))] = np.arange(starts.n)  # each window id at its start row
     assert sorted(ids[ids >= 0].tolist()) == list(range(starts.n))
     assert all(ids[s] == -1 for s in range(ROWS) if s not in set(expected))
 
@@ -202,18 +210,6 @@ def test_each_chunk_read_about_once_per_epoch(tmp_path, monkeypatch):
     assert set(reads) == set(range(2000))
 
 
-def test_the_dataset_says_which_chunks_its_epoch_read(tmp_path, monkeypatch):
-    """``last_chunk_reads`` (lesson 08 counts its decodes) lists exactly the chunks the reader was asked for."""
-    path = write(tmp_path / "steps.zarr", rows=600, static=False)
-    reads = count_reads(monkeypatch)
-    ds = ZarrIterableDataset(path, windows=Windows(history=2, lead=4), return_index=True, seed=2)
-    loader = ZarrDataLoader(ds, batch_size=16)
-    loader.set_epoch(0)
-    for _ in loader:
-        pass
-    assert sorted(int(c) for c in loader.dataset.last_chunk_reads.chunks) == sorted(reads)
-
-
 def test_a_worker_holds_no_more_than_its_memory_bound(store):
     """The most chunks a worker's schedule holds at once, plus its reads in flight, stay within what
     worker_memory_bytes (and so loader_memory) counts, for short and long blocks."""
@@ -231,8 +227,8 @@ def test_a_worker_holds_no_more_than_its_memory_bound(store):
                     share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng
                 )
                 reads = chunk_reads(batches, share.pieces, ds.starts, w.offsets, ds.store_chunk_rows)
-                held = max(held, reads.most_held + ds.in_flight(ds.decode_threads(2)))
-        bound = ds.worker_memory_bytes(ds.decode_threads(2)) // (ds.store_chunk_rows * ds.row_bytes)
+                held = max(held, reads.most_held + loader.job.read_plan.chunks_ahead)
+        bound = reader_bytes(ds, loader.job.read_plan, 8) // (ds.store_chunk_rows * ds.row_bytes)
         assert held <= bound, (block_chunks, held, bound)
         assert loader_memory(loader).total >= 2 * bound * ds.row_bytes
 
@@ -296,9 +292,16 @@ def test_a_tight_limit_drops_the_chunks_needed_latest_and_reads_them_again(limit
 def test_a_stream_kept_to_a_tight_limit_yields_every_window_once_with_its_rows(store, monkeypatch, workers):
     """The loader keeps to the bound whatever the draws: with the bound forced down to one batch's chunks, the
     reader reads chunks again, holds no more than that (its slots would run out) and every window is right."""
-    import zarrtorch.dataset
+    import zarrtorch.epoch
+    import zarrtorch.window_stream
 
-    monkeypatch.setattr(zarrtorch.dataset, "held_chunks_bound", lambda w, *, batch_size, **_: batch_size * w.steps)
+    monkeypatch.setattr(
+        zarrtorch.window_stream, "held_chunks_bound", lambda w, *, batch_size, **_: batch_size * w.steps
+    )
+    planned, plan_reads = [], zarrtorch.epoch.chunk_reads
+    monkeypatch.setattr(
+        zarrtorch.epoch, "chunk_reads", lambda *a, **k: planned.append(plan_reads(*a, **k)) or planned[-1]
+    )
     reads = count_reads(monkeypatch)
     w = Windows(history=2, lead=4)
     ds = ZarrIterableDataset(store, windows=w, return_index=True, seed=3, buffer_chunks=4)
@@ -307,7 +310,7 @@ def test_a_stream_kept_to_a_tight_limit_yields_every_window_once_with_its_rows(s
     assert sorted(np.concatenate(seen).tolist()) == valid_starts(w, ROWS)
     if workers == 0:
         assert len(reads) > ROWS  # read again: the limit was below what the spans hold
-        assert loader.dataset.last_chunk_reads.most_held <= 8 * w.steps
+        assert planned and max(r.most_held for r in planned) <= 8 * w.steps
 
 
 def test_resume_on_another_topology_reads_every_window_once(store):
@@ -566,17 +569,19 @@ def test_no_more_slots_are_made_than_the_windows_reach(tmp_path, monkeypatch, ch
     assert ds.starts.chunks_reached(w.span, chunk) == max(reached) - min(reached) + 1
     starts = [check(b, w) for b in ZarrDataLoader(ds, batch_size=8)]
     assert sorted(np.concatenate(starts).tolist()) == valid_starts(w, 120, row_range)
-    in_flight = ds.in_flight(ds.decode_threads(0))
-    assert made and max(made) <= max(reached) - min(reached) + 1 + in_flight + ds.pieces_per_read()
-    assert ds._window_chunks_for_batches() > max(reached) - min(reached) + 1  # the bound alone would make more
+    plan = ReadPlan.of(ds, 0)
+    assert made and max(made) <= max(reached) - min(reached) + 1 + plan.chunks_ahead + plan.pieces_per_read
+    assert window_chunks_for_batches(ds, 8) > max(reached) - min(reached) + 1  # the bound alone would make more
 
 
 def test_a_resume_kept_to_a_tight_limit_reads_every_window_once(store, monkeypatch):
     """Resumed mid-epoch on another topology with the bound forced down to one batch's chunks: the reads from
     the resumed batch on drop and read again, and the epoch's windows are each read once, with their rows."""
-    import zarrtorch.dataset
+    import zarrtorch.window_stream
 
-    monkeypatch.setattr(zarrtorch.dataset, "held_chunks_bound", lambda w, *, batch_size, **_: batch_size * w.steps)
+    monkeypatch.setattr(
+        zarrtorch.window_stream, "held_chunks_bound", lambda w, *, batch_size, **_: batch_size * w.steps
+    )
     w = Windows(history=2, lead=2)
     first = ZarrDataLoader(ZarrIterableDataset(store, windows=w, return_index=True, seed=5), batch_size=8)
     it = iter(first)

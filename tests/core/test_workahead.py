@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+import zarrtorch.epoch
 from zarrtorch import ChunkReadError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._workers import workahead
 from zarrtorch._workers.workahead import Handoff, WorkAhead
@@ -31,13 +32,13 @@ def count_batches(batch):  # a transform runs where it draws from torch's genera
 def assembled(monkeypatch):
     """The thread that assembles each batch (the dataset turns it into tensors there)."""
     PRODUCED.clear()
-    to_torch = ZarrIterableDataset._to_torch
+    to_torch = zarrtorch.epoch.as_tensors
 
     def recorded(self, batch):
         PRODUCED.append(threading.current_thread().name)
         return to_torch(self, batch)
 
-    monkeypatch.setattr(ZarrIterableDataset, "_to_torch", recorded)
+    monkeypatch.setattr(zarrtorch.epoch, "as_tensors", recorded)
     return PRODUCED
 
 

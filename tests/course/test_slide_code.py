@@ -158,7 +158,7 @@ def test_memory_formula_is_the_loaders():
     expression = formulas[0]
     assert set(re.findall(r"[a-z_]+", expression)) <= {"buffer_chunks", "chunks_read_ahead", "decode_threads"}
 
-    from zarrtorch import ZarrIterableDataset
+    from zarrtorch import ReadPlan, ZarrIterableDataset
     from zarrtorch.course.servers import HttpStoreServer
 
     sys.path.insert(0, str(ROOT / "slides"))
@@ -181,7 +181,7 @@ def test_memory_formula_is_the_loaders():
                         )
                         names = {
                             "buffer_chunks": buffer_chunks,
-                            "chunks_read_ahead": ds.in_flight(threads),
+                            "chunks_read_ahead": ReadPlan.of(ds, 0, decode_threads=threads).chunks_ahead,
                             "decode_threads": threads,
                         }
                         held = eval(expression, {"__builtins__": {}}, names)  # noqa: S307 (the slide's arithmetic)

@@ -195,20 +195,17 @@ def ring_slots(prefetch_factor: int, work_ahead: int, workers: int) -> int:
     return prefetch_factor + ceil_div(received, max(1, workers)) + 1
 
 
-def make_ring(dataset, config, prefetch_factor: int, work_ahead: int, transport: str | None) -> BatchRing | None:
-    """The ring for a loader (the default with workers), or ``None`` where batches do not go through one:
-    ``transport="queue"``, no workers, or a ``transform``/``stack`` that changes what a batch holds after
+def make_ring(
+    data, batch_size: int, num_workers: int, prefetch_factor: int, work_ahead: int, transport: str | None
+) -> BatchRing | None:
+    """The ring for a loader over ``data`` (the default with workers), or ``None`` where batches do not go through
+    one: ``transport="queue"``, no workers, or a ``transform``/``stack`` that changes what a batch holds after
     it is gathered."""
-    if transport == "queue" or config.num_workers == 0 or dataset.transform is not None or dataset.stack:
+    if transport == "queue" or num_workers == 0 or data.transform is not None or data.stack:
         return None
-    columns = (("index", (), "int64"),) + tuple(
-        (name, shape, str(dtype)) for name, (shape, dtype) in dataset.out_columns.items()
-    )
-    if dataset.return_padding:
-        columns += (("padding", (), "bool"),)
-    slots = ring_slots(prefetch_factor, work_ahead, config.num_workers)
-    shape = RingShape(config.num_workers, slots, config.batch_size, columns)
-    return BatchRing(shape)
+    columns = tuple((name, shape, str(dtype)) for name, (shape, dtype) in data.batch_columns.items())
+    slots = ring_slots(prefetch_factor, work_ahead, num_workers)
+    return BatchRing(RingShape(num_workers, slots, batch_size, columns))
 
 
 def pin_copy(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

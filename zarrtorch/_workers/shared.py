@@ -1,6 +1,5 @@
 """What the loader shares with its workers.
 
-* :class:`LoaderConfig`: what the DataLoader decides once and every worker must agree on.
 * :class:`EpochState`: what changes between epochs (epoch, resume point, rank, world size). The loader
   publishes it in a small shared-memory tensor that each worker reads when it starts an epoch: a worker
   holds a *pickled copy* of the dataset, made once for persistent workers and in another process for
@@ -18,19 +17,6 @@ import torch
 from torch.utils.data import get_worker_info
 
 from zarrtorch._util.process import distributed_topology
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """What the DataLoader decides and every worker must agree on; ``spec`` is the loader's
-    :class:`zarrtorch.plan.EpochSpec` (what fixes every epoch's batches), handed down as it is."""
-
-    batch_size: int
-    drop_last: bool
-    num_workers: int
-    persistent_workers: bool = False
-    transform_in_consumer: bool = False  # the loader applies the dataset's transform in the consumer's thread
-    spec: object = None
 
 
 @dataclass(frozen=True)

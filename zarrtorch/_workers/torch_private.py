@@ -24,7 +24,7 @@ import time
 import weakref
 
 from torch.utils.data import DataLoader, Sampler, _utils
-from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from zarrtorch._util.process import process_state
@@ -77,6 +77,20 @@ def stop_workers(loader: DataLoader, iterator, *, stuck: bool = False) -> bool:
     return True
 
 
+class WorkerTimeout(RuntimeError):
+    """No batch came from the workers within the loader's timeout (:func:`bound_waits`)."""
+
+
+def raised_in_a_worker(exc: BaseException) -> bool:
+    """Whether ``exc`` is a DataLoader worker's error raised again in this process, by the private
+    ``ExceptionWrapper.reraise`` (its message carries the worker's traceback), rather than one of this process's
+    own: the innermost frame of its traceback is that method's."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is ExceptionWrapper.reraise.__code__
+
+
 def bound_waits(iterator, timeout_s: float) -> None:
     """Make a multi-process DataLoader iterator give up on a batch after ``timeout_s`` s, still checking its
     workers' liveness every ``MP_STATUS_CHECK_INTERVAL`` s.
@@ -101,7 +115,7 @@ def bound_waits(iterator, timeout_s: float) -> None:
             if success:
                 return data
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"DataLoader timed out after {timeout_s:g} seconds")
+                raise WorkerTimeout(f"DataLoader timed out after {timeout_s:g} seconds")
 
     iterator._get_data = get_data
 
