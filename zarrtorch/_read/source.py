@@ -114,11 +114,38 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
         raise FileNotFoundError(
             f"no Zarr store at {shown} ({redact(exc, secrets)}): check the URL (bucket and path)"
         ) from None
-    except Exception as exc:
+    except _http_errors() as exc:  # a final answer (retries are for the others): 401, 403, 410...
+        raise _refused(shown, exc, secrets) from None
+    except (ValueError, KeyError, TypeError) as exc:  # zarr's errors (ValueError) for what is no Zarr metadata
         raise ValueError(
             f"{shown} is not a readable Zarr store ({type(exc).__name__}: {redact(exc, secrets)})"
         ) from None
+    except Exception as exc:  # noqa: BLE001 (named with the store, redacted: its text may quote a credential)
+        raise ConnectionError(f"cannot open {shown}: {type(exc).__name__}: {redact(exc, secrets)}") from None
     return zarr.Group(opened) if isinstance(opened, zarr.api.asynchronous.AsyncGroup) else zarr.Array(opened)
+
+
+def _http_errors() -> tuple[type[BaseException], ...]:
+    """The errors of an HTTP answer (aiohttp's, which fsspec's HTTP file system raises); none without aiohttp."""
+    try:
+        from aiohttp import ClientResponseError
+    except ImportError:
+        return ()
+    return (ClientResponseError,)
+
+
+def _refused(shown: str, exc: BaseException, secrets: tuple[str, ...]) -> OSError:
+    """The error for a server's final answer to a metadata request: access refused (401, 403), or its status."""
+    status, said = getattr(exc, "status", None), redact(getattr(exc, "message", ""), secrets)
+    if status in (401, 403):
+        return PermissionError(
+            f"access to {shown} was refused (HTTP {status} {said}): check the credentials in storage_options "
+            "(client_kwargs={'headers': ...} or auth for HTTP; key/secret, or anon=True for a public bucket)"
+        )
+    return ConnectionError(
+        f"{shown} answered HTTP {status} ({said}) to a request for its metadata: check the URL, or ask the server's "
+        "operator"
+    )
 
 
 def _open_path(path: str | os.PathLike, storage_options: dict | None = None, policy: RetryPolicy | None = None):
@@ -212,10 +239,18 @@ def _member(group: zarr.Group, name: str, listed: Mapping[str, zarr.Array]) -> z
 
 
 def _has_own_metadata(group: zarr.Group, name: str) -> bool:
+    """Whether ``name`` has array metadata of its own in the group's store. No object there, or a group's metadata,
+    is "no"; a request that fails (a dropped connection, a refusal) answers nothing and is raised as it is."""
+    policy = RetryPolicy()
     try:
-        _open_own(group.store_path.store, f"{group.path}/{name}".lstrip("/"), None, RetryPolicy())
-    except Exception:
+        _open_own(group.store_path.store, f"{group.path}/{name}".lstrip("/"), None, policy)
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError):
         return False
+    except TimeoutError:  # said without a word by the deadline
+        raise TimeoutError(
+            f"no answer within {policy.timeout_s:g} s to a request for the metadata of array {name!r} at "
+            f"{store_label(group)}"
+        ) from None
     return True
 
 
@@ -399,7 +434,7 @@ def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     parent's session, which closed its connections through the epoll set the fork shares, so the parent's
     loop stopped watching them and its next read on one hung; aiohttp also printed "Unclosed client session",
     once per worker and epoch (28 times in one benchmark run on a node). The loader's own HTTP sessions never
-    close in another process (:func:`zarrtorch._read.connections._own_connections_class`); this covers the
+    close in another process (:func:`zarrtorch._compat.aiohttp.own_connections_class`); this covers the
     sessions that ``storage_options`` choose (their own client or connector, s3)."""
     _INHERITED.append([a for a in arrays.values() if not is_local(a)])
     own = {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}
