@@ -400,8 +400,8 @@ ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")  # what a Zarr store (v3, v2 
 
 
 def _refuse_other_directory(path: Path) -> None:
-    """``overwrite=True`` replaces a Zarr store, never a directory of something else (it once deleted a
-    ``model.pt`` given as the path by mistake). An empty directory is fine."""
+    """``overwrite=True`` replaces a Zarr store, never a directory of something else (a results folder given as
+    the path by mistake keeps its files). An empty directory is fine."""
     if any((path / marker).exists() for marker in ZARR_MARKERS):
         return
     held = sorted(p.name for p in path.iterdir())

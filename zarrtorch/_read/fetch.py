@@ -29,7 +29,7 @@ from zarrtorch._util.arguments import finite_number, whole_number
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     """``timeout_s`` per request, then up to ``retries`` more attempts, waiting ``backoff_s`` x 2^attempt."""
 
@@ -62,8 +62,8 @@ def is_permanent(exc: BaseException) -> bool:
 
 def _garbled(exc: BaseException) -> bool:
     """An answer the client could not parse (a bad status line, bytes after a body on a kept-alive connection):
-    aiohttp calls it a "400" the server never sent, which read as permanent ended an epoch at the first stray
-    byte, blaming a chunk that was answered right (found by a break-test)."""
+    a transfer fault, worth another try, although aiohttp calls it a "400" the server never sent (read as
+    permanent, it would end an epoch at the first stray byte, blaming a chunk that was answered right)."""
     try:
         from aiohttp.http_exceptions import HttpProcessingError
     except ImportError:
@@ -72,15 +72,15 @@ def _garbled(exc: BaseException) -> bool:
 
 
 def short(text: str, most: int = 400) -> str:
-    """``text`` cut to ``most`` characters: an error quoting a response's bytes ran to 6,737."""
+    """``text`` cut to ``most`` characters: an error may quote a whole response's bytes."""
     text = str(text)
     return text if len(text) <= most else f"{text[: most - 30]}... ({len(text)} characters)"
 
 
 def wait_before_retry(policy: RetryPolicy, attempt: int, exc: BaseException) -> float:
     """Seconds before the next attempt: the policy's back-off, doubled per attempt, or the server's Retry-After
-    where longer (a 429 or 503 that says how long: it was ignored, and the retries ran out before the server's
-    stated wait, found by a break-test), up to a minute or the request timeout."""
+    where longer (a 429 or 503 that says how long: retries spent before the server's stated wait would fail an
+    epoch the server would have finished), up to a minute or the request timeout."""
     wait = policy.backoff_s * 2**attempt
     after = retry_after_s(exc)
     return max(wait, min(after, max(60.0, policy.timeout_s))) if after is not None else wait

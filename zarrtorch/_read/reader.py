@@ -203,8 +203,8 @@ class PieceReader:
         except (ValueError, RuntimeError) as damaged:
             if local or isinstance(damaged, ChunkReadError):
                 raise
-            # bytes that do not decode may have been damaged on the way (a body cut short that looked whole to
-            # HTTP, found by a break-test): fetched once more before the chunk is called damaged
+            # bytes that do not decode may have been damaged on the way (a body cut short can look whole to
+            # HTTP): fetched once more before the chunk is called damaged
             try:
                 if decode is not None:
                     return decode(self._keys[name](chunk), None, into)
@@ -405,8 +405,8 @@ class PieceReader:
         unsent = [fetch_soon(keys, self.policy)]
         # a read nobody waits for any more (the epoch ended or failed): its requests are cancelled too, not left
         # pending on the loop (at exit: "Task was destroyed but it is pending!"). Through ``unsent``, emptied once
-        # they are answered: the two futures holding each other were a cycle that kept every answer's bytes until
-        # a full garbage collection, which torch makes rare (a break-test held 1.7 GiB against a 564 MiB bound)
+        # they are answered: the two futures must not hold each other, a cycle that would keep every answer's bytes
+        # until a full garbage collection, which torch makes rare (memory past the loader's bound)
         out.add_done_callback(lambda done: [r.cancel() for r in unsent] if done.cancelled() else None)
         unsent[0].add_done_callback(arrived)
         return out

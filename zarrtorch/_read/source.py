@@ -199,8 +199,8 @@ def _data_variables(group: zarr.Group) -> list[str]:
 
 def check_listing(group: zarr.Group, listed: Mapping[str, zarr.Array]) -> None:
     """Refuse a local consolidated group whose folder holds arrays its consolidated copy does not list: added
-    after it was written, they were left out without a word (found by a break-test). A remote store cannot list
-    its keys; there an array named by ``variables=`` is looked for by its own metadata (:func:`_member`)."""
+    after it was written, they would be left out without a word. A remote store cannot list its keys; there an
+    array named by ``variables=`` is looked for by its own metadata (:func:`_member`)."""
     if not isinstance(group.store_path.store, zarr.storage.LocalStore):
         return
     on_disk = zarr.open_group(store=group.store_path.store, path=group.path, mode="r", use_consolidated=False)
@@ -331,8 +331,8 @@ _URL_SPECIAL = "%#?"
 
 def check_url_safe(name: str, arr: zarr.Array) -> None:
     """Refuse an array read over HTTP whose path holds ``%``, ``#`` or ``?``: fsspec puts keys in URLs as they
-    are, so the server reads ``%41`` as ``A`` (another array's chunks, silently: found by a break-test) and cuts
-    a key at ``#`` or ``?`` (every chunk then looked missing)."""
+    are, so the server reads ``%41`` as ``A`` (another array's chunks, silently) and cuts a key at ``#`` or ``?``
+    (every chunk then looks missing)."""
     fs = getattr(arr.store_path.store, "fs", None)
     protocols = getattr(fs, "protocol", ()) or ()
     if isinstance(protocols, str):
@@ -430,10 +430,10 @@ def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     """The arrays with each remote one rebuilt from its description, so that this process opens its own
     connections (fsspec and obstore create a fresh session when a store is unpickled in a new process).
 
-    The parent's copies are kept, not dropped: collecting one in a forked worker ran fsspec's finalizer on the
-    parent's session, which closed its connections through the epoll set the fork shares, so the parent's
-    loop stopped watching them and its next read on one hung; aiohttp also printed "Unclosed client session",
-    once per worker and epoch (28 times in one benchmark run on a node). The loader's own HTTP sessions never
+    The parent's copies are kept, not dropped: collecting one in a forked worker runs fsspec's finalizer on the
+    parent's session, which closes its connections through the epoll set the fork shares, so the parent's
+    loop stops watching them and its next read on one hangs (and aiohttp prints "Unclosed client session",
+    once per worker and epoch). The loader's own HTTP sessions never
     close in another process (:func:`zarrtorch._compat.aiohttp.own_connections_class`); this covers the
     sessions that ``storage_options`` choose (their own client or connector, s3)."""
     _INHERITED.append([a for a in arrays.values() if not is_local(a)])

@@ -87,7 +87,7 @@ def environment_topology(env: dict | None = None) -> tuple[int, int]:
 def _say_slurm_tasks_are_not_ranks(env) -> None:
     """Warn, once, where Slurm started several tasks but nothing says they are DDP ranks: Slurm's own
     variables are not taken for ranks (independent tasks of a sweep would each read a share and miss the rest),
-    so before ``init_process_group`` each task reads every row as rank 0 of 1 (found by a break-test)."""
+    so before ``init_process_group`` each task reads every row as rank 0 of 1."""
     tasks = str(env.get("SLURM_NTASKS", "")).strip()
     if not tasks.isdigit() or int(tasks) < 2 or _WARNED.get("slurm"):
         return
