@@ -91,6 +91,21 @@ def forget_persistent_iterator(loader: DataLoader) -> None:
     loader._iterator = None
 
 
+class WorkersSilent(RuntimeError):
+    """No batch came from a multi-process DataLoader iterator's workers within the wait :func:`bound_waits` set;
+    said as DataLoader's own ``timeout=`` says it ("DataLoader timed out after N seconds")."""
+
+
+def raised_in_worker(exc: BaseException) -> bool:
+    """Whether ``exc`` is a DataLoader worker's error, re-raised in the main process.
+
+    Why: DataLoader re-raises it as the worker's exception type, with nothing to tell it from an error of the
+    main process but its message, which its private ``ExceptionWrapper`` writes ("Caught X in DataLoader worker
+    process N. Original Traceback ..."). The loader drops the traceback of the re-raising frame (it holds the
+    loader in a cycle) only for such an error, whose message carries the worker's own."""
+    return "Original Traceback" in str(exc)
+
+
 def bound_waits(iterator, timeout_s: float) -> None:
     """Make a multi-process DataLoader iterator give up on a batch after ``timeout_s`` s, still checking its
     workers' liveness every ``MP_STATUS_CHECK_INTERVAL`` s.
@@ -99,7 +114,8 @@ def bound_waits(iterator, timeout_s: float) -> None:
     after it, so a worker killed meanwhile was named after minutes instead of seconds; its default (0) waits
     forever on a worker that is alive but sends nothing (stopped, deadlocked). ``_next_data`` (and ``_reset``,
     for persistent workers) take every batch through ``_get_data``: replaced on this instance by a loop of short
-    ``_try_get_data`` waits, which check the workers each time, under one deadline. Holds the iterator weakly."""
+    ``_try_get_data`` waits, which check the workers each time, under one deadline (then :class:`WorkersSilent`).
+    Holds the iterator weakly."""
     if not isinstance(iterator, _MultiProcessingDataLoaderIter) or not timeout_s or timeout_s <= 0:
         return
     ref = weakref.ref(iterator)
@@ -115,7 +131,7 @@ def bound_waits(iterator, timeout_s: float) -> None:
             if success:
                 return data
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"DataLoader timed out after {timeout_s:g} seconds")
+                raise WorkersSilent(f"DataLoader timed out after {timeout_s:g} seconds")
 
     iterator._get_data = get_data
 

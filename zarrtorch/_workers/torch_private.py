@@ -5,6 +5,7 @@ TODO(lead): delete this module when loader.py imports zarrtorch._compat.torch (i
 
 from zarrtorch._compat.torch import (  # noqa: F401 (re-exported for loader.py until it is switched)
     EpochSampler,
+    WorkersSilent,
     awaited_worker,
     bound_waits,
     set_sampler,

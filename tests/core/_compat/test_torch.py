@@ -283,3 +283,43 @@ def test_bounded_waits_still_watch_the_pin_memory_thread():
     assert "self._pin_memory_thread.is_alive()" in source and "self._pin_memory" in source, (
         "DataLoader's _get_data no longer checks _pin_memory_thread: update zarrtorch._compat.torch.bound_waits"
     )
+
+
+class Blocked(IterableDataset):
+    """Worker 0 sends nothing: it waits until its process is ended."""
+
+    def __iter__(self):
+        time.sleep(120)
+        return iter([0])
+
+
+def test_a_bounded_wait_ends_in_workers_silent_said_as_dataloader_says_it():
+    from zarrtorch._compat.torch import WorkersSilent, bound_waits
+
+    loader = DataLoader(Blocked(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    it = iter(loader)
+    bound_waits(it, 0.5)
+    try:
+        with pytest.raises(WorkersSilent, match=r"^DataLoader timed out after 0.5 seconds$"):
+            next(it)
+    finally:
+        stop_workers(loader, it, stuck=True)
+
+
+class Failing(IterableDataset):
+    def __iter__(self):
+        raise FileNotFoundError("chunk 3 is missing")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_workers_error_is_told_from_one_of_this_process(num_workers):
+    """``raised_in_worker`` reads DataLoader's re-raised message ("... Original Traceback ..."), private to torch."""
+    from zarrtorch._compat.torch import raised_in_worker
+
+    context = {"multiprocessing_context": "fork"} if num_workers else {}
+    with pytest.raises(FileNotFoundError, match="chunk 3 is missing") as err:
+        list(DataLoader(Failing(), batch_size=None, num_workers=num_workers, **context))
+    assert raised_in_worker(err.value) is bool(num_workers), (
+        "DataLoader no longer says 'Original Traceback' in a worker's re-raised error: update "
+        "zarrtorch._compat.torch.raised_in_worker"
+    )
