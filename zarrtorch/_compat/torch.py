@@ -53,13 +53,7 @@ def stop_workers(loader: DataLoader, iterator, *, stuck: bool = False) -> bool:
     if not isinstance(iterator, _MultiProcessingDataLoaderIter):
         return False
     if stuck:
-        if iterator._worker_pids_set:
-            _utils.signal_handling._remove_worker_pids(id(iterator))
-            iterator._worker_pids_set = False
-        for worker in worker_processes(iterator):
-            if worker.is_alive():
-                worker.kill()
-                worker.join(5.0)
+        _kill_workers(iterator)
     for worker in worker_processes(iterator):  # a stopped one (SIGSTOP) would sit out DataLoader's 5 s join:
         if worker.is_alive():  # continued, it sees the shutdown and ends itself (a running one ignores SIGCONT)
             with contextlib.suppress(OSError):
@@ -73,6 +67,17 @@ def stop_workers(loader: DataLoader, iterator, *, stuck: bool = False) -> bool:
     if persistent_iterator(loader) is iterator:  # persistent workers: start fresh ones next time
         forget_persistent_iterator(loader)
     return True
+
+
+def _kill_workers(iterator: _MultiProcessingDataLoaderIter) -> None:
+    """Kill the iterator's workers, first taken out of torch's SIGCHLD watch (which would raise for them)."""
+    if iterator._worker_pids_set:
+        _utils.signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+    for worker in worker_processes(iterator):
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5.0)
 
 
 def persistent_iterator(loader: DataLoader):

@@ -84,25 +84,7 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
     try:
         opened = with_retries(attempt, policy)
     except RetriesExhausted as exc:
-        last = exc.__cause__
-        if isinstance(last, TimeoutError):
-            raise TimeoutError(
-                f"no answer from {shown} within {policy.timeout_s:g} s ({policy.retries + 1} "
-                "attempts): check that the server is up and reachable from here (proxy, firewall), "
-                "or pass retry=RetryPolicy(timeout_s=...) for a slower one"
-            ) from None
-        status = getattr(last, "status", None)
-        if isinstance(status, int):
-            raise ConnectionError(
-                f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) "
-                f"to all {policy.retries + 1} attempts to read its metadata: the server has a "
-                "problem; try again later, or ask its operator"
-            ) from None
-        raise ConnectionError(
-            f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} "
-            f"({policy.retries + 1} attempts). Check the host and port, and that the server is "
-            "running"
-        ) from None
+        raise _unanswered(shown, exc.__cause__, policy, secrets) from None
     except ImportError:
         raise
     except PermissionError as exc:
@@ -123,6 +105,26 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
     except Exception as exc:  # noqa: BLE001 (named with the store, redacted: its text may quote a credential)
         raise ConnectionError(f"cannot open {shown}: {type(exc).__name__}: {redact(exc, secrets)}") from None
     return zarr.Group(opened) if isinstance(opened, zarr.api.asynchronous.AsyncGroup) else zarr.Array(opened)
+
+
+def _unanswered(shown: str, last: BaseException, policy: RetryPolicy, secrets: tuple[str, ...]) -> OSError:
+    """The error for a store whose metadata every attempt failed to read, ``last`` the last attempt's error."""
+    attempts = policy.retries + 1
+    if isinstance(last, TimeoutError):
+        return TimeoutError(
+            f"no answer from {shown} within {policy.timeout_s:g} s ({attempts} attempts): check that the server is "
+            "up and reachable from here (proxy, firewall), or pass retry=RetryPolicy(timeout_s=...) for a slower one"
+        )
+    status = getattr(last, "status", None)
+    if isinstance(status, int):
+        return ConnectionError(
+            f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) to all {attempts} "
+            "attempts to read its metadata: the server has a problem; try again later, or ask its operator"
+        )
+    return ConnectionError(
+        f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} ({attempts} attempts). Check the host "
+        "and port, and that the server is running"
+    )
 
 
 def _http_errors() -> tuple[type[BaseException], ...]:
