@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks_per_node=a.ranks_per_node,
             node_memory_gib=a.node_memory_gib,
             read=ReadOptions(missing_chunks=a.missing_chunks),
-            windows=Windows(*a.windows) if a.windows else None,
+            windows=Windows(history=a.windows[0], lead=a.windows[1], stride=a.windows[2]) if a.windows else None,
         )
     except (ValueError, OSError, LookupError, TypeError) as exc:  # OSError: a missing path, an unreachable server
         print(f"audit: {exc}", file=sys.stderr)

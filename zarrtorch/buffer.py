@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from zarrtorch._util.random_streams import SHUFFLE_BUFFER
 from zarrtorch.plan import RankPlan, rng_for, round_robin_order
 
 
@@ -220,7 +221,7 @@ def buffer_rng(
     of an epoch (``segment >= 1``) draws from a generator of its own."""
     if not row_shuffle:
         return None
-    return rng_for(seed, epoch, 2, rank, worker, *((segment,) if segment else ()))
+    return rng_for(seed, epoch, SHUFFLE_BUFFER, rank, worker, *((segment,) if segment else ()))
 
 
 def rank_batches(

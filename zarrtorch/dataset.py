@@ -31,7 +31,7 @@ from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout, restrict_
 from zarrtorch.options import ReadOptions
 from zarrtorch.plan import EpochSpec, RankPlan, Topology
 from zarrtorch.resume import batches_of, resumed_plan
-from zarrtorch.windows import Windows, WindowStarts, check_rows, no_windows_message
+from zarrtorch.windows import Windows, WindowStarts, no_windows_message
 
 THROUGH_THE_LOADER = (
     "iterate a ZarrIterableDataset through zarrtorch.ZarrDataLoader(dataset, batch_size=...), not a plain "
@@ -186,7 +186,7 @@ class ZarrIterableDataset(IterableDataset):
         if keep_in_memory:
             raise ValueError("keep_in_memory=True is not available with windows=")
         self.inputs, self.targets = windows.roles(list(self.arrays))
-        check_rows(windows, self.layout.rows)
+        windows.check_rows(self.layout.rows)
         self.starts = WindowStarts.of(windows, self.layout.rows, row_range)
         self.row_offset = 0 if row_range is None else int(row_range[0])  # in the plan: periods differ
         if self.starts.n == 0:

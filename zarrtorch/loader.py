@@ -22,6 +22,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from zarrtorch._compat.torch import (
+    EpochSampler,
+    WorkersSilent,
+    awaited_worker,
+    bound_waits,
+    persistent_iterator,
+    raised_in_worker,
+    set_sampler,
+    stop_workers,
+    worker_processes,
+)
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._util.arguments import INT64_LIMIT, flag, whole_number
 from zarrtorch._util.process import (
@@ -33,16 +44,6 @@ from zarrtorch._util.process import (
 )
 from zarrtorch._workers.ring import make_ring, pin_copy
 from zarrtorch._workers.shared import EpochState, EpochView
-from zarrtorch._workers.torch_private import (
-    EpochSampler,
-    WorkerTimeout,
-    awaited_worker,
-    bound_waits,
-    raised_in_a_worker,
-    set_sampler,
-    stop_workers,
-    worker_processes,
-)
 from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.job import EpochJob, EpochRunner
@@ -127,7 +128,7 @@ class EpochIterator:
                 # would keep this loader and its next workers for the garbage collector); the message
                 # already carries the worker's traceback. An error of this process's own (receiving a batch
                 # from a worker that exited) keeps its traceback, which names what failed
-                if raised_in_a_worker(exc) or isinstance(exc, RuntimeError):  # a worker's, or its death
+                if raised_in_worker(exc) or isinstance(exc, RuntimeError):  # a worker's, or its death
                     raise exc.with_traceback(None) from None
                 raise RuntimeError(
                     f"receiving a batch from a DataLoader worker failed ({type(exc).__name__}: {exc}): the worker "
@@ -147,7 +148,7 @@ class EpochIterator:
         queued the batch: receiving it waits on that worker, with no timeout). Its workers are continued (a
         stopped one ends at shutdown), or killed if the thread still does not come out; then stopped."""
         control, inner = self._control, self._inner
-        error = control.stalled(inner, WorkerTimeout(f"DataLoader timed out after {silent}"))
+        error = control.stalled(inner, WorkersSilent(f"DataLoader timed out after {silent}"))
         workers = worker_processes(inner)
         for worker in workers:
             with contextlib.suppress(OSError):
@@ -448,7 +449,7 @@ class ZarrDataLoader(DataLoader):
             with frozen_objects(self.num_workers > 0):
                 return super().__iter__()
         except RuntimeError:
-            kept = getattr(self, "_iterator", None)
+            kept = persistent_iterator(self)
             if kept is None or all(w.is_alive() for w in worker_processes(kept)):
                 raise
             stop_workers(self, kept)
@@ -457,7 +458,7 @@ class ZarrDataLoader(DataLoader):
 
     def _stalled(self, iterator, exc: Exception) -> RuntimeError | None:
         """DataLoader's "timed out after N seconds", said again with the worker it waited for and the fix."""
-        if not isinstance(exc, WorkerTimeout):
+        if not isinstance(exc, WorkersSilent):
             return None  # another error: said as it is
         awaited = awaited_worker(iterator)
         stopped = [(w, p) for w, p in enumerate(worker_processes(iterator)) if process_state(p.pid)]
@@ -480,7 +481,7 @@ class ZarrDataLoader(DataLoader):
         """Persistent workers of which one has died since the last epoch (killed between epochs, in the training
         step, or by a terminal's Ctrl-C, which reaches them too) are replaced: DataLoader would hand out their
         iterator again and fail every later epoch with "worker exited unexpectedly"."""
-        kept = getattr(self, "_iterator", None)
+        kept = persistent_iterator(self)
         if kept is not None and any(not w.is_alive() for w in worker_processes(kept)):
             stop_workers(self, kept)
 
@@ -488,7 +489,7 @@ class ZarrDataLoader(DataLoader):
         """Workers of an earlier epoch still running (not persistent, and their iterator still referenced)
         would write into the ring slots this epoch's workers use: one epoch at a time per loader."""
         earlier = self._last_workers() if self._last_workers is not None else None
-        if earlier is not None and earlier is not getattr(self, "_iterator", None):
+        if earlier is not None and earlier is not persistent_iterator(self):
             stop_workers(self, earlier)
 
     def receive(self, batch):

@@ -16,7 +16,7 @@ from zarrtorch._util.arguments import flag, whole_number
 MISSING_CHUNKS = ("error", "fill")  # ReadOptions(missing_chunks=...)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReadOptions:
     """How a :class:`~zarrtorch.ZarrIterableDataset` reads its store, in one object (made once, shared by the
     datasets of a job, like :class:`~zarrtorch.RetryPolicy`).

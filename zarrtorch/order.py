@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.random import SeedSequence
 
+from zarrtorch._util.random_streams import CHUNK_ORDER
+
 ROUNDS = 6
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -31,7 +33,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 def round_keys(seed: int, epoch: int) -> np.ndarray:
     """The network's ``ROUNDS`` keys for ``(seed, epoch)``: identical in every process."""
-    return SeedSequence([int(seed), int(epoch), 0]).generate_state(ROUNDS, dtype=np.uint64)
+    return SeedSequence([int(seed), int(epoch), CHUNK_ORDER]).generate_state(ROUNDS, dtype=np.uint64)
 
 
 def half_bits_for(n: int) -> int:

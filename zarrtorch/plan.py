@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily
 
+from zarrtorch._util.random_streams import CACHED_PIECES, SHUFFLE_BUFFER
 from zarrtorch._util.sizes import ceil_div
 from zarrtorch.order import ChunkOrder
 
@@ -120,8 +121,9 @@ def plan_fingerprint(**inputs) -> str:
     version, and a sample of the chunk order and of NumPy's generator output (a NumPy whose seeding or
     generator draws other numbers would give other plans from the same inputs). Equal on every rank of one
     job, and in a checkpoint and the run that resumes it, exactly when they compute the same batches."""
-    probe = ChunkOrder(257, seed=int(inputs.get("seed", 0)), epoch=0).to_array()
-    probe = np.concatenate([probe, rng_for(int(inputs.get("seed", 0)), 0, 2, 0, 0).choice(1000, 16, replace=False)])
+    seed = int(inputs.get("seed", 0))
+    drawn = rng_for(seed, 0, SHUFFLE_BUFFER, 0, 0).choice(1000, 16, replace=False)
+    probe = np.concatenate([ChunkOrder(257, seed=seed, epoch=0).to_array(), drawn])
     text = repr((PLAN_VERSION, sorted(inputs.items()), probe.astype(np.int64).tolist()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -403,7 +405,7 @@ def epoch_plan(
     rank_start = rank * budget.rows_per_rank
     workers = []
     for w, (start, stop, first, sizes) in enumerate(worker_spans(budget, batch_size, num_workers)):
-        key = (seed, epoch, 1, rank, w) if freeze_partition and shuffle else None
+        key = (seed, epoch, CACHED_PIECES, rank, w) if freeze_partition and shuffle else None
         source = partial(stretch, stream, rank_start + start, rank_start + stop, key)
         workers.append(WorkerPlan(worker=w, first_batch=first, batch_sizes=sizes, source=source))
     rank_stop = rank_start + budget.rows_per_rank

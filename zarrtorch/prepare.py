@@ -22,6 +22,10 @@ from typing import Any
 import numpy as np
 import zarr
 
+from zarrtorch._compat.dask import graph_tasks, task_parts
+from zarrtorch._compat.fsspec import exists, strip_protocol
+from zarrtorch._compat.xarray import wrapped
+from zarrtorch._compat.zarr import run
 from zarrtorch._read.columns import CF_ENCODING, NOT_TENSORS, decoding_attributes
 from zarrtorch._read.listing import EVERY_CHUNK_WRITTEN
 from zarrtorch._read.source import is_url, sample_dimension
@@ -379,8 +383,7 @@ def target_store(store: str | os.PathLike, storage_options: dict | None, overwri
         return
     remote = zarr.storage.FsspecStore.from_url(store, storage_options=storage_options, read_only=False)
     fs, path = remote.fs, remote.path
-    exists = fs.exists(path) if not fs.async_impl else zarr.core.sync.sync(fs._exists(path))
-    if exists:
+    if exists(fs, path):
         if not overwrite:
             raise FileExistsError(f"{store} exists: pass overwrite=True to replace it, or choose another URL")
         if any(_reads_from(location, fs, path) for location in _stored_at(sources)):
@@ -389,7 +392,7 @@ def target_store(store: str | os.PathLike, storage_options: dict | None, overwri
                 "storage cannot write a new store beside it and move it into place): write to another URL, "
                 "then copy or move it over this one (e.g. `aws s3 sync`, or fsspec's fs.copy), or use the new URL"
             )
-        zarr.core.sync.sync(remote.delete_dir(""))
+        run(remote.delete_dir(""))
     yield remote
 
 
@@ -397,8 +400,8 @@ ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")  # what a Zarr store (v3, v2 
 
 
 def _refuse_other_directory(path: Path) -> None:
-    """``overwrite=True`` replaces a Zarr store, never a directory of something else (it once deleted a
-    ``model.pt`` given as the path by mistake). An empty directory is fine."""
+    """``overwrite=True`` replaces a Zarr store, never a directory of something else (a results folder given as
+    the path by mistake keeps its files). An empty directory is fine."""
     if any((path / marker).exists() for marker in ZARR_MARKERS):
         return
     held = sorted(p.name for p in path.iterdir())
@@ -471,18 +474,17 @@ def _stored_at(sources) -> list[tuple[tuple[str, ...] | str, str]]:
             for v in obj.variables.values():
                 walk(v, depth + 1)
             return
-        graph = getattr(obj, "__dask_graph__", None)
-        if callable(graph) and type(obj).__module__.startswith("dask"):
-            for task in dict(graph()).values():
+        tasks = graph_tasks(obj)
+        if tasks is not None:
+            for task in tasks:
                 walk(task, depth + 1)
             return
         if isinstance(obj, (list, tuple)):
             for item in obj:
                 walk(item, depth + 1)
             return
-        # xarray's lazy wrappers (.array, ._array, ._data, .variable) and dask's tasks (.args, .value)
-        for name in ("variable", "_data", "array", "_array", "args", "value"):
-            walk(getattr(obj, name, None), depth + 1)
+        for inner in (*wrapped(obj), *task_parts(obj)):  # xarray's lazy wrappers, dask's tasks
+            walk(inner, depth + 1)
 
     for source in sources:
         walk(source, 0)
@@ -499,7 +501,7 @@ def _reads_from(location, fs, path: str) -> bool:
         protocol, _ = fsspec.core.split_protocol(where)
         if protocol not in protocols:
             return False
-        inner = fs._strip_protocol(where)
+        inner = strip_protocol(fs, where)
     elif not set(where) & set(protocols):
         return False
     inner, path = inner.rstrip("/"), path.rstrip("/")

@@ -143,14 +143,15 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
     A missing or undecodable chunk among those sampled raises :class:`ChunkReadError` naming it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from zarr.core.buffer import default_buffer_prototype
-    from zarr.core.sync import sync
+    from zarr.buffer import default_buffer_prototype
+
+    from zarrtorch._compat.zarr import run
 
     jobs = [(name, arr, c) for c in chunks for name, arr in ds.arrays.items()]
 
     def get(job):
         _, arr, c = job
-        raw = sync(arr.store_path.store.get(chunk_key(arr, c), prototype=default_buffer_prototype()))
+        raw = run(arr.store_path.store.get(chunk_key(arr, c), prototype=default_buffer_prototype()))
         return raw.to_bytes() if raw is not None else None
 
     rows = sum(min(ds.chunk_rows, ds.rows - c * ds.chunk_rows) for c in chunks)
@@ -166,7 +167,7 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
         if decoder[name] is not None:
             try:  # an untimed first pass: it checks every chunk and warms the decoder up
                 decoder[name](raw)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (any failure to decode is named with the chunk, as the loader does)
                 raise _unreadable(name, c, chunk_key(arr, c), f"{type(exc).__name__}: {exc}") from None
             direct.append((decoder[name], raw))
     decode_s = min(_timed(direct) for _ in range(DECODE_PASSES))  # the least disturbed pass: what a core can do
@@ -176,7 +177,7 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
         for name, arr, c in fallback:
             try:
                 arr[c * ds.chunk_rows : (c + 1) * ds.chunk_rows]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (any failure to read is named with the chunk, as the loader does)
                 raise _unreadable(name, c, chunk_key(arr, c), f"{type(exc).__name__}: {exc}") from None
         decode_s += max(time.perf_counter() - start - read_s * readers * len(fallback) / len(jobs), 0.0)
     stored = sum(len(r) for r in raws)

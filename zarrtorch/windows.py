@@ -32,7 +32,7 @@ HALO_PARTS = 20  # the default block's halo is at most 1/20 of its rows: about 1
 MIN_BLOCKS = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Windows:
     """What one sample is: ``history`` input steps and the ``lead`` target steps after them, ``stride`` rows apart.
 
@@ -62,9 +62,8 @@ class Windows:
     static: tuple[str, ...] = ()
     segments: tuple[tuple[int, int], ...] | None = None
     block_chunks: int | None = None
-    mask_rows: int | None = field(
-        default=None, compare=False
-    )  # from_mask: the mask's length, checked against the store
+    # from_mask's: the mask's length, checked against the store's rows (check_rows); not a setting of its own
+    _mask_rows: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("history", "lead", "stride", "block_chunks"):  # stride=1.9 ran as 1 while it said 1.9
@@ -121,7 +120,9 @@ class Windows:
         valid = given.astype(bool)
         edges = np.flatnonzero(np.diff(np.concatenate([[False], valid, [False]]).astype(np.int8)))
         segments = tuple(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
-        return cls(segments=segments, mask_rows=len(valid), **kwargs)
+        windows = cls(segments=segments, **kwargs)
+        object.__setattr__(windows, "_mask_rows", len(valid))
+        return windows
 
     @property
     def steps(self) -> int:
@@ -162,6 +163,18 @@ class Windows:
             chunks = min(chunks, max(1, int(starts) // (MIN_BLOCKS * int(chunk_rows))))
         return int(chunks) * int(chunk_rows)
 
+    def check_rows(self, rows: int) -> None:
+        """Refuse a mask or segments that do not fit a store of ``rows`` rows: a shorter mask would make the rows
+        past it missing, and a segment past the end would be dropped or clipped, silently."""
+        if self._mask_rows is not None and self._mask_rows != rows:
+            raise ValueError(
+                f"the mask given to Windows.from_mask has {self._mask_rows} rows, the store {rows}: one bool per "
+                "store row (a mask made for another store or period?)"
+            )
+        past = [seg for seg in self.segments or () if seg[1] > rows]
+        if past:
+            raise ValueError(f"segments {past} reach past the store's {rows} rows: give rows of this store")
+
     def describe(self) -> str:
         """The settings that change which windows there are and how they are grouped (in the plan's fingerprint)."""
         return repr((self.history, self.lead, self.stride, self.segments, self.block_chunks))
@@ -176,19 +189,6 @@ class Windows:
         except (ValueError, SyntaxError, TypeError):
             raise ValueError(f"{described!r} is not what Windows.describe() gives") from None
         return cls(history=history, lead=lead, stride=stride, segments=segments, block_chunks=block_chunks)
-
-
-def check_rows(windows: Windows, rows: int) -> None:
-    """Refuse a mask or segments that do not fit a store of ``rows`` rows: a mask of 60 rows for a store of 100
-    made rows 60-99 missing, a segment past the end was dropped or clipped, silently (found by a break-test)."""
-    if windows.mask_rows is not None and windows.mask_rows != rows:
-        raise ValueError(
-            f"the mask given to Windows.from_mask has {windows.mask_rows} rows, the store {rows}: one bool per "
-            "store row (a mask made for another store or period?)"
-        )
-    past = [seg for seg in windows.segments or () if seg[1] > rows]
-    if past:
-        raise ValueError(f"segments {past} reach past the store's {rows} rows: give rows of this store")
 
 
 @dataclass(frozen=True)

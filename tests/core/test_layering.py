@@ -1,8 +1,9 @@
 """The core is a library of its own: it never imports the course, imports no optional dependency at import
 time, and ``import zarrtorch`` changes nothing in the user's process but ``sys.modules``. Its layers import in
-one direction: the modules the lessons build (top level) may use the machinery (``_read``, ``_workers``)
-and the helpers (``_util``); the machinery uses only the helpers and its own subpackage; the helpers use
-nothing of zarrtorch; nothing forms a cycle."""
+one direction: the modules the lessons build (top level) may use the machinery (``_read``, ``_workers``),
+the helpers (``_util``) and the upstream libraries' private parts (``_compat``); the machinery uses only the
+helpers, ``_compat`` and its own subpackage; the helpers use only ``_compat``; ``_compat`` uses nothing of
+zarrtorch; nothing forms a cycle."""
 
 import ast
 import json
@@ -22,7 +23,8 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> str:
-    """``lesson`` (top level), ``_read``/``_workers`` (machinery) or ``_util`` (helpers)."""
+    """``lesson`` (top level), ``_read``/``_workers`` (machinery), ``_util`` (helpers) or ``_compat`` (upstream
+    private parts)."""
     parts = module.split(".")
     return (
         parts[1]
@@ -89,10 +91,11 @@ def test_core_imports_optional_packages_only_lazily():
 
 
 ALLOWED = {  # layer -> the layers it may import
-    "lesson": {"lesson", "_read", "_workers", "_util"},
-    "_read": {"_read", "_util"},
-    "_workers": {"_workers", "_util"},
-    "_util": {"_util"},
+    "lesson": {"lesson", "_read", "_workers", "_util", "_compat"},
+    "_read": {"_read", "_util", "_compat"},
+    "_workers": {"_workers", "_util", "_compat"},
+    "_util": {"_util", "_compat"},
+    "_compat": {"_compat"},
 }
 
 
@@ -124,6 +127,23 @@ def test_the_layers_import_in_one_direction():
     ]
     assert not offenders, offenders
     assert set(ALLOWED) == {layer(m) for m in graph}, "a module outside the known layers"
+
+
+INTERNAL = ("zarr.core",)  # upstream modules that are internal without an underscore in their name
+
+
+def test_upstream_private_parts_are_imported_only_in_compat():
+    """A private upstream module or name (``torch.utils.data._utils``, ``from x import _y``, ``zarr.core``) is
+    imported by ``zarrtorch._compat`` alone, where a guard test checks it; private attributes are ruff's SLF001."""
+    offenders = [
+        f"{module_name(p)}: {m}"
+        for p in CORE
+        if layer(module_name(p)) != "_compat"
+        for m, _ in imports(p)
+        if not m.startswith("zarrtorch")
+        and (any(part.startswith("_") and part != "__future__" for part in m.split(".")) or m.startswith(INTERNAL))
+    ]
+    assert not offenders, offenders
 
 
 def test_no_import_cycle():

@@ -55,3 +55,11 @@ def test_the_spec_is_made_once_and_handed_down(store):
     loader = ZarrDataLoader(ds, batch_size=8, drop_last=True)
     assert loader.job.spec is loader.spec == ds.spec(8, True)
     assert loader.state_dict()["fingerprint"] == loader.spec.fingerprint()
+
+
+def test_reading_options_take_their_fields_by_name():
+    """``ReadOptions(4, 64)`` gave decode threads and requests in flight by position: an option added before
+    them would have changed what such a call means, silently."""
+    with pytest.raises(TypeError, match="positional"):
+        ReadOptions(4, 64)
+    assert ReadOptions(decode_threads=4, requests_in_flight=64).requests_in_flight == 64

@@ -700,3 +700,20 @@ def test_a_short_period_is_split_anew_every_epoch(tmp_path):
         rank0.append(mine[0])
     assert trained == set(valid_starts(w, 152)), "some windows were never trained in 4 epochs"
     assert len({frozenset(s) for s in rank0}) > 1, "rank 0 trained the same windows every epoch"
+
+
+def test_windows_take_their_fields_by_name_and_keep_the_masks_length_to_themselves():
+    """``Windows(4, 2, 6)`` was history 4, lead 2, stride 6 only for whoever remembered the order; and ``mask_rows``
+    (what from_mask checks the store against) was a field anyone could set, or compare."""
+    import dataclasses
+
+    with pytest.raises(TypeError, match="positional"):
+        Windows(4, 2, 6)
+    with pytest.raises(TypeError, match="mask_rows"):
+        Windows(history=4, mask_rows=60)
+    assert "mask_rows" not in {f.name for f in dataclasses.fields(Windows) if f.init}
+    masked = Windows.from_mask(np.ones(60, bool), history=4, lead=2)
+    assert masked == Windows(history=4, lead=2, segments=[(0, 60)])
+    with pytest.raises(ValueError, match=r"the mask given to Windows.from_mask has 60 rows, the store 100"):
+        masked.check_rows(100)
+    masked.check_rows(60)

@@ -7,6 +7,6 @@ with errors that name the chunk (``reader``); how many reads are kept in flight,
 store's latency (``inflight``); the next epoch's first reads started early (``early``); CF packing and
 stacked channels (``columns``).
 
-Imported by the top-level modules; imports only ``zarrtorch._util`` and its own modules (never a lesson's
-module, nor ``zarrtorch._workers``).
+Imported by the top-level modules; imports only ``zarrtorch._util``, ``zarrtorch._compat`` and its own
+modules (never a lesson's module, nor ``zarrtorch._workers``).
 """

@@ -7,8 +7,8 @@ would need a second request to tell. Here each chunk is one request (with a dead
 remote store, :mod:`zarrtorch._read.fetch`), decoded by the array's codec pipeline and checked to be the whole
 chunk; a shard's index is checked first: every inner chunk inside the array present, and within the shard.
 
-This module is the only user of zarr's internal API (the codec pipeline, chunk specs, the shard index);
-``tests/core/test_zarr_private.py`` checks each use against the installed zarr.
+zarr's internal API it needs (the codec pipeline, chunk specs, the shard index) is reached through
+:mod:`zarrtorch._compat.zarr`.
 """
 
 from __future__ import annotations
@@ -17,17 +17,23 @@ import asyncio
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import replace
 
 import numcodecs
 import numpy as np
 import zarr
 from zarr.abc.store import RangeByteRequest
-from zarr.codecs import BloscCodec, BytesCodec, GzipCodec
-from zarr.codecs.sharding import MAX_UINT_64, ShardingCodec, ShardingCodecIndexLocation
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
+from zarr.buffer import default_buffer_prototype
+from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec
 
+from zarrtorch._compat.zarr import (
+    NO_INNER_CHUNK,
+    chunk_nbytes,
+    chunk_spec,
+    decode_chunk,
+    run,
+    shard_index,
+    shard_index_size,
+)
 from zarrtorch._read.fetch import RetryPolicy, get_buffer, with_retries, within
 from zarrtorch._util.sizes import ceil_div
 
@@ -78,7 +84,7 @@ def read_chunk(arr: zarr.Array, chunk: int, *, policy: RetryPolicy | None, check
     attempt without a deadline (a local store). ``FileNotFoundError`` for a missing chunk; ``ValueError``
     for bytes that do not decode to exactly the chunk, or a shard whose index is damaged or (with
     ``check_missing``) lacks an inner chunk."""
-    return sync(_read_chunk(arr, chunk, policy, check_missing))
+    return run(_read_chunk(arr, chunk, policy, check_missing))
 
 
 async def _read_chunk(arr: zarr.Array, chunk: int, policy: RetryPolicy | None, check_missing: bool) -> np.ndarray:
@@ -88,21 +94,18 @@ async def _read_chunk(arr: zarr.Array, chunk: int, policy: RetryPolicy | None, c
 async def _read_chunk_at(
     arr: zarr.Array, coords: tuple[int, ...], policy: RetryPolicy | None, check_missing: bool
 ) -> np.ndarray:
-    inner = arr._async_array
-    prototype = default_buffer_prototype()
-    config = replace(inner.config, order=inner.order) if inner.metadata.zarr_format == 2 else inner.config
-    spec = inner.metadata.get_chunk_spec(coords, config, prototype=prototype)
+    spec = chunk_spec(arr, coords)
     raw = await get_buffer(arr.store_path.store, key_at(arr, coords), policy)
-    codecs = getattr(inner.metadata, "codecs", ())
-    _check_framing(inner.metadata, spec, raw)
+    codecs = getattr(arr.metadata, "codecs", ())
+    _check_framing(arr.metadata, spec, raw)
     if codecs and isinstance(codecs[0], ShardingCodec):  # first-axis-chunked arrays only (read_whole refuses others)
         rows = min(spec.shape[0], arr.shape[0] - coords[0] * spec.shape[0])
         await _check_shard(codecs[0], raw, spec, rows, check_missing)
-    (decoded,) = await inner.codec_pipeline.decode([(raw, spec)])
+    decoded = await decode_chunk(arr, raw, spec)
     if decoded is None or tuple(decoded.shape) != tuple(spec.shape):
         got = "nothing" if decoded is None else f"shape {tuple(decoded.shape)}"
         raise ValueError(f"its {len(raw)} stored bytes decode to {got}, not the chunk's shape {tuple(spec.shape)}")
-    return decoded.as_numpy_array()
+    return decoded
 
 
 def read_whole(
@@ -128,14 +131,14 @@ def read_whole(
                 raise (fail(coords, key_at(arr, coords), exc) if fail else exc) from None
             out[where] = fill
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure of one chunk is the caller's error, naming the chunk)
             raise (fail(coords, key_at(arr, coords), exc) if fail else exc) from None
         out[where] = whole[tuple(slice(0, s.stop - s.start) for s in where)]
 
     async def every():
         await asyncio.gather(*(one(c) for c in itertools.product(*(range(g) for g in grid))))
 
-    sync(every())
+    run(every())
     return out
 
 
@@ -158,7 +161,7 @@ def _check_framing(metadata, spec, raw) -> None:
             raise ValueError(f"its Blosc frame says {framed} bytes, the stored chunk has {len(raw)}: it is damaged")
     if gzip and only and len(raw) >= 18:
         stated = int.from_bytes(raw[len(raw) - 4 :].to_bytes(), "little")
-        nbytes = int(np.prod(spec.shape)) * spec.dtype.to_native_dtype().itemsize
+        nbytes = chunk_nbytes(spec)
         if stated != nbytes % 2**32:
             raise ValueError(
                 f"its gzip stream ends saying {stated} bytes where the chunk holds {nbytes}: it is damaged"
@@ -168,17 +171,14 @@ def _check_framing(metadata, spec, raw) -> None:
 async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing: bool) -> None:
     """Refuse a shard whose index cannot be read, points outside the shard, or (``check_missing``) lacks an
     inner chunk holding some of its ``rows`` rows: zarr would read such an inner chunk as the fill value."""
-    per_shard = codec._get_chunks_per_shard(spec)
-    size = codec._shard_index_size(per_shard)
+    size = shard_index_size(codec, spec)
     if len(raw) < size:
         raise ValueError(f"the shard holds {len(raw)} bytes, fewer than its index alone ({size})")
-    at_start = codec.index_location == ShardingCodecIndexLocation.start
-    index = await codec._decode_shard_index(raw[:size] if at_start else raw[len(raw) - size :], per_shard)
-    grid = index.offsets_and_lengths[: ceil_div(rows, codec.chunk_shape[0])]
+    grid = (await shard_index(codec, raw, spec))[: ceil_div(rows, codec.chunk_shape[0])]
     entries = grid.reshape(-1, 2)
-    present = entries[:, 0] != MAX_UINT_64
+    present = entries[:, 0] != NO_INNER_CHUNK
     if check_missing and not present.all():
-        absent = [tuple(c) for c in np.argwhere(grid[..., 0] == MAX_UINT_64).tolist()]  # inner chunks' coordinates
+        absent = [tuple(c) for c in np.argwhere(grid[..., 0] == NO_INNER_CHUNK).tolist()]  # inner chunks' coordinates
         raise ValueError(
             f"the shard has no bytes for its inner chunk(s) {absent[:8]}{' ...' if len(absent) > 8 else ''} (their "
             f"coordinates in the shard): zarr would read them as the fill value {fill_text(spec.fill_value)}. "
@@ -200,7 +200,7 @@ def first_bytes(arr: zarr.Array, size: int, policy: RetryPolicy | None) -> bytes
         return await store.get(key, default_buffer_prototype(), byte_range=RangeByteRequest(0, size))
 
     try:
-        got = sync(head()) if policy is None else with_retries(lambda: within(head(), policy.timeout_s), policy)
+        got = run(head()) if policy is None else with_retries(lambda: within(head(), policy.timeout_s), policy)
     except FileNotFoundError:
         return None
     return None if got is None else got.to_bytes()

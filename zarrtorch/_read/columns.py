@@ -224,7 +224,7 @@ def packing(name: str, arr: zarr.Array, cf_dtype: str = "float32") -> Packing | 
     scale = _number(attrs["scale_factor"], "scale_factor", name) if "scale_factor" in attrs else None
     offset = _number(attrs["add_offset"], "add_offset", name) if "add_offset" in attrs else None
     wrap = _wrap(attrs.get("_Unsigned"), dtype)
-    # CF allows a list of missing values: each one is NaN (only the first was, found by a break-test)
+    # CF allows a list of missing values: each one is NaN, not only the first
     given = [
         _number(v, "fill value", name) for k in ("_FillValue", "missing_value") if k in attrs for v in _each(attrs[k])
     ]

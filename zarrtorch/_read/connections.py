@@ -11,8 +11,7 @@ at 100 ms per request, 1,000 (or 100) requests per second whatever the level. Me
 
 from __future__ import annotations
 
-import functools
-import os
+from zarrtorch._compat.aiohttp import own_connections_class
 
 S3_POOL = 512  # connections per process and store for s3://: more than the requests in flight of a few arrays
 
@@ -22,43 +21,8 @@ async def unbounded_http_client(**kwargs):
     requests in flight are its cap). Module level, so that a store holding it pickles into worker processes."""
     import aiohttp
 
-    kwargs.setdefault("connector", _own_connections_class()(limit=0))
+    kwargs.setdefault("connector", own_connections_class()(limit=0))
     return aiohttp.ClientSession(**kwargs)
-
-
-@functools.cache
-def _own_connections_class() -> type:
-    """aiohttp's TCPConnector, closing its connections only in the process that opened them.
-
-    A forked process holds copies of the parent's sessions and of its event loop's epoll set, which the fork
-    shares. Closing a copied connection there (fsspec's finalizer does, when the child collects a filesystem
-    that only fsspec's instance cache held, or at a normal exit) unregisters the parent's socket from that
-    set: the parent's loop stops watching it and its next read on it never ends (a break-test: a worker's own
-    garbage collection made the main process's evaluation time out; aiohttp also printed "Unclosed client
-    session" there, once per worker and epoch). In another process the connector counts as closed and closes
-    nothing: its sockets are the parent's to close."""
-    import aiohttp
-
-    class OwnConnections(aiohttp.TCPConnector):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._opened_in = os.getpid()
-
-        @property
-        def closed(self) -> bool:  # in another process: closed, so its session says so and is never used
-            return self._closed or os.getpid() != self._opened_in
-
-        def _close(self, *args, **kwargs):
-            if os.getpid() != self._opened_in:
-                self._closed = True
-                return []
-            return super()._close(*args, **kwargs)
-
-        def __del__(self, *args, **kwargs):  # nor "Unclosed connector" about another process's connections
-            if os.getpid() == self._opened_in:
-                super().__del__(*args, **kwargs)
-
-    return OwnConnections
 
 
 def with_connection_pool(url: str, storage_options: dict | None) -> dict | None:

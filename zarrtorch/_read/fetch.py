@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import zarr
-from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.sync import _get_loop, sync
+from zarr.abc.buffer import Buffer
+from zarr.buffer import default_buffer_prototype
 
+from zarrtorch._compat.zarr import event_loop, run
 from zarrtorch._util.arguments import finite_number, whole_number
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     """``timeout_s`` per request, then up to ``retries`` more attempts, waiting ``backoff_s`` x 2^attempt."""
 
@@ -61,8 +62,8 @@ def is_permanent(exc: BaseException) -> bool:
 
 def _garbled(exc: BaseException) -> bool:
     """An answer the client could not parse (a bad status line, bytes after a body on a kept-alive connection):
-    aiohttp calls it a "400" the server never sent, which read as permanent ended an epoch at the first stray
-    byte, blaming a chunk that was answered right (found by a break-test)."""
+    a transfer fault, worth another try, although aiohttp calls it a "400" the server never sent (read as
+    permanent, it would end an epoch at the first stray byte, blaming a chunk that was answered right)."""
     try:
         from aiohttp.http_exceptions import HttpProcessingError
     except ImportError:
@@ -71,15 +72,15 @@ def _garbled(exc: BaseException) -> bool:
 
 
 def short(text: str, most: int = 400) -> str:
-    """``text`` cut to ``most`` characters: an error quoting a response's bytes ran to 6,737."""
+    """``text`` cut to ``most`` characters: an error may quote a whole response's bytes."""
     text = str(text)
     return text if len(text) <= most else f"{text[: most - 30]}... ({len(text)} characters)"
 
 
 def wait_before_retry(policy: RetryPolicy, attempt: int, exc: BaseException) -> float:
     """Seconds before the next attempt: the policy's back-off, doubled per attempt, or the server's Retry-After
-    where longer (a 429 or 503 that says how long: it was ignored, and the retries ran out before the server's
-    stated wait, found by a break-test), up to a minute or the request timeout."""
+    where longer (a 429 or 503 that says how long: retries spent before the server's stated wait would fail an
+    epoch the server would have finished), up to a minute or the request timeout."""
     wait = policy.backoff_s * 2**attempt
     after = retry_after_s(exc)
     return max(wait, min(after, max(60.0, policy.timeout_s))) if after is not None else wait
@@ -153,7 +154,7 @@ def within(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
     for (``TimeoutError``), not abandoned: an abandoned request goes on holding a connection, and at exit
     prints "Exception ignored in <coroutine ...>" tracebacks (or stops the loop from closing). The outer bound
     only matters for a request that ignores its cancellation: never stuck, even then."""
-    return sync(asyncio.wait_for(coro, timeout_s), timeout=timeout_s + 10)
+    return run(asyncio.wait_for(coro, timeout_s), timeout=timeout_s + 10)
 
 
 async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
@@ -162,7 +163,7 @@ async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> by
 
 def get_bytes(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
     """The object at ``key``; ``FileNotFoundError`` when the store has none."""
-    return sync(_get(store, key, policy))
+    return run(_get(store, key, policy))
 
 
 async def _get_all(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:
@@ -172,7 +173,7 @@ async def _get_all(requests: list[tuple[zarr.abc.store.Store, str]], policy: Ret
 def get_many(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:
     """Several objects requested at once (each with its own deadline and retries): the arrays of one
     chunk row wait for one round trip instead of one per array. A failure is returned in its place."""
-    return sync(_get_all(requests, policy))
+    return run(_get_all(requests, policy))
 
 
 def fetch_soon(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> concurrent.futures.Future:
@@ -180,7 +181,7 @@ def fetch_soon(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPo
     waits for the answers: a blocked thread per request in flight (hundreds at 100 ms) fought the event loop
     for the GIL."""
     _settle_at_exit_once()
-    return asyncio.run_coroutine_threadsafe(_tracked(requests, policy), _get_loop())
+    return asyncio.run_coroutine_threadsafe(_tracked(requests, policy), event_loop())
 
 
 # fetch_soon's tasks not finished yet (touched on zarr's loop only). A cancelled one (an epoch left early) still
@@ -213,13 +214,13 @@ def _settle_now() -> None:
     if not _LIVE:
         return
     try:
-        asyncio.run_coroutine_threadsafe(_settle(_SETTLE_S), _get_loop()).result(timeout=_SETTLE_S + 1)
-    except Exception:  # the loop is gone already: nothing more to settle
+        asyncio.run_coroutine_threadsafe(_settle(_SETTLE_S), event_loop()).result(timeout=_SETTLE_S + 1)
+    except (RuntimeError, TimeoutError, concurrent.futures.CancelledError):  # the loop is closed, or stopped first
         pass
 
 
 def _settle_at_exit_once() -> None:
-    # registered after zarr's own exit hook (zarr.core.sync is imported above), so it runs first
+    # registered after zarr's own exit hook (zarr's event loop module is imported above), so it runs first
     if not _exit_hook:
         _exit_hook.append(True)
         atexit.register(_settle_now)

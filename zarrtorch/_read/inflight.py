@@ -8,9 +8,9 @@ either too few for a far store or too many for a near one.
 :class:`InFlight` decides once per window of pieces (at least one round trip), as TCP Vegas does, from
 what the window saw: the median time a read took from request to data (``latency``), the quickest such
 median so far (``base``: a read without queueing; in a process's first window, which starts with a burst of
-reads, its quickest tenth: a server that answers a few at a time answered those first, and the median of a
-burst already queued made queueing invisible, so the level climbed to ``most``, found by a break-test),
-the rate the consumer took pieces and the time it spent waiting for them.
+reads, its quickest tenth: a server that answers a few at a time answers those first, while the median of a
+burst is already queued and would hide the queue), the rate the consumer took pieces and the time it spent
+waiting for them.
 
 * ``level x (1 - base / latency)`` of the reads in flight only waited their turn (for the cores, for the
   server): more of them would not come sooner. When the consumer waited for data and fewer than half of the

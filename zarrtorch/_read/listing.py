@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
 
+from zarrtorch._compat.zarr import run
 from zarrtorch._read.chunks import IF_SKIPPED, chunk_keys, fill_text
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError
@@ -49,9 +49,9 @@ def can_list(arr: zarr.Array) -> bool:
 
 
 def stored_keys(arr: zarr.Array, policy: RetryPolicy) -> set[str] | None:
-    """Every key stored under the array, from one listing (``None`` where the store cannot list, or the listing
-    failed: its missing chunks are then found as they are read). A remote listing's pages each get the policy's
-    deadline."""
+    """Every key stored under the array, from one listing (``None`` where the store cannot list, or its listing is
+    refused, fails on the file system or stalls: its missing chunks are then found as they are read, every read
+    checked). A remote listing's pages each get the policy's deadline. Any other error is the store's to say."""
     if not can_list(arr):
         return None
     store = arr.store_path.store
@@ -59,8 +59,8 @@ def stored_keys(arr: zarr.Array, policy: RetryPolicy) -> set[str] | None:
     try:
         if isinstance(store, zarr.storage.LocalStore):
             return _walked(os.fspath(store.root), prefix)
-        return sync(_listed(store, prefix, policy.timeout_s))
-    except Exception:  # no permission to list, a listing that stalled: the reads still check every chunk
+        return run(_listed(store, prefix, policy.timeout_s))
+    except (OSError, NotImplementedError):  # refused, unreadable, stalled (TimeoutError), or no listing after all
         return None
 
 

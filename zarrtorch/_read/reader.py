@@ -177,7 +177,8 @@ class PieceReader:
                     raise ChunkReadError(self._missing_message(name, arr, chunk, start, stop)) from None
                 fill = arr.fill_value if arr.fill_value is not None else 0  # what zarr reads a missing chunk as
                 out[name] = whole = np.full((stop - start, *arr.shape[1:]), fill, dtype=arr.dtype)
-            except Exception as exc:  # the cause is not chained: its text may hold a credential, redacted here
+            except Exception as exc:  # noqa: BLE001 (any failure is a ChunkReadError naming the chunk; the cause is
+                # not chained: its text may hold a credential, redacted here)
                 why = short(redact(f"{type(exc).__name__}: {exc}", self.secrets))
                 twice = " (the same once fetched again: the stored chunk is damaged)" if _refetched(exc) else ""
                 where = self._where(name, arr, chunk, start, stop)
@@ -202,8 +203,8 @@ class PieceReader:
         except (ValueError, RuntimeError) as damaged:
             if local or isinstance(damaged, ChunkReadError):
                 raise
-            # bytes that do not decode may have been damaged on the way (a body cut short that looked whole to
-            # HTTP, found by a break-test): fetched once more before the chunk is called damaged
+            # bytes that do not decode may have been damaged on the way (a body cut short can look whole to
+            # HTTP): fetched once more before the chunk is called damaged
             try:
                 if decode is not None:
                     return decode(self._keys[name](chunk), None, into)
@@ -380,7 +381,7 @@ class PieceReader:
                 data = _Read(lambda a, b: read(a, b, fetched=by_piece[a]), task)
                 times[1] = time.monotonic()
                 out.set_result(data)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 (handed to the consumer, who waits on ``out``)
                 out.set_exception(exc)
 
         def arrived(request: concurrent.futures.Future) -> None:  # in zarr's event loop thread
@@ -389,7 +390,7 @@ class PieceReader:
                 return
             try:
                 raw = request.result()
-            except BaseException as exc:  # not even sent (the loop stopped): the consumer hears it
+            except BaseException as exc:  # noqa: BLE001 (not even sent, the loop stopped: the consumer hears it)
                 if out.set_running_or_notify_cancel():
                     out.set_exception(exc)
                 return
@@ -397,15 +398,15 @@ class PieceReader:
                 submit(decode, raw)
             except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
                 out.cancel()
-            except BaseException as exc:  # anything else reaches the consumer: it must not wait for nothing
+            except BaseException as exc:  # noqa: BLE001 (it reaches the consumer, who must not wait for nothing)
                 if out.set_running_or_notify_cancel():
                     out.set_exception(exc)
 
         unsent = [fetch_soon(keys, self.policy)]
         # a read nobody waits for any more (the epoch ended or failed): its requests are cancelled too, not left
         # pending on the loop (at exit: "Task was destroyed but it is pending!"). Through ``unsent``, emptied once
-        # they are answered: the two futures holding each other were a cycle that kept every answer's bytes until
-        # a full garbage collection, which torch makes rare (a break-test held 1.7 GiB against a 564 MiB bound)
+        # they are answered: the two futures must not hold each other, a cycle that would keep every answer's bytes
+        # until a full garbage collection, which torch makes rare (memory past the loader's bound)
         out.add_done_callback(lambda done: [r.cancel() for r in unsent] if done.cancelled() else None)
         unsent[0].add_done_callback(arrived)
         return out
@@ -436,7 +437,7 @@ class _Read:
         for start, stop in task or ():
             try:
                 self.pieces.append(read(start, stop))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (raised to the consumer after the pieces read before it)
                 self.error = exc
                 break
 

@@ -84,25 +84,7 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
     try:
         opened = with_retries(attempt, policy)
     except RetriesExhausted as exc:
-        last = exc.__cause__
-        if isinstance(last, TimeoutError):
-            raise TimeoutError(
-                f"no answer from {shown} within {policy.timeout_s:g} s ({policy.retries + 1} "
-                "attempts): check that the server is up and reachable from here (proxy, firewall), "
-                "or pass retry=RetryPolicy(timeout_s=...) for a slower one"
-            ) from None
-        status = getattr(last, "status", None)
-        if isinstance(status, int):
-            raise ConnectionError(
-                f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) "
-                f"to all {policy.retries + 1} attempts to read its metadata: the server has a "
-                "problem; try again later, or ask its operator"
-            ) from None
-        raise ConnectionError(
-            f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} "
-            f"({policy.retries + 1} attempts). Check the host and port, and that the server is "
-            "running"
-        ) from None
+        raise _unanswered(shown, exc.__cause__, policy, secrets) from None
     except ImportError:
         raise
     except PermissionError as exc:
@@ -114,11 +96,58 @@ def _open_url(url: str, storage_options: dict | None, policy: RetryPolicy):
         raise FileNotFoundError(
             f"no Zarr store at {shown} ({redact(exc, secrets)}): check the URL (bucket and path)"
         ) from None
-    except Exception as exc:
+    except _http_errors() as exc:  # a final answer (retries are for the others): 401, 403, 410...
+        raise _refused(shown, exc, secrets) from None
+    except (ValueError, KeyError, TypeError) as exc:  # zarr's errors (ValueError) for what is no Zarr metadata
         raise ValueError(
             f"{shown} is not a readable Zarr store ({type(exc).__name__}: {redact(exc, secrets)})"
         ) from None
+    except Exception as exc:  # noqa: BLE001 (named with the store, redacted: its text may quote a credential)
+        raise ConnectionError(f"cannot open {shown}: {type(exc).__name__}: {redact(exc, secrets)}") from None
     return zarr.Group(opened) if isinstance(opened, zarr.api.asynchronous.AsyncGroup) else zarr.Array(opened)
+
+
+def _unanswered(shown: str, last: BaseException, policy: RetryPolicy, secrets: tuple[str, ...]) -> OSError:
+    """The error for a store whose metadata every attempt failed to read, ``last`` the last attempt's error."""
+    attempts = policy.retries + 1
+    if isinstance(last, TimeoutError):
+        return TimeoutError(
+            f"no answer from {shown} within {policy.timeout_s:g} s ({attempts} attempts): check that the server is "
+            "up and reachable from here (proxy, firewall), or pass retry=RetryPolicy(timeout_s=...) for a slower one"
+        )
+    status = getattr(last, "status", None)
+    if isinstance(status, int):
+        return ConnectionError(
+            f"{shown} answered HTTP {status} ({redact(getattr(last, 'message', ''), secrets)}) to all {attempts} "
+            "attempts to read its metadata: the server has a problem; try again later, or ask its operator"
+        )
+    return ConnectionError(
+        f"cannot reach {shown}: {type(last).__name__}: {redact(last, secrets)} ({attempts} attempts). Check the host "
+        "and port, and that the server is running"
+    )
+
+
+def _http_errors() -> tuple[type[BaseException], ...]:
+    """The errors of an HTTP answer (aiohttp's, which fsspec's HTTP file system raises); none without aiohttp."""
+    try:
+        from aiohttp import ClientResponseError
+    except ImportError:
+        return ()
+    return (ClientResponseError,)
+
+
+def _refused(shown: str, exc: BaseException, secrets: tuple[str, ...]) -> OSError:
+    """The error for a server's final answer to a metadata request: access refused (401, 403), or its status."""
+    status, said = getattr(exc, "status", None), redact(getattr(exc, "message", ""), secrets)
+    if status in (401, 403):
+        return PermissionError(
+            f"access to {shown} was refused (HTTP {status} {said}): check the credentials in storage_options "
+            "(client_kwargs={'headers': ...} or auth for HTTP; key/secret, or anon=True for a public bucket)"
+        )
+    return ConnectionError(
+        f"{shown} answered HTTP {status} ({said}) to a request for its metadata: check the URL, or ask the server's "
+        "operator"
+    )
 
 
 def _open_path(path: str | os.PathLike, storage_options: dict | None = None, policy: RetryPolicy | None = None):
@@ -172,8 +201,8 @@ def _data_variables(group: zarr.Group) -> list[str]:
 
 def check_listing(group: zarr.Group, listed: Mapping[str, zarr.Array]) -> None:
     """Refuse a local consolidated group whose folder holds arrays its consolidated copy does not list: added
-    after it was written, they were left out without a word (found by a break-test). A remote store cannot list
-    its keys; there an array named by ``variables=`` is looked for by its own metadata (:func:`_member`)."""
+    after it was written, they would be left out without a word. A remote store cannot list its keys; there an
+    array named by ``variables=`` is looked for by its own metadata (:func:`_member`)."""
     if not isinstance(group.store_path.store, zarr.storage.LocalStore):
         return
     on_disk = zarr.open_group(store=group.store_path.store, path=group.path, mode="r", use_consolidated=False)
@@ -212,10 +241,18 @@ def _member(group: zarr.Group, name: str, listed: Mapping[str, zarr.Array]) -> z
 
 
 def _has_own_metadata(group: zarr.Group, name: str) -> bool:
+    """Whether ``name`` has array metadata of its own in the group's store. No object there, or a group's metadata,
+    is "no"; a request that fails (a dropped connection, a refusal) answers nothing and is raised as it is."""
+    policy = RetryPolicy()
     try:
-        _open_own(group.store_path.store, f"{group.path}/{name}".lstrip("/"), None, RetryPolicy())
-    except Exception:
+        _open_own(group.store_path.store, f"{group.path}/{name}".lstrip("/"), None, policy)
+    except (FileNotFoundError, zarr.errors.NodeTypeValidationError):
         return False
+    except TimeoutError:  # said without a word by the deadline
+        raise TimeoutError(
+            f"no answer within {policy.timeout_s:g} s to a request for the metadata of array {name!r} at "
+            f"{store_label(group)}"
+        ) from None
     return True
 
 
@@ -296,8 +333,8 @@ _URL_SPECIAL = "%#?"
 
 def check_url_safe(name: str, arr: zarr.Array) -> None:
     """Refuse an array read over HTTP whose path holds ``%``, ``#`` or ``?``: fsspec puts keys in URLs as they
-    are, so the server reads ``%41`` as ``A`` (another array's chunks, silently: found by a break-test) and cuts
-    a key at ``#`` or ``?`` (every chunk then looked missing)."""
+    are, so the server reads ``%41`` as ``A`` (another array's chunks, silently) and cuts a key at ``#`` or ``?``
+    (every chunk then looks missing)."""
     fs = getattr(arr.store_path.store, "fs", None)
     protocols = getattr(fs, "protocol", ()) or ()
     if isinstance(protocols, str):
@@ -395,11 +432,11 @@ def for_this_process(arrays: dict[str, zarr.Array]) -> dict[str, zarr.Array]:
     """The arrays with each remote one rebuilt from its description, so that this process opens its own
     connections (fsspec and obstore create a fresh session when a store is unpickled in a new process).
 
-    The parent's copies are kept, not dropped: collecting one in a forked worker ran fsspec's finalizer on the
-    parent's session, which closed its connections through the epoll set the fork shares, so the parent's
-    loop stopped watching them and its next read on one hung; aiohttp also printed "Unclosed client session",
-    once per worker and epoch (28 times in one benchmark run on a node). The loader's own HTTP sessions never
-    close in another process (:func:`zarrtorch._read.connections._own_connections_class`); this covers the
+    The parent's copies are kept, not dropped: collecting one in a forked worker runs fsspec's finalizer on the
+    parent's session, which closes its connections through the epoll set the fork shares, so the parent's
+    loop stops watching them and its next read on one hangs (and aiohttp prints "Unclosed client session",
+    once per worker and epoch). The loader's own HTTP sessions never
+    close in another process (:func:`zarrtorch._compat.aiohttp.own_connections_class`); this covers the
     sessions that ``storage_options`` choose (their own client or connector, s3)."""
     _INHERITED.append([a for a in arrays.values() if not is_local(a)])
     own = {n: a if is_local(a) else pickle.loads(pickle.dumps(a)) for n, a in arrays.items()}

@@ -8,6 +8,7 @@ import os
 import warnings
 from datetime import timedelta
 
+from zarrtorch._compat.torch_distributed import default_group_timeout
 from zarrtorch._util.cgroup import cgroup_cpu_limit
 
 
@@ -86,7 +87,7 @@ def environment_topology(env: dict | None = None) -> tuple[int, int]:
 def _say_slurm_tasks_are_not_ranks(env) -> None:
     """Warn, once, where Slurm started several tasks but nothing says they are DDP ranks: Slurm's own
     variables are not taken for ranks (independent tasks of a sweep would each read a share and miss the rest),
-    so before ``init_process_group`` each task reads every row as rank 0 of 1 (found by a break-test)."""
+    so before ``init_process_group`` each task reads every row as rank 0 of 1."""
     tasks = str(env.get("SLURM_NTASKS", "")).strip()
     if not tasks.isdigit() or int(tasks) < 2 or _WARNED.get("slurm"):
         return
@@ -124,20 +125,11 @@ RANK_CHECK_TIMEOUT_S = 1800.0  # torch's default for a process group, where the 
 
 def group_timeout_s() -> float:
     """The default process group's timeout (``init_process_group(timeout=...)``), which the ranks' check waits
-    too: a fixed 300 s refused a valid job whose rank 0 evaluated for 320 s between epochs under a 30-minute
-    group timeout (found by a break-test). Read from the group's CPU (gloo) or CUDA backend options, private
-    to torch; torch's 30 minutes where they cannot be read."""
-    import torch
-    import torch.distributed as dist
-
-    group = dist.distributed_c10d._get_default_group()
-    for device in ("cpu", "cuda"):
-        try:
-            timeout = group._get_backend(torch.device(device)).options._timeout
-            return float(timeout.total_seconds())
-        except Exception:
-            continue
-    return RANK_CHECK_TIMEOUT_S
+    too: a rank may spend longer than any fixed wait between epochs (an evaluation) as long as the group's own
+    timeout allows it. torch's 30 minutes where the group's cannot be read
+    (:func:`zarrtorch._compat.torch_distributed.default_group_timeout`)."""
+    timeout = default_group_timeout()
+    return RANK_CHECK_TIMEOUT_S if timeout is None else float(timeout.total_seconds())
 
 
 _CHECK_GROUPS: dict[str, tuple] = {}  # "group": (the default process group, the gloo group checks run in)

@@ -185,7 +185,7 @@ def _waited(event: threading.Event, timeout_s: float) -> bool:
     while (remaining := deadline - time.monotonic()) > 0:
         try:
             return event.wait(remaining)
-        except Exception:  # the handler's RuntimeError: that worker's batches are no longer wanted
+        except RuntimeError:  # the handler's: that worker's batches are no longer wanted
             continue
     return event.is_set()
 
@@ -225,7 +225,7 @@ def _produce(inner: Iterator, convert: Callable | None, q: Handoff, stop: thread
                 if not q.put((True, item), stop):
                     return
             last = (False, StopIteration())
-        except BaseException as exc:  # handed to the consumer, raised there
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, raised there)
             last = (False, exc)
         q.put(last, stop)
     finally:

@@ -1,6 +1,6 @@
 """Every use of a private or guarded part of ``torch.utils.data``, in one place, each with its reason.
 
-``tests/core/test_torch_private.py`` checks each of them against the installed torch, so an upgrade that
+``tests/core/_compat/test_torch.py`` checks each of them against the installed torch, so an upgrade that
 removes or changes one fails there, loudly, rather than somewhere inside an epoch. It also names, one test
 each, the documented-but-implicit DataLoader behaviour the loader counts on:
 
@@ -27,8 +27,6 @@ from torch.utils.data import DataLoader, Sampler, _utils
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from zarrtorch._util.process import process_state
-
 
 def set_sampler(loader: DataLoader, sampler: Sampler) -> None:
     """Give an iterable-style DataLoader a sampler after construction.
@@ -49,21 +47,15 @@ def stop_workers(loader: DataLoader, iterator, *, stuck: bool = False) -> bool:
     persistent loader keeps the broken iterator in ``loader._iterator`` and hands it out again.
     ``_shutdown_workers`` is what DataLoader itself calls at the end of an epoch. ``stuck``: the workers sent
     nothing within the loader's timeout; they are killed first (taken out of torch's SIGCHLD watch, which would
-    raise), since ``_shutdown_workers`` waits 5 s for each one that does not end by itself: a timeout of 3 s
-    was said after 13 with two stuck workers (found by a break-test helper).
+    raise), since ``_shutdown_workers`` waits 5 s for each one that does not end by itself, and the loader's
+    timeout is said within a few seconds of its expiry, whatever the number of stuck workers.
     """
     if not isinstance(iterator, _MultiProcessingDataLoaderIter):
         return False
     if stuck:
-        if iterator._worker_pids_set:
-            _utils.signal_handling._remove_worker_pids(id(iterator))
-            iterator._worker_pids_set = False
-        for worker in worker_processes(iterator):
-            if worker.is_alive():
-                worker.kill()
-                worker.join(5.0)
-    for worker in worker_processes(iterator):  # a stopped one (SIGSTOP) would sit out DataLoader's 5 s join
-        if process_state(worker.pid).startswith("stopped"):  # continued, it sees the shutdown and ends itself
+        _kill_workers(iterator)
+    for worker in worker_processes(iterator):  # a stopped one (SIGSTOP) would sit out DataLoader's 5 s join:
+        if worker.is_alive():  # continued, it sees the shutdown and ends itself (a running one ignores SIGCONT)
             with contextlib.suppress(OSError):
                 os.kill(worker.pid, signal.SIGCONT)
     iterator._shutdown_workers()
@@ -72,19 +64,50 @@ def stop_workers(loader: DataLoader, iterator, *, stuck: bool = False) -> bool:
         if worker.is_alive():
             worker.kill()
             worker.join(5.0)
-    if getattr(loader, "_iterator", None) is iterator:  # persistent workers: start fresh ones next time
-        loader._iterator = None
+    if persistent_iterator(loader) is iterator:  # persistent workers: start fresh ones next time
+        forget_persistent_iterator(loader)
     return True
 
 
-class WorkerTimeout(RuntimeError):
-    """No batch came from the workers within the loader's timeout (:func:`bound_waits`)."""
+def _kill_workers(iterator: _MultiProcessingDataLoaderIter) -> None:
+    """Kill the iterator's workers, first taken out of torch's SIGCHLD watch (which would raise for them)."""
+    if iterator._worker_pids_set:
+        _utils.signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+    for worker in worker_processes(iterator):
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5.0)
 
 
-def raised_in_a_worker(exc: BaseException) -> bool:
-    """Whether ``exc`` is a DataLoader worker's error raised again in this process, by the private
-    ``ExceptionWrapper.reraise`` (its message carries the worker's traceback), rather than one of this process's
-    own: the innermost frame of its traceback is that method's."""
+def persistent_iterator(loader: DataLoader):
+    """The iterator a DataLoader with persistent workers keeps between epochs (and hands out again), or ``None``.
+
+    Why: DataLoader keeps it in the private ``_iterator`` and offers no accessor; the loader looks at its workers
+    (one dead since the last epoch, one still running an earlier epoch) before it starts an epoch."""
+    return getattr(loader, "_iterator", None)
+
+
+def forget_persistent_iterator(loader: DataLoader) -> None:
+    """Make a DataLoader with persistent workers start fresh ones at its next ``iter()``.
+
+    Why: DataLoader creates a new iterator (and workers) when its private ``_iterator`` is ``None``; after its
+    workers were stopped, the kept one would be handed out again and fail at once."""
+    loader._iterator = None
+
+
+class WorkersSilent(RuntimeError):
+    """No batch came from a multi-process DataLoader iterator's workers within the wait :func:`bound_waits` set;
+    said as DataLoader's own ``timeout=`` says it ("DataLoader timed out after N seconds")."""
+
+
+def raised_in_worker(exc: BaseException) -> bool:
+    """Whether ``exc`` is a DataLoader worker's error, re-raised in the main process.
+
+    Why: DataLoader re-raises it as the worker's exception type, with its message (which the private
+    ``ExceptionWrapper`` writes) as the only other trace; a message can say anything. The innermost frame of such an
+    error's traceback is ``ExceptionWrapper.reraise``'s, and no other error's. The loader drops the traceback of the
+    re-raising frame (it holds the loader in a cycle) only for such an error, whose message carries the worker's."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -99,7 +122,8 @@ def bound_waits(iterator, timeout_s: float) -> None:
     after it, so a worker killed meanwhile was named after minutes instead of seconds; its default (0) waits
     forever on a worker that is alive but sends nothing (stopped, deadlocked). ``_next_data`` (and ``_reset``,
     for persistent workers) take every batch through ``_get_data``: replaced on this instance by a loop of short
-    ``_try_get_data`` waits, which check the workers each time, under one deadline. Holds the iterator weakly."""
+    ``_try_get_data`` waits, which check the workers each time, under one deadline (then :class:`WorkersSilent`).
+    Holds the iterator weakly."""
     if not isinstance(iterator, _MultiProcessingDataLoaderIter) or not timeout_s or timeout_s <= 0:
         return
     ref = weakref.ref(iterator)
@@ -115,7 +139,7 @@ def bound_waits(iterator, timeout_s: float) -> None:
             if success:
                 return data
             if time.monotonic() >= deadline:
-                raise WorkerTimeout(f"DataLoader timed out after {timeout_s:g} seconds")
+                raise WorkersSilent(f"DataLoader timed out after {timeout_s:g} seconds")
 
     iterator._get_data = get_data
 

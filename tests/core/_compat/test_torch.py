@@ -1,5 +1,5 @@
-"""The private torch API zarrtorch relies on (all of it in zarrtorch/torch_private.py) still exists and still
-behaves as that module says. A torch upgrade that changes one fails here, by name."""
+"""The private torch API zarrtorch relies on (all of it in zarrtorch/_compat/torch.py) still exists and still
+behaves as that module says. A torch upgrade that changes one fails here, naming the function to update."""
 
 import os
 import tempfile
@@ -10,8 +10,15 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from zarrtorch._workers.torch_private import set_sampler, stop_workers, worker_processes
-from zarrtorch.loader import EpochSampler
+from zarrtorch._compat.torch import (
+    EpochSampler,
+    awaited_worker,
+    forget_persistent_iterator,
+    persistent_iterator,
+    set_sampler,
+    stop_workers,
+    worker_processes,
+)
 
 
 class Numbers(IterableDataset):
@@ -21,8 +28,8 @@ class Numbers(IterableDataset):
 
 def test_dataloader_still_guards_sampler_so_set_sampler_is_needed():
     loader = DataLoader(Numbers(), batch_size=None)
-    with pytest.raises(ValueError, match="sampler"):
-        loader.sampler = None  # if torch ever allows this, set_sampler can become a plain assignment
+    with pytest.raises(ValueError, match="sampler"):  # if torch ever allows this, set_sampler can be an assignment
+        loader.sampler = None
     with pytest.raises(ValueError, match="sampler"):
         DataLoader(Numbers(), batch_size=None, sampler=[0])
 
@@ -37,20 +44,56 @@ def test_set_sampler_replaces_the_sampler_and_iteration_still_works():
 
 def test_multiprocessing_iterator_keeps_workers_and_shutdown():
     assert callable(getattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", None)), (
-        "torch removed DataLoader's _shutdown_workers: update zarrtorch._workers.torch_private.stop_workers"
+        "torch removed DataLoader's _shutdown_workers: update zarrtorch._compat.torch.stop_workers"
     )
     loader = DataLoader(Numbers(), batch_size=None, num_workers=1, persistent_workers=True)
     it = iter(loader)
     assert isinstance(it, _MultiProcessingDataLoaderIter)
-    assert loader._iterator is it, "persistent DataLoader no longer caches its iterator in _iterator"
+    assert persistent_iterator(loader) is it, (
+        "a persistent DataLoader no longer keeps its iterator in _iterator: update zarrtorch._compat.torch"
+    )
     procs = worker_processes(it)
-    assert len(procs) == 1 and procs[0].is_alive()
+    assert len(procs) == 1 and procs[0].is_alive(), "update zarrtorch._compat.torch.worker_processes"
     assert int(next(it)) == 0
     assert stop_workers(loader, it) is True
     procs[0].join(timeout=10)
     assert not procs[0].is_alive()
-    assert loader._iterator is None  # the next epoch starts fresh workers
+    assert persistent_iterator(loader) is None  # the next epoch starts fresh workers
     assert [int(x) for x in loader] == list(range(6))
+
+
+def test_a_forgotten_persistent_iterator_is_replaced_by_a_fresh_one():
+    """``forget_persistent_iterator`` sets DataLoader's ``_iterator`` to ``None``: DataLoader must then make a new
+    iterator (new workers) at the next ``iter()``, instead of handing out the kept one."""
+    loader = DataLoader(Numbers(), batch_size=None, num_workers=1, persistent_workers=True)
+    first = iter(loader)
+    assert [int(x) for x in first] == list(range(6))
+    assert iter(loader) is first, "a persistent DataLoader no longer hands its kept iterator out again"
+    forget_persistent_iterator(loader)
+    assert persistent_iterator(loader) is None
+    second = iter(loader)
+    assert second is not first and persistent_iterator(loader) is second, (
+        "DataLoader no longer starts afresh when _iterator is None: update zarrtorch._compat.torch"
+    )
+    assert [int(x) for x in second] == list(range(6))
+    stop_workers(loader, first)
+    stop_workers(loader, second)
+
+
+def test_a_stopped_worker_is_stopped_without_waiting_out_the_join():
+    """``stop_workers`` continues every live worker (SIGCONT) before DataLoader's shutdown, so that one stopped by
+    SIGSTOP ends by itself instead of sitting out DataLoader's 5 s join; a running worker ignores SIGCONT."""
+    import signal
+
+    loader = DataLoader(Numbers(), batch_size=None, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    stopped = worker_processes(it)[1]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    assert stop_workers(loader, it) is True
+    for worker in worker_processes(it):
+        worker.join(timeout=10)
+        assert not worker.is_alive()
 
 
 def test_single_process_iterator_has_no_workers():
@@ -185,8 +228,6 @@ def test_the_awaited_worker_is_the_one_whose_batch_is_next():
     next, in turn (worker 0 first), with its process; ``None`` once that batch has arrived."""
     from torch.utils.data import get_worker_info
 
-    from zarrtorch._workers.torch_private import awaited_worker
-
     class SlowSecond(IterableDataset):
         def __iter__(self):
             wid = get_worker_info().id
@@ -209,9 +250,79 @@ def test_every_batch_is_taken_through_get_data():
     workers' resume acknowledgements) through it, by way of ``_try_get_data(timeout)``."""
     import inspect
 
-    assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._next_data)
-    assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._reset)
-    assert list(inspect.signature(_MultiProcessingDataLoaderIter._try_get_data).parameters) == ["self", "timeout"]
+    update = "update zarrtorch._compat.torch.bound_waits"
+    assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._next_data), update
+    assert "self._get_data()" in inspect.getsource(_MultiProcessingDataLoaderIter._reset), update
+    parameters = list(inspect.signature(_MultiProcessingDataLoaderIter._try_get_data).parameters)
+    assert parameters == ["self", "timeout"], update
+
+
+def test_stuck_workers_are_killed_and_taken_out_of_the_sigchld_watch():
+    """``stop_workers(stuck=True)`` kills the workers first, taken out of torch's SIGCHLD watch (its private
+    ``_worker_pids_set`` and ``signal_handling._remove_worker_pids``), which would raise for a killed worker."""
+    from torch.utils.data import _utils
+
+    assert callable(getattr(_utils.signal_handling, "_remove_worker_pids", None)), (
+        "torch removed signal_handling._remove_worker_pids: update zarrtorch._compat.torch.stop_workers"
+    )
+    loader = DataLoader(Numbers(), batch_size=None, num_workers=1)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    assert it._worker_pids_set is True, "DataLoader's iterator no longer says _worker_pids_set: update stop_workers"
+    procs = worker_processes(it)
+    assert stop_workers(loader, it, stuck=True) is True
+    assert it._worker_pids_set is False and not procs[0].is_alive()
+
+
+def test_bounded_waits_still_watch_the_pin_memory_thread():
+    """``bound_waits``'s replacement of ``_get_data`` checks the pin-memory thread as DataLoader's does, through the
+    iterator's private ``_pin_memory`` and ``_pin_memory_thread``."""
+    import inspect
+
+    source = inspect.getsource(_MultiProcessingDataLoaderIter._get_data)
+    assert "self._pin_memory_thread.is_alive()" in source and "self._pin_memory" in source, (
+        "DataLoader's _get_data no longer checks _pin_memory_thread: update zarrtorch._compat.torch.bound_waits"
+    )
+
+
+class Blocked(IterableDataset):
+    """Worker 0 sends nothing: it waits until its process is ended."""
+
+    def __iter__(self):
+        time.sleep(120)
+        return iter([0])
+
+
+def test_a_bounded_wait_ends_in_workers_silent_said_as_dataloader_says_it():
+    from zarrtorch._compat.torch import WorkersSilent, bound_waits
+
+    loader = DataLoader(Blocked(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    it = iter(loader)
+    bound_waits(it, 0.5)
+    try:
+        with pytest.raises(WorkersSilent, match=r"^DataLoader timed out after 0.5 seconds$"):
+            next(it)
+    finally:
+        stop_workers(loader, it, stuck=True)
+
+
+class Failing(IterableDataset):
+    def __iter__(self):
+        raise FileNotFoundError("chunk 3 is missing")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_workers_error_is_told_from_one_of_this_process(num_workers):
+    """``raised_in_worker`` reads DataLoader's re-raised message ("... Original Traceback ..."), private to torch."""
+    from zarrtorch._compat.torch import raised_in_worker
+
+    context = {"multiprocessing_context": "fork"} if num_workers else {}
+    with pytest.raises(FileNotFoundError, match="chunk 3 is missing") as err:
+        list(DataLoader(Failing(), batch_size=None, num_workers=num_workers, **context))
+    assert raised_in_worker(err.value) is bool(num_workers), (
+        "DataLoader no longer says 'Original Traceback' in a worker's re-raised error: update "
+        "zarrtorch._compat.torch.raised_in_worker"
+    )
 
 
 class _Failing(IterableDataset):
@@ -221,14 +332,14 @@ class _Failing(IterableDataset):
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_workers_error_is_told_from_this_process_own_by_where_it_was_raised(num_workers):
-    """``raised_in_a_worker`` finds DataLoader's ``ExceptionWrapper.reraise`` as the innermost frame of a worker's
-    error, and only there: the loader then drops the frame that holds it, not the traceback of its own errors."""
-    from zarrtorch._workers.torch_private import raised_in_a_worker
+    """``raised_in_worker`` tells a worker's error, raised again here by DataLoader, from one of this process's own,
+    whatever its message says: the loader then drops the frame that holds it, not the traceback of its own errors."""
+    from zarrtorch._compat.torch import raised_in_worker
 
     with pytest.raises(KeyError) as err:
         next(iter(DataLoader(_Failing(), batch_size=None, num_workers=num_workers)))
-    assert raised_in_a_worker(err.value) == (num_workers > 0)
+    assert raised_in_worker(err.value) == (num_workers > 0)
     try:
         raise RuntimeError("Original Traceback (most recent call last): a message alone is not a worker's")
     except RuntimeError as own:
-        assert not raised_in_a_worker(own)
+        assert not raised_in_worker(own)
