@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -36,8 +37,14 @@ from zarrtorch.buffer import buffer_rng
 from zarrtorch.dataset import INDEX, PADDING
 from zarrtorch.plan import RankPlan, Topology, resume_roles
 from zarrtorch.resume import resumed_plan
-from zarrtorch.stream import stream_batches
-from zarrtorch.window_stream import chunk_reads, stream_windows, window_chunks_for_batches, worker_window_batches
+from zarrtorch.stream import RowGather, stream_batches
+from zarrtorch.window_stream import (
+    WindowGather,
+    chunk_reads,
+    stream_windows,
+    window_chunks_for_batches,
+    worker_window_batches,
+)
 
 Batch = dict[str, np.ndarray]
 
@@ -88,6 +95,7 @@ def run_epoch(job, local: ProcessState, info) -> Iterator[dict[str, torch.Tensor
     view = epoch_view(job.epochs)
     plan = resumed_plan(job.spec, view.epoch, view.history, Topology(view.rank, view.world_size, n_workers))
     logical, skip = resume_roles([len(w.batch_sizes) for w in plan.workers], view.skip)[worker]
+    share = Share(job, local, plan, view, worker, logical, skip, lives_on=info is None or job.persistent)
     writer = job.ring.writer(worker) if job.ring is not None and info is not None else None
     dest = Destination(
         writer.out if writer is not None else local.pools.batches(job.spec.batch_size, job.data.batch_columns)
@@ -98,7 +106,7 @@ def run_epoch(job, local: ProcessState, info) -> Iterator[dict[str, torch.Tensor
         decoder = BatchDecoder(packings_by_column(job.data), dest, scratch)
         out = decoder.out
     gather = _gather_windows if job.data.windows is not None else _gather_rows
-    batches = gather(job, local, plan, view, (worker, logical, skip), info, out)
+    batches = gather(share, out)
     if decoder is not None:
         batches = (decoder.decoded(batch) for batch in batches)
     if job.data.return_padding:
@@ -137,11 +145,32 @@ def _reader(job, local: ProcessState, worker: int, **options) -> PieceReader:
     )
 
 
-def _gather_rows(job, local, plan: RankPlan, view: EpochView, roles, info, out) -> Iterator[Batch]:
+@dataclass(frozen=True)
+class Share:
+    """This process's share of one epoch: the loader's ``job``, the process's ``local`` state, the rank's ``plan``
+    and the published ``view``; this is DataLoader worker ``worker`` running the plan's worker ``logical`` (they
+    differ in a resumed epoch), from its batch ``skip``; ``lives_on``: the process goes on into the next epoch."""
+
+    job: object
+    local: ProcessState
+    plan: RankPlan
+    view: EpochView
+    worker: int
+    logical: int
+    skip: int
+    lives_on: bool
+
+    def buffer_rng(self):
+        """The shuffle buffer's draws for this share (``None``: rows in stream order)."""
+        spec, view = self.job.spec, self.view
+        return buffer_rng(spec.seed, view.epoch, view.rank, self.logical, spec.row_shuffle, self.plan.segment)
+
+
+def _gather_rows(epoch: Share, out) -> Iterator[Batch]:
     """Rows through the shuffle buffer (:func:`zarrtorch.stream.stream_batches`)."""
+    job, local, worker, logical, skip = epoch.job, epoch.local, epoch.worker, epoch.logical, epoch.skip
     data, spec = job.data, job.spec
-    worker, logical, skip = roles
-    share = plan.workers[logical]
+    share = epoch.plan.workers[logical]
     reader = _reader(
         job,
         local,
@@ -150,42 +179,33 @@ def _gather_rows(job, local, plan: RankPlan, view: EpochView, roles, info, out) 
         early=local.early,
         first=None if skip else share.pieces + data.row_offset,
     )
-    if reads_early(local.arrays, cache=data.keep_in_memory, lives_on=info is None or job.persistent):
-        reader.after_last = partial(_read_next_epoch_early, job, local, reader, view, worker)
-    rng = buffer_rng(spec.seed, view.epoch, view.rank, logical, spec.row_shuffle, plan.segment)  # None: in order
-    return stream_batches(
-        reader,
-        share,
-        data.columns,
+    if reads_early(local.arrays, cache=data.keep_in_memory, lives_on=epoch.lives_on):
+        reader.after_last = partial(_read_next_epoch_early, job, local, reader, epoch.view, worker)
+    gather = RowGather(
+        columns=data.columns,
         row_offset=data.row_offset,
         buffer_rows=spec.buffer_rows,
         warmup_rows=data.chunk_rows,
-        rng=rng,
-        skip=skip,
         copy_direct=data.keep_in_memory,
-        out=out,
-        pools=local.pools,
     )
+    return stream_batches(reader, share, gather, epoch.buffer_rng(), skip=skip, out=out, pools=local.pools)
 
 
-def _gather_windows(job, local, plan: RankPlan, view: EpochView, roles, info, out) -> Iterator[Batch]:
+def _gather_windows(epoch: Share, out) -> Iterator[Batch]:
     """Windows gathered from the chunks held for them (:mod:`zarrtorch.window_stream`): the buffer runs on
     window ids, each chunk is read once for all the windows of a block that use it."""
+    job, local, worker, skip = epoch.job, epoch.local, epoch.worker, epoch.skip
     data, spec = job.data, job.spec
-    worker, logical, skip = roles
-    share = plan.workers[logical]
-    rng = buffer_rng(spec.seed, view.epoch, view.rank, logical, spec.row_shuffle, plan.segment)
+    share = epoch.plan.workers[epoch.logical]
+    rng = epoch.buffer_rng()
     batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
     offsets = data.windows.offsets
     most_held = window_chunks_for_batches(data, spec.batch_size)
     reads = chunk_reads(
         batches, share.pieces, data.starts, offsets, data.store_chunk_rows, skip=skip, most_held=most_held
     )
-    return stream_windows(
-        _reader(job, local, worker),
-        batches,
-        reads,
-        data.starts,
+    gather = WindowGather(
+        starts=data.starts,
         offsets=offsets,
         history=data.windows.history,
         inputs=data.inputs,
@@ -193,10 +213,10 @@ def _gather_windows(job, local, plan: RankPlan, view: EpochView, roles, info, ou
         static=data.static,
         columns=gathered_columns(data),
         rows=data.store_rows,
-        skip=skip,
-        out=out,
-        held_slots=most_held,
-        held_arrays=local.pools.held,
+    )
+    reader = _reader(job, local, worker)
+    return stream_windows(
+        reader, batches, reads, gather, skip=skip, out=out, held_slots=most_held, held_arrays=local.pools.held
     )
 
 

@@ -9,6 +9,7 @@ reading the rows already consumed.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,30 +21,40 @@ from zarrtorch.buffer import INDEX_ONLY, RowCursor, SlotBuffer, buffer_capacity,
 from zarrtorch.plan import WorkerPlan
 
 
+@dataclass(frozen=True, kw_only=True)
+class RowGather:
+    """How a worker's rows reach its batches: the buffer's ``columns`` (row shape and stored dtype of each
+    array), ``row_offset`` from the plan's rows to the store's (a row window), the buffer's ``buffer_rows`` and
+    ``warmup_rows``, and ``copy_direct``: batches that would be views of the reader's arrays are copied (rows kept in
+    memory are reused)."""
+
+    columns: dict[str, tuple[tuple[int, ...], np.dtype]]
+    row_offset: int
+    buffer_rows: int
+    warmup_rows: int
+    copy_direct: bool = False
+
+
 def stream_batches(
     reader: PieceReader,
     share: WorkerPlan,
-    columns: dict[str, tuple[tuple[int, ...], np.dtype]],
-    *,
-    row_offset: int,
-    buffer_rows: int,
-    warmup_rows: int,
+    gather: RowGather,
     rng: np.random.Generator | None,
+    *,
     skip: int = 0,
-    copy_direct: bool = False,
     out=None,
     pools: Pools | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches of one worker's share (``{"index": row ids, name: rows}``), after skipping ``skip``.
 
-    ``row_offset`` moves the plan's rows to the store's (a row window); ``rng=None`` keeps stream order.
-    ``copy_direct`` copies batches that would otherwise be views of the reader's arrays (a cache reuses them).
-    ``out(rows)``, when given, returns the arrays each batch is written into (:mod:`zarrtorch._workers.ring`).
-    ``pools``: the process's (:mod:`zarrtorch._util.pool`), where the shuffle buffer's arrays are kept between epochs.
+    ``rng=None`` keeps stream order. ``out(rows)``, when given, returns the arrays each batch is written into
+    (:mod:`zarrtorch._workers.ring`). ``pools``: the process's (:mod:`zarrtorch._util.pool`), where the shuffle
+    buffer's arrays are kept between epochs.
     """
-    pieces, sizes = share.pieces + row_offset, share.batch_sizes
+    columns, copy_direct, buffer_rows = gather.columns, gather.copy_direct, gather.buffer_rows
+    pieces, sizes = share.pieces + gather.row_offset, share.batch_sizes
     capacity = buffer_capacity(buffer_rows, sizes, rng is not None)
-    steps = schedule(sizes, share.rows, capacity=buffer_rows, warmup_rows=warmup_rows, rng=rng)
+    steps = schedule(sizes, share.rows, capacity=buffer_rows, warmup_rows=gather.warmup_rows, rng=rng)
     if capacity and reader.cache is not None:
         yield from _cached(reader, pieces, steps, capacity, skip, out)
         return

@@ -221,19 +221,29 @@ def worker_window_batches(share: WorkerPlan, *, buffer_rows: int, warmup_rows: i
     return simulate(share.pieces, share.batch_sizes, capacity=buffer_rows, warmup_rows=warmup_rows, rng=rng)
 
 
+@dataclass(frozen=True, kw_only=True)
+class WindowGather:
+    """How a worker's windows are gathered into batches: the valid ``starts``, each step's ``offsets`` from its
+    window's start, the first ``history`` steps as inputs of the ``inputs`` arrays and the rest as targets of the
+    ``targets`` arrays, the ``static`` arrays repeated in every batch, the ``columns`` of a batch made afresh, and the
+    store's ``rows``."""
+
+    starts: WindowStarts
+    offsets: np.ndarray
+    history: int
+    inputs: tuple[str, ...]
+    targets: tuple[str, ...]
+    static: dict[str, np.ndarray]
+    columns: dict[str, tuple[tuple[int, ...], np.dtype]]
+    rows: int
+
+
 def stream_windows(
     reader: PieceReader,
     batches: list[np.ndarray],
     reads: ChunkReads,
-    starts: WindowStarts,
+    gather: WindowGather,
     *,
-    offsets: np.ndarray,
-    history: int,
-    inputs: tuple[str, ...],
-    targets: tuple[str, ...],
-    static: dict[str, np.ndarray],
-    columns: dict[str, tuple[tuple[int, ...], np.dtype]],
-    rows: int,
     skip: int = 0,
     out=None,
     held_slots: int = 0,
@@ -241,9 +251,11 @@ def stream_windows(
 ) -> Iterator[dict[str, np.ndarray]]:
     """The batches ``batches[skip:]`` as ``{"index": start rows, name: inputs, name_target: targets, static...}``.
     ``out(n)``, when given, returns the arrays each batch is gathered into (:mod:`zarrtorch._workers.ring`, pooled
-    arrays), else new ones of ``columns`` are made. Each column is gathered as the chunks hold it (CF-packed ones
-    are decoded after, :mod:`zarrtorch.epoch`). The chunks are held in :class:`~zarrtorch.held_chunks.HeldChunks`
-    of at least ``held_slots`` chunks, made by ``held_arrays``."""
+    arrays), else new ones of ``gather.columns`` are made. Each column is gathered as the chunks hold it (CF-packed
+    ones are decoded after, :mod:`zarrtorch.epoch`). The chunks are held in
+    :class:`~zarrtorch.held_chunks.HeldChunks` of at least ``held_slots`` chunks, made by ``held_arrays``."""
+    starts, offsets, history, rows = gather.starts, gather.offsets, gather.history, gather.rows
+    inputs, targets, static, columns = gather.inputs, gather.targets, gather.static, gather.columns
     chunk_rows = reader.chunk_rows
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
     chunk_columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
