@@ -90,3 +90,24 @@ def test_only_ranges_that_do_not_overlap_are_apart():
     runs = {"fast": [1.0, 1.4, 1.2], "slow": [2.0, 2.5], "between": [1.3, 2.1]}
     assert apart(runs) == [("fast", "slow")]  # "between" overlaps both
     assert apart({"a": [1.0, 2.0], "b": [2.0, 3.0]}) == []  # touching ranges are not apart
+
+
+def test_reports_what_a_loader_holds_without_library_pages():
+    """The figure loader_memory predicts (benchmarks/README.md, "held MiB"): the main process's anonymous growth
+    plus each worker's private dirty peak; a worker that allocates 32 MiB shows them."""
+    import os
+    import time
+
+    class Holding(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            block = np.ones(32 * 2**20, dtype=np.uint8)  # written: private dirty pages of this worker
+            for i in range(3):
+                time.sleep(0.25)  # long enough for the sampler to read this worker's smaps_rollup
+                yield torch.tensor([int(block[i]), os.getpid()])
+
+    stats = measure_loader(lambda: DataLoader(Holding(), batch_size=None, num_workers=1))
+    assert stats["workers_seen"] == 1
+    assert stats["peak_held_per_worker"] >= 32 * 2**20
+    assert stats["held"] >= stats["peak_held_per_worker"]
+    alone = measure_loader([np.zeros((10, 2))] * 3)
+    assert alone["peak_held_per_worker"] == 0 and alone["held"] >= 0

@@ -14,6 +14,10 @@ still see their workers. Worker memory is reported two ways:
 - USS (unique set size): the memory only that worker holds, what it really adds; this is where the
   decoded chunks and the shuffle buffer live.
 
+And the loader as a whole, the figure ``zarrtorch.loader_memory(loader).total`` predicts: ``held``, the growth
+of the main process's anonymous and shared memory plus each worker's peak of private dirty memory (the pages
+only it wrote), library pages left out (:attr:`zarrtorch.course.memory.MemorySampler.held`).
+
 Every descendant process of the calling process counts as a worker (DataLoader workers are its only
 children in a notebook or a training script). Timings on a shared machine are noisy: compare settings
 measured side by side, never against a fixed threshold.
@@ -66,7 +70,9 @@ def measure_loader(
     - ``rss_main_start`` and ``peak_rss_main`` (the main process before and at its peak);
       ``peak_rss_workers`` / ``peak_uss_workers`` (largest total over the worker processes alive at one
       moment) and ``peak_rss_per_worker`` / ``peak_uss_per_worker`` (largest single worker), in bytes;
-      ``workers_seen`` (how many distinct worker processes were sampled).
+      ``workers_seen`` (how many distinct worker processes were sampled);
+    - ``held`` (what the loader held at most, library pages left out: the main process's growth plus each
+      worker's peak of private dirty memory) and ``peak_held_per_worker`` (the largest worker's part of it).
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1 or None, got {max_batches}")
@@ -109,4 +115,6 @@ def measure_loader(
         "peak_rss_per_worker": mem.peak_rss_per_worker,
         "peak_uss_per_worker": mem.peak_uss_per_worker,
         "workers_seen": len(mem.seen),
+        "held": mem.held,
+        "peak_held_per_worker": max((w["dirty_peak"] or 0 for w in mem.workers.values()), default=0),
     }
