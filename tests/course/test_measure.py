@@ -111,3 +111,53 @@ def test_reports_what_a_loader_holds_without_library_pages():
     assert stats["held"] >= stats["peak_held_per_worker"]
     alone = measure_loader([np.zeros((10, 2))] * 3)
     assert alone["peak_held_per_worker"] == 0 and alone["held"] >= 0
+
+
+def test_paced_run_goes_on_through_epochs_and_counts_the_wait():
+    """The workers rule's proxy (lesson 04, docs/tuning.md): a loop of `batches` steps crosses epochs as a training
+    loop does (set_epoch, a new iter()), and reports the share of its time spent in next()."""
+    import time
+
+    from zarrtorch.course.measure import paced_run, python_step, sleeping_step
+
+    class Epochs:
+        """Three batches of 2 rows per epoch, each taking 20 ms to produce; remembers the epochs it was set to."""
+
+        def __init__(self):
+            self.epochs = []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+        def __iter__(self):
+            for _ in range(3):
+                time.sleep(0.02)
+                yield np.zeros((2, 1))
+
+    loader = Epochs()
+    run = paced_run(loader, sleeping_step, 0.001, batches=7)  # the first batch is start-up, then 7 timed
+    assert run["batches"] == 7 and run["rows_per_s"] > 0
+    assert loader.epochs == [0, 1, 2]  # 8 batches of 3 per epoch: epochs 0, 1 and 2
+    assert 0.5 < run["wait_share"] <= 1.0  # 20 ms in next() against 1 ms of step
+
+    start = time.perf_counter()
+    python_step(0.05)
+    assert time.perf_counter() - start >= 0.05
+
+
+def test_the_workers_command_prints_a_line_per_step_and_number_of_workers(tmp_path, capsys):
+    from zarrtorch import prepare_zarr
+    from zarrtorch.course.measure import main
+
+    x = np.random.default_rng(0).normal(size=(200, 4, 8)).astype(np.float32)
+    prepare_zarr({"x": x}, tmp_path / "s.zarr", chunk_rows=20, progress=False)
+    argv = [str(tmp_path / "s.zarr"), "--batch-size", "16", "--workers", "0", "1", "--steps", "sleep", "python"]
+    assert main([*argv, "--batches", "15", "--repeats", "1"]) == 0  # 15 batches: more than an epoch's 12
+    out = capsys.readouterr().out.splitlines()
+    assert "the loader alone, 0 workers" in out[0]
+    assert [line.split(":")[0].split() for line in out[1:]] == [
+        ["sleep", "step,", "0", "workers"],
+        ["sleep", "step,", "1", "workers"],
+        ["python", "step,", "0", "workers"],
+        ["python", "step,", "1", "workers"],
+    ]
