@@ -157,7 +157,8 @@ _MATRIX: list = []
 
 
 def torch_step(seconds: float) -> None:
-    """A step that releases the GIL and keeps a core busy: matrix products on the CPU (in torch's threads)."""
+    """A step that releases the GIL and keeps the CPU busy: matrix products in torch's threads (one thread: one
+    core busy, as the command line sets it)."""
     import torch
 
     if not _MATRIX:
@@ -247,7 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=200, help="timed batches per run")
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
-    _workers_table(a.store, a.batch_size, a.workers, a.steps, a.step_ms, a.batches, a.repeats)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the torch step keeps one core busy, as one training process's step would
+    try:
+        _workers_table(a.store, a.batch_size, a.workers, a.steps, a.step_ms, a.batches, a.repeats)
+    finally:
+        torch.set_num_threads(threads)
     return 0
 
 
