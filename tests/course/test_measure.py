@@ -90,3 +90,74 @@ def test_only_ranges_that_do_not_overlap_are_apart():
     runs = {"fast": [1.0, 1.4, 1.2], "slow": [2.0, 2.5], "between": [1.3, 2.1]}
     assert apart(runs) == [("fast", "slow")]  # "between" overlaps both
     assert apart({"a": [1.0, 2.0], "b": [2.0, 3.0]}) == []  # touching ranges are not apart
+
+
+def test_reports_what_a_loader_holds_without_library_pages():
+    """The figure loader_memory predicts (benchmarks/README.md, "held MiB"): the main process's anonymous growth
+    plus each worker's private dirty peak; a worker that allocates 32 MiB shows them."""
+    import os
+    import time
+
+    class Holding(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            block = np.ones(32 * 2**20, dtype=np.uint8)  # written: private dirty pages of this worker
+            for i in range(3):
+                time.sleep(0.25)  # long enough for the sampler to read this worker's smaps_rollup
+                yield torch.tensor([int(block[i]), os.getpid()])
+
+    stats = measure_loader(lambda: DataLoader(Holding(), batch_size=None, num_workers=1))
+    assert stats["workers_seen"] == 1
+    assert stats["peak_held_per_worker"] >= 32 * 2**20
+    assert stats["held"] >= stats["peak_held_per_worker"]
+    alone = measure_loader([np.zeros((10, 2))] * 3)
+    assert alone["peak_held_per_worker"] == 0 and alone["held"] >= 0
+
+
+def test_paced_run_goes_on_through_epochs_and_counts_the_wait():
+    """The workers rule's proxy (lesson 04, docs/tuning.md): a loop of `batches` steps crosses epochs as a training
+    loop does (set_epoch, a new iter()), and reports the share of its time spent in next()."""
+    import time
+
+    from zarrtorch.course.measure import paced_run, python_step, sleeping_step
+
+    class Epochs:
+        """Three batches of 2 rows per epoch, each taking 20 ms to produce; remembers the epochs it was set to."""
+
+        def __init__(self):
+            self.epochs = []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+        def __iter__(self):
+            for _ in range(3):
+                time.sleep(0.02)
+                yield np.zeros((2, 1))
+
+    loader = Epochs()
+    run = paced_run(loader, sleeping_step, 0.001, batches=7)  # the first batch is start-up, then 7 timed
+    assert run["batches"] == 7 and run["rows_per_s"] > 0
+    assert loader.epochs == [0, 1, 2]  # 8 batches of 3 per epoch: epochs 0, 1 and 2
+    assert 0.5 < run["wait_share"] <= 1.0  # 20 ms in next() against 1 ms of step
+
+    start = time.perf_counter()
+    python_step(0.05)
+    assert time.perf_counter() - start >= 0.05
+
+
+def test_the_workers_command_prints_a_line_per_step_and_number_of_workers(tmp_path, capsys):
+    from zarrtorch import prepare_zarr
+    from zarrtorch.course.measure import main
+
+    x = np.random.default_rng(0).normal(size=(200, 4, 8)).astype(np.float32)
+    prepare_zarr({"x": x}, tmp_path / "s.zarr", chunk_rows=20, progress=False)
+    argv = [str(tmp_path / "s.zarr"), "--batch-size", "16", "--workers", "0", "1", "--steps", "sleep", "python"]
+    assert main([*argv, "--batches", "15", "--repeats", "1"]) == 0  # 15 batches: more than an epoch's 12
+    out = capsys.readouterr().out.splitlines()
+    assert "the loader alone, 0 workers" in out[0]
+    assert [line.split(":")[0].split() for line in out[1:]] == [
+        ["sleep", "step,", "0", "workers"],
+        ["sleep", "step,", "1", "workers"],
+        ["python", "step,", "0", "workers"],
+        ["python", "step,", "1", "workers"],
+    ]

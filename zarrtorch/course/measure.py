@@ -14,20 +14,43 @@ still see their workers. Worker memory is reported two ways:
 - USS (unique set size): the memory only that worker holds, what it really adds; this is where the
   decoded chunks and the shuffle buffer live.
 
+And the loader as a whole, the figure ``zarrtorch.loader_memory(loader).total`` predicts: ``held``, the growth
+of the main process's anonymous and shared memory plus each worker's peak of private dirty memory (the pages
+only it wrote), library pages left out (:attr:`zarrtorch.course.memory.MemorySampler.held`).
+
 Every descendant process of the calling process counts as a worker (DataLoader workers are its only
 children in a notebook or a training script). Timings on a shared machine are noisy: compare settings
 measured side by side, never against a fixed threshold.
+
+Workers or not (lesson 04, ``docs/tuning.md``): :func:`paced_run` runs a loader against a training step and
+reports the share of the time spent waiting in ``next()``; the steps stand in for a real one on the CPU:
+:func:`sleeping_step` releases the GIL and leaves the CPU idle (a GPU step), :func:`torch_step` releases the
+GIL and keeps a core busy, :func:`python_step` holds the GIL. From the command line, on a node::
+
+    python -m zarrtorch.course.measure STORE --workers 0 2 --steps sleep torch python
 """
 
 from __future__ import annotations
 
+import argparse
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from zarrtorch.course.memory import MemorySampler
 
-__all__ = ["measure_loader", "batch_len", "mib", "apart"]
+__all__ = [
+    "measure_loader",
+    "batch_len",
+    "mib",
+    "apart",
+    "paced_run",
+    "sleeping_step",
+    "torch_step",
+    "python_step",
+    "STEPS",
+]
 
 
 def mib(n_bytes: float) -> float:
@@ -66,7 +89,9 @@ def measure_loader(
     - ``rss_main_start`` and ``peak_rss_main`` (the main process before and at its peak);
       ``peak_rss_workers`` / ``peak_uss_workers`` (largest total over the worker processes alive at one
       moment) and ``peak_rss_per_worker`` / ``peak_uss_per_worker`` (largest single worker), in bytes;
-      ``workers_seen`` (how many distinct worker processes were sampled).
+      ``workers_seen`` (how many distinct worker processes were sampled);
+    - ``held`` (what the loader held at most, library pages left out: the main process's growth plus each
+      worker's peak of private dirty memory) and ``peak_held_per_worker`` (the largest worker's part of it).
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1 or None, got {max_batches}")
@@ -109,4 +134,130 @@ def measure_loader(
         "peak_rss_per_worker": mem.peak_rss_per_worker,
         "peak_uss_per_worker": mem.peak_uss_per_worker,
         "workers_seen": len(mem.seen),
+        "held": mem.held,
+        "peak_held_per_worker": max((w["dirty_peak"] or 0 for w in mem.workers.values()), default=0),
     }
+
+
+# -- workers or not: a loader against a training step ---------------------------------------------------------
+def sleeping_step(seconds: float) -> None:
+    """A step that releases the GIL and leaves the CPU idle: a GPU step that spends its time on the GPU."""
+    time.sleep(seconds)
+
+
+def python_step(seconds: float) -> None:
+    """A step that holds the GIL (the interpreter hands it to another thread only at its switch interval, 5 ms):
+    Python work in the training loop, such as a small model's optimiser, kernel launches, Python transforms."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+_MATRIX: list = []
+
+
+def torch_step(seconds: float) -> None:
+    """A step that releases the GIL and keeps the CPU busy: matrix products in torch's threads (one thread: one
+    core busy, as the command line sets it)."""
+    import torch
+
+    if not _MATRIX:
+        _MATRIX.append(torch.randn(256, 256, generator=torch.Generator().manual_seed(0)))
+    a = _MATRIX[0]
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+
+
+STEPS: dict[str, Callable[[float], None]] = {"sleep": sleeping_step, "torch": torch_step, "python": python_step}
+
+
+def paced_run(loader, step: Callable[[float], None], step_s: float, batches: int) -> dict:
+    """Take a batch and run ``step(step_s)``, ``batches`` times, through as many epochs as that takes (``set_epoch``
+    and a new ``iter()`` at each epoch's end, as a training loop does); the first batch (opening, workers' start,
+    first reads) is taken before the clock starts. Returns ``rows_per_s`` (rows trained per second), ``wait_share``
+    (the share of the time spent in ``next()``, the next epoch's start included) and ``batches``."""
+    epoch = 0
+    set_epoch = getattr(loader, "set_epoch", None)
+    if set_epoch is not None:
+        set_epoch(epoch)
+    it = iter(loader)
+    next(it)
+    done = rows = 0
+    waited = 0.0
+    start = time.perf_counter()
+    while done < batches:
+        t0 = time.perf_counter()
+        batch = next(it, None)
+        if batch is None:  # the epoch is over: the next one, as in training
+            epoch += 1
+            if set_epoch is not None:
+                set_epoch(epoch)
+            it = iter(loader)
+            batch = next(it, None)
+            if batch is None:
+                raise ValueError("the loader yielded an empty epoch")
+        waited += time.perf_counter() - t0
+        rows += batch_len(batch)
+        del batch
+        step(step_s)
+        done += 1
+    wall = time.perf_counter() - start
+    del it
+    return {"rows_per_s": rows / wall, "wait_share": waited / wall, "batches": done}
+
+
+def _workers_table(store, batch_size: int, workers: list[int], steps: list[str], step_ms, batches: int, repeats: int):
+    from zarrtorch import ZarrDataLoader, ZarrIterableDataset, available_cpus
+
+    def loader(n):
+        ds = ZarrIterableDataset(store, seed=0)
+        return ZarrDataLoader(ds, batch_size=batch_size, drop_last=True, num_workers=n, persistent_workers=n > 0)
+
+    alone = [paced_run(loader(0), sleeping_step, 0.0, batches)["rows_per_s"] for _ in range(repeats)]
+    step_s = step_ms / 1e3 if step_ms is not None else batch_size / statistics.median(alone)
+    print(
+        f"{available_cpus()} CPU(s); the loader alone, 0 workers: {statistics.median(alone):,.0f} rows/s; "
+        f"step {1e3 * step_s:.2f} ms per batch of {batch_size} ({batches} batches, {repeats} repetitions)",
+        flush=True,
+    )
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for _ in range(repeats):  # repetitions outermost: a slow spell of the machine touches every setting
+        for name in steps:
+            for n in workers:
+                runs.setdefault((name, n), []).append(paced_run(loader(n), STEPS[name], step_s, batches))
+    for (name, n), rs in runs.items():
+        rates, waits = [r["rows_per_s"] for r in rs], [r["wait_share"] for r in rs]
+        print(
+            f"{name:>7} step, {n} workers: {statistics.median(rates):9,.0f} rows/s [{min(rates):,.0f}, "
+            f"{max(rates):,.0f}], waiting {statistics.median(waits):4.0%} [{min(waits):.0%}, {max(waits):.0%}]"
+        )
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m zarrtorch.course.measure",
+        description="Workers or not: a loader against training steps that sleep, compute in torch or hold the GIL",
+    )
+    p.add_argument("store", help="a store written by prepare_zarr")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--steps", nargs="+", choices=list(STEPS), default=list(STEPS))
+    p.add_argument("--step-ms", type=float, default=None, help="default: the loader's own time per batch, 0 workers")
+    p.add_argument("--batches", type=int, default=200, help="timed batches per run")
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the torch step keeps one core busy, as one training process's step would
+    try:
+        _workers_table(a.store, a.batch_size, a.workers, a.steps, a.step_ms, a.batches, a.repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from zarrtorch import open_arrays
-from zarrtorch._util.sizes import ceil_div
 from zarrtorch.layout import check_first_axis_layout
 
 
@@ -51,7 +50,7 @@ def channel_stats(
     arrays = open_arrays(source, [fields] + ([target] if target else []))
     layout = check_first_axis_layout(arrays)
     stop = layout.rows if stop_row is None else int(stop_row)
-    available = ceil_div(stop, layout.chunk_rows)
+    available = -(-stop // layout.chunk_rows)  # chunks holding rows before stop
     if chunks is None:
         chunks = sorted({int(round(c)) for c in np.linspace(0, available - 1, min(n_chunks, available))})
     sums = None
