@@ -458,7 +458,7 @@ class ZarrIterableDataset(IterableDataset):
         check, not a proof."""
         if self._data_fingerprints is None:
             found = {}
-            for name, arr in sorted(self.arrays.items()):
+            for name, arr in sorted(self._arrays_of_this_process().items()):
                 head = first_bytes(arr, FINGERPRINT_BYTES, None if is_local(arr) else self.read.retry)
                 found[name] = _short_hash(head if head is not None else b"missing")
             for name, value in sorted(self.static.items()):
@@ -561,9 +561,7 @@ class ZarrIterableDataset(IterableDataset):
         threads = self.decode_threads(n_workers)
         if self.keep_in_memory and (self._kept is None or self._kept_for != logical):
             self._kept, self._kept_for = {}, logical  # rows of another share would never be reused
-        if self._arrays_pid != os.getpid():  # a worker (or a fork of one): its own connections and buffers
-            self.arrays, self._arrays_pid, self._pools = for_this_process(self.arrays), os.getpid(), Pools()
-            self._in_flight = None
+        self._arrays_of_this_process()
         first, most = self.in_flight_range(threads)
         if self._in_flight is None or (self._in_flight.first, self._in_flight.most) != (first, most):
             shared = self.epoch_state  # kept across epochs: the level found carries over, in workers too
@@ -613,6 +611,14 @@ class ZarrIterableDataset(IterableDataset):
             padding = plan.padding + self.row_offset
             batches = (self._with_padding(batch, padding, writer) for batch in batches)
         return self._delivered(batches, writer)
+
+    def _arrays_of_this_process(self) -> Arrays:
+        """The arrays, reopened first in a process other than the one that opened them (a worker, a rank forked from
+        a notebook, or a fork of one): its own connections and buffers, as a parent's session does not work there."""
+        if self._arrays_pid != os.getpid():
+            self.arrays, self._arrays_pid, self._pools = for_this_process(self.arrays), os.getpid(), Pools()
+            self._in_flight = None
+        return self.arrays
 
     def _reader(self, chunk_rows: int, threads: int, **options) -> PieceReader:
         """This process's chunk reader for one epoch (its requests in flight, retries, checks and pools)."""
