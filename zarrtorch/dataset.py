@@ -144,6 +144,7 @@ class ZarrIterableDataset(IterableDataset):
         source = open_source(source, read.storage_options, read.retry)
         self.arrays = Arrays(open_arrays(source, variables, retry=read.retry), secrets_of(read.storage_options))
         self.static: dict[str, np.ndarray] = {}  # windows: the arrays without a time axis, read once
+        self._static_fingerprints: dict[str, str] = {}  # a hash of each one's values as stored
         if windows is not None and windows.static:
             self.static = self._static_arrays(source, windows.static, read)
         self._secrets = secrets_of(read.storage_options)  # never shown in a message (zarrtorch._read.source.redact)
@@ -215,7 +216,8 @@ class ZarrIterableDataset(IterableDataset):
 
     def _static_arrays(self, source, names, read: ReadOptions) -> dict[str, np.ndarray]:
         """The static arrays, whole and CF-decoded as the time arrays are: taken out of the time arrays if opened
-        with them."""
+        with them. Their fingerprints hash the values as stored, as the time arrays' do: how they are decoded
+        (``cf_dtype``, ``decode_cf``) is not the data."""
         arrays = {n: self.arrays.pop(n) for n in names if n in self.arrays}
         rest = [n for n in names if n not in arrays]
         if rest:
@@ -224,6 +226,7 @@ class ZarrIterableDataset(IterableDataset):
         static = {}
         for n, a in arrays.items():
             values = static_array(n, a, retry=read.retry, check_missing=check_missing, secrets=secrets)
+            self._static_fingerprints[n] = _short_hash(np.ascontiguousarray(values).tobytes())
             packed = packing(n, a, read.cf_dtype) if read.decode_cf else None
             static[n] = packed.decoded(values) if packed is not None else values
         return static
@@ -452,17 +455,16 @@ class ZarrIterableDataset(IterableDataset):
 
     def data_fingerprints(self) -> dict[str, str]:
         """A short hash per array of the first bytes of its first chunk as stored (a static array: of its whole
-        value), read once per process: what checkpoints hold and the ranks' agreement check compares besides the
-        plan, so that a state of one store is not resumed on another of the same shape, nor ranks opened on
-        different stores train on both. Identical copies at other paths agree. Only the first chunk: a cheap
+        value as stored), read once per process: what checkpoints hold and the ranks' agreement check compares
+        besides the plan, so that a state of one store is not resumed on another of the same shape, nor ranks opened
+        on different stores train on both. Identical copies at other paths agree. Only the first chunk: a cheap
         check, not a proof."""
         if self._data_fingerprints is None:
             found = {}
             for name, arr in sorted(self._arrays_of_this_process().items()):
                 head = first_bytes(arr, FINGERPRINT_BYTES, None if is_local(arr) else self.read.retry)
                 found[name] = _short_hash(head if head is not None else b"missing")
-            for name, value in sorted(self.static.items()):
-                found[name] = _short_hash(np.ascontiguousarray(value).tobytes())
+            found.update(sorted(self._static_fingerprints.items()))
             self._data_fingerprints = found
         return dict(self._data_fingerprints)
 
