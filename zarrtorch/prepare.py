@@ -91,8 +91,7 @@ def _sample_dim(ds, variables: list[str] | None, dim: str | None):
             raise LayoutError(
                 f"dim={dim!r}: variables {lacking or names} lack that dimension (the dataset has {list(ds.dims)})"
             )
-        ds = ds[names].transpose(dim, ...)
-        return ds, dim
+        return _with_every_coordinate(ds, names).transpose(dim, ...), dim
     # one rule with the loader (zarrtorch._read.source), so that the error below names the odd variable (a static
     # field), not the data
     dim = sample_dimension({n: ds[n].dims for n in names}, {n: ds[n].nbytes for n in names})
@@ -111,7 +110,14 @@ def _sample_dim(ds, variables: list[str] | None, dim: str | None):
             f"steps. Pass dim={dated[0]!r} (the variables are transposed to put it first), or dim={dim!r} if "
             f"each {dim!r} really is a sample."
         )
-    return ds[names], dim
+    return _with_every_coordinate(ds, names), dim
+
+
+def _with_every_coordinate(ds, names: list[str]):
+    """The data variables ``names`` of ``ds`` and every coordinate: ``ds[names]`` would keep only the coordinates
+    along their dimensions, and leave out a static field set as a coordinate with an axis of its own (a time axis
+    of one step) without a word."""
+    return ds.drop_vars([n for n in ds.data_vars if n not in names])
 
 
 def prepare_zarr(

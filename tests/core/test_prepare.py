@@ -174,3 +174,26 @@ def test_bounded_memory(tmp_path):
     assert m["data_mb"] > 550
     grown = m["peak_mb"] - m["before_mb"]
     assert grown < 5 * 64, f"grew by {grown:.0f} MiB"  # a few budgets, far from the data's 586 MiB
+
+
+def test_a_coordinate_along_a_dimension_of_its_own_is_written(tmp_path):
+    """ERA5's invariant fields come with a time axis of one step (``valid_time``): kept as a coordinate
+    (``set_coords``, as prepare_zarr's own error advises) without dropping that axis, it was left out without a word
+    (selecting the data variables keeps only the coordinates along their dimensions), and the loader then said
+    "unknown array name". Written whole, as xarray shows it (packed int16 here, decoded)."""
+    from zarrtorch import Windows
+
+    rng = np.random.default_rng(3)
+    orog = (3000 * rng.random((1, 4, 6))).astype(np.float32)
+    orog[0, 0, 0] = np.nan
+    invariant = xr.Dataset({"orog": (("valid_time", "lat", "lon"), orog)})
+    invariant["orog"].encoding = {"dtype": "int16", "scale_factor": 0.1, "add_offset": 1500.0, "_FillValue": -32767}
+    invariant.to_zarr(tmp_path / "invariant.zarr", mode="w", consolidated=False)
+    shown = xr.open_zarr(tmp_path / "invariant.zarr", consolidated=False)
+    ds = xr.merge([climate(dask_chunks=False), shown]).set_coords("orog")
+    prepare_zarr(ds, tmp_path / "c.zarr", chunk_rows=10, progress=False)
+    written = xr.open_zarr(tmp_path / "c.zarr")["orog"]
+    assert written.dims == ("valid_time", "lat", "lon")
+    np.testing.assert_array_equal(written.values, shown["orog"].values)
+    loader = ZarrDataLoader(ZarrIterableDataset(tmp_path / "c.zarr", windows=Windows(static=("orog",))), batch_size=4)
+    np.testing.assert_array_equal(next(iter(loader))["orog"][0].numpy(), shown["orog"].values)
