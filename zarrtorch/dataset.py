@@ -44,7 +44,7 @@ from zarrtorch._read.source import (
     secrets_of,
     store_label,
 )
-from zarrtorch._read.static import static_array
+from zarrtorch._read.static import check_static, static_array
 from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
 from zarrtorch._util.arguments import row_range as checked_row_range
 from zarrtorch._util.pool import Pools
@@ -225,6 +225,7 @@ class ZarrIterableDataset(IterableDataset):
         secrets, check_missing = secrets_of(read.storage_options), read.missing_chunks == "error"
         static = {}
         for n, a in arrays.items():
+            check_static(n, a, self.arrays)
             values = static_array(n, a, retry=read.retry, check_missing=check_missing, secrets=secrets)
             self._static_fingerprints[n] = _short_hash(np.ascontiguousarray(values).tobytes())
             packed = packing(n, a, read.cf_dtype) if read.decode_cf else None
