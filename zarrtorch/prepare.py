@@ -191,6 +191,13 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
                 f"(ds[{n!r}].astype('datetime64[s]').astype('int64') for dates), or leave it out "
                 "(variables=[...] or ds.drop_vars)"
             )
+        packed = sorted(k for k in CF_ENCODING if k in a.attrs)
+        if packed:  # xarray's block writes would fail on them, saying to drop them: the integers then stored as values
+            raise ValueError(
+                f"variable {n!r} holds packed values, with {packed} among its attributes (opened with "
+                "mask_and_scale=False or decode_cf=False): open the source with xarray's defaults, so that its values "
+                "are decoded, and prepare_zarr writes those values"
+            )
     nbytes_row = row_bytes(arrays)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
     shard_rows = shard_shape(chunk_rows, shard_chunks, rows)
