@@ -196,7 +196,8 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
             raise ValueError(
                 f"variable {n!r} holds packed values, with {packed} among its attributes (opened with "
                 "mask_and_scale=False or decode_cf=False): open the source with xarray's defaults, so that its values "
-                "are decoded, and prepare_zarr writes those values"
+                "are decoded, and prepare_zarr writes those values (or give a mapping {name: ds[name]}: its arrays "
+                "are copied packed, with their attributes, without coordinates)"
             )
     nbytes_row = row_bytes(arrays)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)
