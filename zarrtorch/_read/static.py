@@ -46,9 +46,9 @@ def check_static(name: str, arr: zarr.Array, time_arrays: dict[str, zarr.Array])
     """Refuse a "static" array whose dimension names say it runs along the time arrays' first dimension: it changes
     with every row, and read whole it would go into every process and every sample."""
     named = dimension_names(arr)
-    along = {tuple(d)[0] for d in map(dimension_names, time_arrays.values()) if d}
-    if named and tuple(named)[0] in along:
-        dim = tuple(named)[0]
+    rows = {tuple(d)[0]: a.shape[0] for a in time_arrays.values() if (d := dimension_names(a))}
+    dim = tuple(named)[0] if named else None
+    if dim in rows and arr.shape[0] == rows[dim]:  # one step of a "time" axis of its own is static
         raise ValueError(
             f"static array {name!r} runs along the time arrays' dimension {dim!r} ({arr.shape[0]} rows): it changes "
             "with every row, so it is not static, and each sample would carry all of it. Give it as an input "
