@@ -22,8 +22,8 @@ from torch.utils.data import IterableDataset
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
 from zarrtorch._read.listing import check_listed, written_whole
-from zarrtorch._read.source import Arrays, is_local, open_arrays, open_source, secrets_of, store_label
-from zarrtorch._read.static import static_array
+from zarrtorch._read.source import Arrays, for_this_process, is_local, open_arrays, open_source, secrets_of, store_label
+from zarrtorch._read.static import check_static, static_array
 from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
 from zarrtorch._util.arguments import row_range as checked_row_range
 from zarrtorch._util.sizes import native, row_bytes
@@ -120,6 +120,7 @@ class ZarrIterableDataset(IterableDataset):
         self.arrays = Arrays(open_arrays(source, variables, retry=read.retry), secrets_of(read.storage_options))
         self.opened_in = os.getpid()  # another process reopens remote arrays (zarrtorch._read.source.for_this_process)
         self.static: dict[str, np.ndarray] = {}  # windows: the arrays without a time axis, read once
+        self._static_fingerprints: dict[str, str] = {}  # a hash of each one's values as stored
         if windows is not None and windows.static:
             self.static = self._static_arrays(source, windows.static, read)
         check_tensor_dtypes({**self.arrays, **self.static}, chosen=variables is not None)
@@ -166,7 +167,8 @@ class ZarrIterableDataset(IterableDataset):
 
     def _static_arrays(self, source, names, read: ReadOptions) -> dict[str, np.ndarray]:
         """The static arrays, whole and CF-decoded as the time arrays are: taken out of the time arrays if opened
-        with them."""
+        with them. Their fingerprints hash the values as stored, as the time arrays' do: how they are decoded
+        (``cf_dtype``, ``decode_cf``) is not the data."""
         arrays = {n: self.arrays.pop(n) for n in names if n in self.arrays}
         rest = [n for n in names if n not in arrays]
         if rest:
@@ -174,7 +176,9 @@ class ZarrIterableDataset(IterableDataset):
         secrets, check_missing = secrets_of(read.storage_options), read.missing_chunks == "error"
         static = {}
         for n, a in arrays.items():
+            check_static(n, a, self.arrays)
             values = static_array(n, a, retry=read.retry, check_missing=check_missing, secrets=secrets)
+            self._static_fingerprints[n] = _short_hash(np.ascontiguousarray(values).tobytes())
             packed = packing(n, a, read.cf_dtype) if read.decode_cf else None
             static[n] = packed.decoded(values) if packed is not None else values
         return static
@@ -315,19 +319,21 @@ class ZarrIterableDataset(IterableDataset):
 
     @cached_property
     def _fingerprints(self) -> dict[str, str]:
+        # read through this process's own connections: a rank forked from the process that opened a URL cannot use
+        # the parent's session
+        arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
         found = {}
-        for name, arr in sorted(self.arrays.items()):
+        for name, arr in sorted(arrays.items()):
             head = first_bytes(arr, FINGERPRINT_BYTES, None if is_local(arr) else self.read.retry)
             found[name] = _short_hash(head if head is not None else b"missing")
-        for name, value in sorted(self.static.items()):
-            found[name] = _short_hash(np.ascontiguousarray(value).tobytes())
+        found.update(sorted(self._static_fingerprints.items()))
         return found
 
     def data_fingerprints(self) -> dict[str, str]:
         """A short hash per array of the first bytes of its first chunk as stored (a static array: of its whole
-        value), read once per process: what checkpoints hold and the ranks' agreement check compares besides the
-        plan, so that a state of one store is not resumed on another of the same shape, nor ranks opened on
-        different stores train on both. Identical copies at other paths agree. Only the first chunk: a cheap
+        value as stored), read once per process: what checkpoints hold and the ranks' agreement check compares
+        besides the plan, so that a state of one store is not resumed on another of the same shape, nor ranks opened
+        on different stores train on both. Identical copies at other paths agree. Only the first chunk: a cheap
         check, not a proof."""
         return dict(self._fingerprints)
 

@@ -234,6 +234,8 @@ class ZarrDataModule(L.LightningDataModule):
         self.pin_memory = None if pin_memory is None else bool(pin_memory)  # None: decided in the rank
         self.persistent_workers = (self.num_workers > 0) if persistent_workers is None else bool(persistent_workers)
         arrays = open_arrays(self.store, self.variables, storage_options=read.storage_options, retry=read.retry)
+        static = windows.static if windows is not None else ()
+        arrays = {n: a for n, a in arrays.items() if n not in static}  # the datasets take them out too
         layout = check_first_axis_layout(arrays, allow_shards=read.allow_shards)
         halo = windows.span - 1 if windows is not None else 0
         self.split_plan = plan_split(

@@ -95,8 +95,7 @@ def _sample_dim(ds, variables: list[str] | None, dim: str | None):
             raise LayoutError(
                 f"dim={dim!r}: variables {lacking or names} lack that dimension (the dataset has {list(ds.dims)})"
             )
-        ds = ds[names].transpose(dim, ...)
-        return ds, dim
+        return _with_every_coordinate(ds, names).transpose(dim, ...), dim
     # one rule with the loader (zarrtorch._read.source), so that the error below names the odd variable (a static
     # field), not the data
     dim = sample_dimension({n: ds[n].dims for n in names}, {n: ds[n].nbytes for n in names})
@@ -115,7 +114,14 @@ def _sample_dim(ds, variables: list[str] | None, dim: str | None):
             f"steps. Pass dim={dated[0]!r} (the variables are transposed to put it first), or dim={dim!r} if "
             f"each {dim!r} really is a sample."
         )
-    return ds[names], dim
+    return _with_every_coordinate(ds, names), dim
+
+
+def _with_every_coordinate(ds, names: list[str]):
+    """The data variables ``names`` of ``ds`` and every coordinate: ``ds[names]`` would keep only the coordinates
+    along their dimensions, and leave out a static field set as a coordinate with an axis of its own (a time axis
+    of one step) without a word."""
+    return ds.drop_vars([n for n in ds.data_vars if n not in names])
 
 
 def prepare_zarr(
@@ -188,6 +194,14 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
                 f"variable {n!r} has dtype {a.dtype}, which a tensor cannot hold: convert it to numbers "
                 f"(ds[{n!r}].astype('datetime64[s]').astype('int64') for dates), or leave it out "
                 "(variables=[...] or ds.drop_vars)"
+            )
+        packed = sorted(k for k in CF_ENCODING if k in a.attrs)
+        if packed:  # xarray's block writes would fail on them, saying to drop them: the integers then stored as values
+            raise ValueError(
+                f"variable {n!r} holds packed values, with {packed} among its attributes (opened with "
+                "mask_and_scale=False or decode_cf=False): open the source with xarray's defaults, so that its values "
+                "are decoded, and prepare_zarr writes those values (or give a mapping {name: ds[name]}: its arrays "
+                "are copied packed, with their attributes, without coordinates)"
             )
     nbytes_row = row_bytes(arrays)
     chunk_rows = _resolve_chunk_rows(rows, nbytes_row, chunk_rows, chunk_mb)

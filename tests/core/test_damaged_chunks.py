@@ -223,3 +223,122 @@ def test_a_zstd_frame_without_its_size_is_checked_too(tmp_path):
     target.write_bytes(short)
     with pytest.raises(ChunkReadError, match=r"decodes to 120 bytes where the chunk holds 240"):
         read_all(path, "direct", 0)
+
+
+# -- static arrays (Windows(static=...)): read whole once per process, each chunk checked as the time arrays' are ----
+STATIC = np.arange(48, dtype=np.float32).reshape(6, 8) + 1000  # 2 x 2 chunks of (3, 4)
+STATIC_PATHS = ["direct", "blosc", "gzip", "v2"]  # zstd, Blosc, gzip, Zarr v2's Blosc lz4 (a sharded one is refused)
+STATIC_DAMAGES = [*DAMAGES[:5], "frame of fewer values", "frame of more values"]
+STATIC_WINDOWS = Windows(history=1, lead=1, inputs=("x",), static=("s",))
+
+
+def write_with_static(path, kind: str) -> None:
+    """Array ``x`` (rows) and a static array ``s`` of four chunks, both written with ``kind``'s codec."""
+    fmt = 2 if kind == "v2" else 3
+    group = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    codec = {"direct": [zarr.codecs.ZstdCodec()], "blosc": [zarr.codecs.BloscCodec(cname="zstd")]}
+    codec["gzip"] = [zarr.codecs.GzipCodec()]
+    options = {"compressors": codec[kind]} if kind in codec else {}  # v2: zarr's default, Blosc lz4
+    group.create_array("x", shape=X.shape, dtype=X.dtype, chunks=(CHUNK, 6), **options)[:] = X
+    group.create_array("s", shape=STATIC.shape, dtype=STATIC.dtype, chunks=(3, 4), **options)[:] = STATIC
+
+
+def static_chunk_file(path, kind: str):
+    return path / "s" / ("1.1" if kind == "v2" else "c/1/1")
+
+
+@pytest.fixture(scope="module")
+def pristine_static(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pristine_static")
+    for kind in STATIC_PATHS:
+        write_with_static(root / f"{kind}.zarr", kind)
+    return root
+
+
+def static_of(path, num_workers: int = 0, **read_kw) -> list[np.ndarray]:
+    """The static array ``s`` of every window the loader yields."""
+    ds = ZarrIterableDataset(path, variables=["x"], windows=STATIC_WINDOWS, read=ReadOptions(**read_kw))
+    extra = {"multiprocessing_context": "fork", "timeout": 60} if num_workers else {}
+    loader = ZarrDataLoader(ds, batch_size=CHUNK, num_workers=num_workers, **extra)
+    return [s for batch in loader for s in batch["s"].numpy()]
+
+
+@pytest.mark.parametrize("how", STATIC_DAMAGES)
+@pytest.mark.parametrize("kind", STATIC_PATHS)
+def test_a_damaged_chunk_of_a_static_array_is_an_error_naming_it(pristine_static, tmp_path, kind, how):
+    """Bytes cut, emptied, lengthened, random, or a valid frame of another size in one chunk of an orography:
+    an error at construction naming the static array and its chunk, never values. (Random bytes of the right size
+    in an uncompressed chunk are values like any others: nothing tells them apart.)"""
+    path = tmp_path / f"{kind}.zarr"
+    shutil.copytree(pristine_static / f"{kind}.zarr", path)
+    target = static_chunk_file(path, kind)
+    raw = target.read_bytes()
+    if how.startswith("frame of"):  # 6 or 24 values where the chunk holds 12
+        target.write_bytes(a_frame_of(kind, 1 if "fewer" in how else 4, tmp_path))
+    else:
+        target.write_bytes(damaged(raw, how, kind, tmp_path))
+    with pytest.raises(ChunkReadError, match=r"chunk \(1, 1\) of static array 's', key 's/"):
+        ZarrIterableDataset(path, variables=["x"], windows=STATIC_WINDOWS)
+
+
+@pytest.mark.parametrize("kind", STATIC_PATHS)
+def test_a_missing_chunk_of_a_static_array_is_an_error_or_the_fill_value_as_asked(pristine_static, tmp_path, kind):
+    path = tmp_path / f"{kind}.zarr"
+    shutil.copytree(pristine_static / f"{kind}.zarr", path)
+    static_chunk_file(path, kind).unlink()
+    with pytest.raises(ChunkReadError, match=r"missing chunk \(1, 1\) of static array 's'.*missing_chunks='fill'"):
+        ZarrIterableDataset(path, variables=["x"], windows=STATIC_WINDOWS)
+    shown = zarr.open_group(str(path), mode="r")["s"][...]  # zarr's own reading: the fill value in that chunk
+    assert not np.array_equal(shown, STATIC)
+    for num_workers in (0, 2):
+        got = static_of(path, num_workers, missing_chunks="fill")
+        assert len(got) == ROWS - 1
+        for s in got:
+            np.testing.assert_array_equal(s, shown)
+
+
+def test_a_missing_chunk_of_a_static_array_over_http_is_an_error(pristine_static, tmp_path):
+    """No listing over HTTP: the static array's read itself finds the chunk missing (a 404), at construction."""
+    shutil.copytree(pristine_static / "blosc.zarr", tmp_path / "blosc.zarr")
+    static_chunk_file(tmp_path / "blosc.zarr", "blosc").unlink()
+    with HttpStoreServer(tmp_path) as server:
+        url = f"{server.url}/blosc.zarr"
+        with pytest.raises(ChunkReadError, match=r"missing chunk \(1, 1\) of static array 's'"):
+            ZarrIterableDataset(url, variables=["x"], windows=STATIC_WINDOWS)
+        shown = zarr.open_group(str(tmp_path / "blosc.zarr"), mode="r")["s"][...]
+        for s in static_of(url, missing_chunks="fill"):
+            np.testing.assert_array_equal(s, shown)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_missing_chunk_of_a_packed_static_array_reads_as_xarray_shows_it(tmp_path, zarr_format):
+    """An int16-packed orography written by xarray with zarr's defaults: a chunk all missing values has no object
+    in Zarr v2 (xarray makes the _FillValue the array's fill value), and one is deleted in v3. 'error' names the
+    static array; 'fill' reads the fill value decoded as xarray decodes it (NaN for a v2 packed fill)."""
+    import xarray as xr
+
+    orog = (3000 * np.random.default_rng(2).random((6, 8))).astype(np.float32)
+    orog[3:, 4:] = np.nan  # chunk (1, 1) of (3, 4) chunks: all missing
+    x = np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2)
+    ds = xr.Dataset({"x": (("time", "c"), x), "orog": (("lat", "lon"), orog)})
+    ds["x"].encoding = {"chunks": (CHUNK, 2)}
+    ds["orog"].encoding = {"dtype": "int16", "scale_factor": 0.1, "add_offset": 1500.0, "_FillValue": -32767}
+    ds["orog"].encoding["chunks"] = (3, 4)
+    ds.to_zarr(str(tmp_path / "p.zarr"), zarr_format=zarr_format, mode="w", consolidated=False)
+    chunk = tmp_path / "p.zarr" / "orog" / ("1.1" if zarr_format == 2 else "c/1/1")
+    if zarr_format == 3:
+        chunk.unlink()
+    assert not chunk.exists()
+    shown = xr.open_zarr(str(tmp_path / "p.zarr"), consolidated=False)["orog"].values
+    if zarr_format == 2:
+        assert np.isnan(shown[3:, 4:]).all()
+    windows = Windows(history=1, lead=0, static=("orog",))
+    with pytest.raises(ChunkReadError, match=r"missing chunk \(1, 1\) of static array 'orog'"):
+        ZarrIterableDataset(str(tmp_path / "p.zarr"), windows=windows)
+    for cf_dtype in ("float32", "float64"):
+        read = ReadOptions(missing_chunks="fill", cf_dtype=cf_dtype)
+        got = ZarrIterableDataset(str(tmp_path / "p.zarr"), windows=windows, read=read)
+        loader = ZarrDataLoader(got, batch_size=CHUNK)
+        for s in (s for batch in loader for s in batch["orog"].numpy()):
+            assert s.dtype == np.dtype(cf_dtype)
+            np.testing.assert_array_equal(s, shown.astype(cf_dtype))

@@ -87,3 +87,50 @@ def test_a_forked_process_never_closes_the_parents_connections(tmp_path, child_e
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Unclosed" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.split() == ["before", "64", "after", "64"]
+
+
+FORKED_RANKS = textwrap.dedent(
+    """
+    import os, sys
+    from zarrtorch import ReadOptions, RetryPolicy, ZarrDataLoader, ZarrIterableDataset
+
+    read = ReadOptions(retry=RetryPolicy(timeout_s=5, retries=0))
+    ds = ZarrIterableDataset(sys.argv[1], return_index=True, seed=1, read=read)
+    print("parent", ZarrDataLoader(ds, batch_size=8).state_dict()["data"], flush=True)  # the parent reads first
+    for rank in range(2):  # each rank forked from the parent, as Lightning's ddp_notebook starts them
+        pid = os.fork()
+        if pid == 0:
+            try:
+                loader = ZarrDataLoader(ds, batch_size=8, rank=rank, world_size=2)
+                data = loader.state_dict()["data"]
+                rows = sorted(int(i) for batch in loader for i in batch["index"])
+                print(f"rank{rank}", data, ",".join(map(str, rows)), flush=True)
+            except Exception as exc:
+                print(f"failed{rank}", type(exc).__name__, exc, flush=True)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_loader_made_in_a_forked_rank_reads_through_its_own_connections(tmp_path):
+    """A dataset on a URL built in a notebook, then a loader made in each rank Lightning's ``ddp_notebook`` forks
+    from it: the loader's checkpoint hashes the first bytes of each array, and read them through the parent's
+    session, which fsspec leaves closed in a forked child ("Session is closed", every retry): the rank failed at its
+    first state_dict() (and at the ranks' agreement check under a process group) before its epoch reopened them."""
+    prepare_zarr({"x": np.arange(64, dtype=np.int64)}, tmp_path / "s.zarr", chunk_rows=8, progress=False)
+    with HttpStoreServer(tmp_path) as server:
+        proc = subprocess.run(
+            [sys.executable, "-c", FORKED_RANKS, f"{server.url}/s.zarr"], capture_output=True, text=True, timeout=120
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines()}
+    assert sorted(lines) == ["parent", "rank0", "rank1"], proc.stdout + proc.stderr[-3000:]
+    rows = []
+    for rank in ("rank0", "rank1"):
+        data, read = lines[rank].rsplit(" ", 1)
+        assert data == lines["parent"]
+        rows += [int(r) for r in read.split(",")]
+    assert sorted(rows) == list(range(64))

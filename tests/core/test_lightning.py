@@ -419,3 +419,22 @@ def test_the_datamodule_sees_its_trainer(tmp_path):
         )
         assert dm._loader_kwargs()["pin_memory"] is pinned
     assert _TrainedBatches(dm)() == 7
+
+
+def test_datamodule_takes_the_static_arrays_among_the_variables_as_the_dataset_does(tmp_path):
+    """``ZarrDataModule(variables=[..., "orography"], windows=Windows(static=("orography",)))``: the dataset takes
+    a static array out of the time arrays, but the DataModule checked the first-axis layout of every variable first
+    and refused the arrays it had just been given ("'orography' has 4 rows")."""
+    from zarrtorch import Windows
+
+    src = make_store(tmp_path / "train.zarr")
+    group = zarr.open_group(str(src), mode="a")
+    group.create_array("orography", data=np.arange(4, dtype=np.float32))
+    with warnings.catch_warnings():  # zarr: consolidated metadata is not in the v3 spec (prepare_zarr writes it)
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(src))
+    windows = Windows(history=2, lead=1, inputs=("fields",), targets=("target",), static=("orography",))
+    dm = ZarrDataModule(src, batch_size=8, variables=["fields", "target", "orography"], windows=windows)
+    batch = next(iter(dm.train_dataloader()))
+    np.testing.assert_array_equal(batch["orography"][0].numpy(), np.arange(4, dtype=np.float32))
+    assert batch["fields"].shape[1] == 2 and batch["target_target"].shape[1] == 1

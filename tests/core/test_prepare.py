@@ -174,3 +174,42 @@ def test_bounded_memory(tmp_path):
     assert m["data_mb"] > 550
     grown = m["peak_mb"] - m["before_mb"]
     assert grown < 5 * 64, f"grew by {grown:.0f} MiB"  # a few budgets, far from the data's 586 MiB
+
+
+def test_a_coordinate_along_a_dimension_of_its_own_is_written(tmp_path):
+    """ERA5's invariant fields come with a time axis of one step (``valid_time``): kept as a coordinate
+    (``set_coords``, as prepare_zarr's own error advises) without dropping that axis, it was left out without a word
+    (selecting the data variables keeps only the coordinates along their dimensions), and the loader then said
+    "unknown array name". Written whole, as xarray shows it (packed int16 here, decoded)."""
+    from zarrtorch import Windows
+
+    rng = np.random.default_rng(3)
+    orog = (3000 * rng.random((1, 4, 6))).astype(np.float32)
+    orog[0, 0, 0] = np.nan
+    invariant = xr.Dataset({"orog": (("valid_time", "lat", "lon"), orog)})
+    invariant["orog"].encoding = {"dtype": "int16", "scale_factor": 0.1, "add_offset": 1500.0, "_FillValue": -32767}
+    invariant.to_zarr(tmp_path / "invariant.zarr", mode="w", consolidated=False)
+    shown = xr.open_zarr(tmp_path / "invariant.zarr", consolidated=False)
+    ds = xr.merge([climate(dask_chunks=False), shown]).set_coords("orog")
+    prepare_zarr(ds, tmp_path / "c.zarr", chunk_rows=10, progress=False)
+    written = xr.open_zarr(tmp_path / "c.zarr")["orog"]
+    assert written.dims == ("valid_time", "lat", "lon")
+    np.testing.assert_array_equal(written.values, shown["orog"].values)
+    loader = ZarrDataLoader(ZarrIterableDataset(tmp_path / "c.zarr", windows=Windows(static=("orog",))), batch_size=4)
+    np.testing.assert_array_equal(next(iter(loader))["orog"][0].numpy(), shown["orog"].values)
+
+
+def test_a_dataset_opened_without_cf_decoding_is_refused_naming_the_packed_variable(tmp_path):
+    """A NetCDF opened with ``mask_and_scale=False`` (to keep ERA5's int16) holds its packing in each variable's
+    attributes: the block writes then failed inside xarray ("Key 'add_offset' already exists in attrs ... remove
+    this key from the variable's attributes manually"), advice that would store the packed integers as values."""
+    packed = xr.Dataset({"msl": (("time", "cell"), np.arange(40, dtype=np.float64).reshape(20, 2) * 0.5 + 1000)})
+    packed["msl"].encoding = {"dtype": "int16", "scale_factor": 0.5, "add_offset": 1000.0, "_FillValue": -32767}
+    packed.to_netcdf(tmp_path / "p.nc", engine="h5netcdf")
+    raw = xr.open_dataset(tmp_path / "p.nc", engine="h5netcdf", mask_and_scale=False)
+    with pytest.raises(ValueError, match=r"variable 'msl' .*\['_FillValue', 'add_offset', 'scale_factor'\].*decoded"):
+        prepare_zarr(raw, tmp_path / "out.zarr", chunk_rows=4, progress=False)
+    assert not (tmp_path / "out.zarr").exists()
+    decoded = xr.open_dataset(tmp_path / "p.nc", engine="h5netcdf")
+    prepare_zarr(decoded, tmp_path / "out.zarr", chunk_rows=4, progress=False)
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "out.zarr")["msl"].values, decoded["msl"].values)

@@ -717,3 +717,24 @@ def test_windows_take_their_fields_by_name_and_keep_the_masks_length_to_themselv
     with pytest.raises(ValueError, match=r"the mask given to Windows.from_mask has 60 rows, the store 100"):
         masked.check_rows(100)
     masked.check_rows(60)
+
+
+def test_a_static_array_along_the_time_axis_is_refused_naming_it(tmp_path):
+    """ERA5's invariant fields come with a time axis of their own; merged with the hourly fields (xarray's outer
+    join) one became a time series of every row, NaN but the first, and ``Windows(static=("z",))`` read all of it
+    into every process and every sample (a year of 0.25-degree rows: 36 GB) without a word. Refused at
+    construction, naming the array and what to do; a static array of one step (length 1) is still static."""
+    import xarray as xr
+
+    t = np.arange(40, dtype=np.float32)
+    step = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    ds = xr.Dataset(
+        {"x": (("time",), t), "z": (("time", "lat", "lon"), np.concatenate([step, np.full((39, 2, 3), np.nan)]))}
+    )
+    prepare_zarr(ds, tmp_path / "merged.zarr", chunk_rows=4, progress=False)
+    with pytest.raises(ValueError, match=r"static array 'z' runs along the time arrays' dimension 'time' \(40 rows"):
+        ZarrIterableDataset(tmp_path / "merged.zarr", windows=Windows(history=1, lead=1, inputs=("x",), static=("z",)))
+    one_step = xr.Dataset({"x": (("time",), t)}, coords={"z": (("valid_time", "lat", "lon"), step)})
+    prepare_zarr(one_step, tmp_path / "one.zarr", chunk_rows=4, progress=False)
+    ds = ZarrIterableDataset(tmp_path / "one.zarr", windows=Windows(history=1, lead=1, static=("z",)))
+    np.testing.assert_array_equal(next(iter(ZarrDataLoader(ds, batch_size=4)))["z"][0].numpy(), step)

@@ -183,11 +183,7 @@ def _data_variables(group: zarr.Group) -> list[str]:
     if isinstance(meta, Mapping) and "variables" in meta:
         return list(meta["variables"])
     arrays = dict(group.arrays())
-    dims = {
-        n: (a.metadata.dimension_names if hasattr(a.metadata, "dimension_names") else None)
-        or a.attrs.get("_ARRAY_DIMENSIONS")
-        for n, a in arrays.items()
-    }
+    dims = {n: dimension_names(a) for n, a in arrays.items()}
     if not any(dims.values()):
         return sorted(arrays)
     coords = {c for a in arrays.values() for c in str(a.attrs.get("coordinates", "")).split()}
@@ -197,6 +193,12 @@ def _data_variables(group: zarr.Group) -> list[str]:
         return sorted(arrays)
     sample_dim = sample_dimension(candidates, {n: arrays[n].nbytes for n in candidates})
     return sorted(n for n, d in candidates.items() if d[0] == sample_dim)
+
+
+def dimension_names(arr: zarr.Array):
+    """The array's dimension names (Zarr v3 metadata, or xarray's ``_ARRAY_DIMENSIONS`` in v2), or ``None``."""
+    named = arr.metadata.dimension_names if hasattr(arr.metadata, "dimension_names") else None
+    return named or arr.attrs.get("_ARRAY_DIMENSIONS")
 
 
 def check_listing(group: zarr.Group, listed: Mapping[str, zarr.Array]) -> None:

@@ -14,7 +14,7 @@ import zarr
 from zarrtorch._read.chunks import IF_SKIPPED, fill_text, read_whole
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError
-from zarrtorch._read.source import is_local, redact, store_label
+from zarrtorch._read.source import dimension_names, is_local, redact, store_label
 
 
 def static_array(
@@ -40,3 +40,18 @@ def static_array(
         return read_whole(arr, policy=policy, check_missing=check_missing, fail=fail)
     except ValueError as exc:  # refused before any read (a sharded static array)
         raise ValueError(f"static array {name!r}: {exc}") from None
+
+
+def check_static(name: str, arr: zarr.Array, time_arrays: dict[str, zarr.Array]) -> None:
+    """Refuse a "static" array whose dimension names say it runs along the time arrays' first dimension: it changes
+    with every row, and read whole it would go into every process and every sample."""
+    named = dimension_names(arr)
+    rows = {tuple(d)[0]: a.shape[0] for a in time_arrays.values() if (d := dimension_names(a))}
+    dim = tuple(named)[0] if named else None
+    if dim in rows and arr.shape[0] == rows[dim]:  # one step of a "time" axis of its own is static
+        raise ValueError(
+            f"static array {name!r} runs along the time arrays' dimension {dim!r} ({arr.shape[0]} rows): it changes "
+            "with every row, so it is not static, and each sample would carry all of it. Give it as an input "
+            f"(Windows(inputs=...)), or keep one step of it before writing the store (xarray: ds[{name!r}].isel("
+            f"{dim}=0)); an invariant field merged with the time fields gets their time axis (xarray's outer join)"
+        )
