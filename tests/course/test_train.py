@@ -17,7 +17,7 @@ import pytest
 
 from zarrtorch import ZarrIterableDataset, prepare_zarr
 from zarrtorch.audit import load_state as audit_state
-from zarrtorch.course.train import DataWait, validation_summary
+from zarrtorch.course.train import DataWait, torchrun_train, validation_summary
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
@@ -395,3 +395,20 @@ def test_a_resumed_epoch_counts_its_wait_from_its_first_batch():
     now[0] = 102.0
     wait.on_train_batch_end(None, None, None, None, 1)
     assert wait.epoch_figures() == (0.5, 2.0)
+
+
+def test_torchrun_train_prints_the_ranks_lines_as_they_come(tmp_path, capsys):
+    """The lesson's launcher: `torchrun -m zarrtorch train ...` in a folder, its lines printed as they come (a
+    reader sees progress, not a silent cell), the whole output returned with the exit code."""
+    done = torchrun_train(1, "--help", cwd=tmp_path, timeout_s=120)
+    printed = capsys.readouterr().out
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert printed.startswith("starting: torchrun --nproc-per-node 1 -m zarrtorch train --help")
+    assert "  | usage: python -m zarrtorch train" in printed and "usage:" in done.stdout
+
+
+def test_torchrun_train_stops_a_run_past_its_time(tmp_path, capsys):
+    """A run that takes longer than `timeout_s` is stopped and says so, instead of holding the notebook."""
+    done = torchrun_train(1, "--data", str(tmp_path / "missing.zarr"), cwd=tmp_path, timeout_s=0.01)
+    assert done.returncode != 0
+    assert "stopped after 0.01 s" in capsys.readouterr().out

@@ -24,6 +24,8 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -526,6 +528,55 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     return 0
+
+
+def torchrun_train(
+    nproc: int, *options: str, cwd: str | os.PathLike, timeout_s: float = 600
+) -> subprocess.CompletedProcess:
+    """Run ``torchrun --nproc-per-node NPROC -m zarrtorch train OPTIONS`` in ``cwd`` with this Python (``python -m
+    torch.distributed.run``, what ``torchrun`` is), on a free port, one CPU thread per process. Prints what it
+    starts and each line of the ranks' output as it comes (rank 0 prints the epochs), and stops the run after
+    ``timeout_s`` seconds, saying so, rather than holding a notebook cell without a word. Returns the exit code,
+    the output and the errors (Lightning's warnings go there)."""
+    import socket
+    import tempfile
+    import threading
+
+    with socket.socket() as s:  # a free port for the processes to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port)]
+    command = [*head, "-m", "zarrtorch", "train", *options]
+    say(f"starting: torchrun --nproc-per-node {nproc} -m zarrtorch train {' '.join(options)}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as err:
+        # a session of its own: stopping it stops the ranks torchrun started too
+        proc = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+        )
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # already gone
+                pass
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.start()
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            say("  | " + line.rstrip("\n"))
+        returncode = proc.wait()
+        timer.cancel()
+        err.seek(0)
+        errors = err.read()
+    took = time.perf_counter() - start
+    say(f"stopped after {timeout_s:g} s" if stopped.is_set() else f"exit code {returncode} after {took:.0f} s")
+    return subprocess.CompletedProcess(command, returncode, "".join(lines), errors)
 
 
 def validation_summary(final: dict) -> str:
