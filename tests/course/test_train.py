@@ -17,7 +17,7 @@ import pytest
 
 from zarrtorch import ZarrIterableDataset, prepare_zarr
 from zarrtorch.audit import load_state as audit_state
-from zarrtorch.course.train import validation_summary
+from zarrtorch.course.train import DataWait, torchrun_train, validation_summary
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
@@ -123,6 +123,18 @@ def test_one_epoch_writes_metrics(store, tmp_path):
     assert metrics["data"]["fit_rows"] + metrics["data"]["val_rows"] == ROWS
     assert metrics["rows_check"][0]["rows"] == [metrics["data"]["fit_rows"] // 8 * 8]
     assert (out / "logs").is_dir()
+    _check_data_wait(metrics, proc.stdout, ranks=1)
+
+
+def _check_data_wait(metrics: dict, stdout: str, ranks: int) -> None:
+    """Every epoch says how long each rank's training loop waited for its next batch (what decides workers or
+    not on a node, slurm/CHECKLIST.md step 2), in metrics.json and in one printed line per epoch."""
+    waits = metrics["data_wait"]
+    assert [w["epoch"] for w in waits] == [e["epoch"] for e in metrics["epochs"]]
+    for w in waits:
+        assert len(w["share_per_rank"]) == len(w["seconds_per_rank"]) == ranks
+        assert all(0 <= share <= 1 for share in w["share_per_rank"]), w
+        assert f"epoch {w['epoch']} | data wait" in stdout
 
 
 def test_a_shorter_period_trains_and_validates_on_its_rows_only(store, tmp_path):
@@ -199,8 +211,10 @@ def test_torchrun_two_cpu_processes(store, tmp_path):
         ],
         cwd=tmp_path,
     )
-    _check_two_ranks(json.loads((out / "metrics.json").read_text()), "torchrun")
+    metrics = json.loads((out / "metrics.json").read_text())
+    _check_two_ranks(metrics, "torchrun")
     assert "TorchElasticEnvironment" in proc.stdout
+    _check_data_wait(metrics, proc.stdout, ranks=2)
 
 
 def slurm_env(rank: int, *, tasks: int, nodes: int, port: str, **extra) -> dict:
@@ -349,3 +363,52 @@ def test_a_run_stopped_before_validating_says_so_instead_of_nan():
     assert validation_summary({"train_loss": 0.9}).startswith("not validated")
     said = validation_summary({"val_loss": 0.90261, "val_skill": 0.0791})
     assert said == "val_loss 0.9026, skill vs persistence 0.079"
+
+
+def test_data_wait_is_the_time_between_a_batch_and_the_next():
+    """The share of an epoch's training time (from its start to its last batch's end) that the loop spent between
+    one batch's end (or the epoch's start) and the next batch's start: where it waits for the loader."""
+    now = [0.0]
+    wait = DataWait(clock=lambda: now[0])
+    marks = [("start", 0.0), ("batch", 3.0), ("end", 4.0), ("batch", 6.0), ("end", 10.0)]
+    for what, t in marks:
+        now[0] = t
+        if what == "start":
+            wait.on_train_epoch_start(None, None)
+        elif what == "batch":
+            wait.on_train_batch_start(None, None, None, 0)
+        else:
+            wait.on_train_batch_end(None, None, None, None, 0)
+    assert wait.epoch_figures() == (5.0, 10.0)  # waited 3 + 2 s of 10
+
+
+def test_a_resumed_epoch_counts_its_wait_from_its_first_batch():
+    """An epoch resumed from a mid-epoch checkpoint starts without the epoch-start hook: the time before its
+    first batch (restoring the checkpoint) is not counted as waiting for data."""
+    now = [100.0]
+    wait = DataWait(clock=lambda: now[0])
+    wait.on_train_batch_start(None, None, None, 0)
+    now[0] = 101.0
+    wait.on_train_batch_end(None, None, None, None, 0)
+    now[0] = 101.5
+    wait.on_train_batch_start(None, None, None, 1)
+    now[0] = 102.0
+    wait.on_train_batch_end(None, None, None, None, 1)
+    assert wait.epoch_figures() == (0.5, 2.0)
+
+
+def test_torchrun_train_prints_the_ranks_lines_as_they_come(tmp_path, capsys):
+    """The lesson's launcher: `torchrun -m zarrtorch train ...` in a folder, its lines printed as they come (a
+    reader sees progress, not a silent cell), the whole output returned with the exit code."""
+    done = torchrun_train(1, "--help", cwd=tmp_path, timeout_s=120)
+    printed = capsys.readouterr().out
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert printed.startswith("starting: torchrun --nproc-per-node 1 -m zarrtorch train --help")
+    assert "  | usage: python -m zarrtorch train" in printed and "usage:" in done.stdout
+
+
+def test_torchrun_train_stops_a_run_past_its_time(tmp_path, capsys):
+    """A run that takes longer than `timeout_s` is stopped and says so, instead of holding the notebook."""
+    done = torchrun_train(1, "--data", str(tmp_path / "missing.zarr"), cwd=tmp_path, timeout_s=0.01)
+    assert done.returncode != 0
+    assert "stopped after 0.01 s" in capsys.readouterr().out

@@ -29,8 +29,6 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from zarrtorch._util.sizes import ceil_div
-
 RESULT_PREFIX = "ZARRTORCH-REFERENCE-COMPARE "
 LIBRARIES = ("reference", "zarrtorch")
 
@@ -252,7 +250,7 @@ def reference_rows_per_rank(rows: int, chunk_rows: int, world_size: int, seed: i
     dealt in contiguous runs, the first ``n_chunks % world_size`` ranks getting one chunk more, and those
     ranks drop the last ``chunk_rows`` rows of their buffer. A partial last chunk, wherever the permutation
     puts it, leaves its rank with fewer rows."""
-    n_chunks = ceil_div(rows, chunk_rows)
+    n_chunks = -(-rows // chunk_rows)  # the last chunk may be partial
     order = np.random.Generator(np.random.PCG64(seed)).permutation(np.arange(n_chunks))
     sizes = np.minimum(chunk_rows, rows - order * chunk_rows)  # rows of each chunk, in the permuted order
     base, extra = divmod(n_chunks, world_size)

@@ -9,8 +9,12 @@ The same command runs everywhere; how many processes there are is decided by the
   nodes are read from ``SLURM_NTASKS_PER_NODE``/``SLURM_GPUS_ON_NODE`` and ``SLURM_NNODES``; Lightning picks
   up ranks and the master address from Slurm itself).
 
+Every epoch, rank 0 prints how long each rank's training loop waited for its next batch (:class:`DataWait`):
+what to compare between ``--workers 0`` and ``--workers 2`` on a node (``slurm/CHECKLIST.md``, step 2).
+
 At the end, rank 0 writes ``<out>/metrics.json``: the configuration, per-epoch train/validation loss,
-skill against persistence and training throughput, and (``--record-rows``) the rows each rank trained on.
+skill against persistence, training throughput and data wait, and (``--record-rows``) the rows each rank
+trained on.
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import lightning as L
 
 from zarrtorch.course.say import say
 
@@ -256,6 +264,75 @@ def decode_threads_for(cpus: int, workers: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# How long the training loop waited for data
+# ---------------------------------------------------------------------------------------------------------
+class DataWait(L.Callback):
+    """The share of each epoch's training time that this rank's loop spent waiting for its next batch.
+
+    Lightning takes a batch from the loader between one batch's end (or the epoch's start, which includes
+    starting the DataLoader's workers) and the next batch's start; the time there is the wait, the rest is the
+    training step. Whether DataLoader workers help is decided by that wait, and it depends on the node (its
+    cores, the step's use of the interpreter): measure it with ``--workers 0`` and ``--workers 2``. An epoch
+    resumed mid-way starts without the epoch-start hook: its wait counts from its first batch. Rank 0 prints
+    every rank's share (gathered at the epoch's end) and ``figures`` keeps them for ``metrics.json``."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.figures: list[dict] = []  # per epoch: {"epoch", "share_per_rank", "seconds_per_rank"}
+        self._reset(None)
+
+    def _reset(self, start: float | None) -> None:
+        self._start = self._mark = start  # the epoch's start, and the end of the last batch (or the start)
+        self._end: float | None = None
+        self._waited = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._reset(self.clock())
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        now = self.clock()
+        if self._mark is None:  # resumed mid-epoch: no epoch-start hook
+            self._start = now
+        else:
+            self._waited += now - self._mark
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._mark = self._end = self.clock()
+
+    def epoch_figures(self) -> tuple[float, float]:
+        """(seconds waited, seconds of training) of this rank's epoch so far."""
+        if self._start is None or self._end is None:
+            return 0.0, 0.0
+        return self._waited, self._end - self._start
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        import torch
+
+        waited, seconds = self.epoch_figures()
+        mine = torch.tensor([waited, seconds], dtype=torch.float32, device=pl_module.device)
+        every = trainer.strategy.all_gather(mine).reshape(-1, 2).cpu().tolist()  # one collective, every rank
+        shares = [w / s if s > 0 else 0.0 for w, s in every]
+        self.figures.append(
+            {"epoch": int(trainer.current_epoch), "share_per_rank": shares, "seconds_per_rank": [w for w, _ in every]}
+        )
+        if trainer.is_global_zero:
+            say(f"epoch {trainer.current_epoch} | {wait_summary(shares)}")
+        self._reset(None)
+
+
+def wait_summary(shares: list[float]) -> str:
+    """One line: the share of the epoch each rank's loop waited for data (the most and the mean over many)."""
+    if len(shares) <= 4:
+        each = ", ".join(f"rank {r} {share:.1%}" for r, share in enumerate(shares))
+        return f"data wait (share of the epoch spent waiting for the next batch): {each}"
+    worst = max(range(len(shares)), key=shares.__getitem__)
+    return (
+        f"data wait (share of the epoch spent waiting for the next batch): at most {shares[worst]:.1%} (rank "
+        f"{worst}), {sum(shares) / len(shares):.1%} on average over {len(shares)} ranks"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------------------
 def data_module(store, args, decode: int):
@@ -280,7 +357,6 @@ def data_module(store, args, decode: int):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
 
-    import lightning as L
     import torch
 
     from zarrtorch import available_cpus
@@ -321,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     L.seed_everything(args.seed, workers=True, verbose=False)
 
     out = args.out
-    callbacks = [HistoryWriter(out / "history.json")]
+    data_wait = DataWait()
+    callbacks = [HistoryWriter(out / "history.json"), data_wait]
     requeue = AgreedRequeue(out / "checkpoints" / "requeue.ckpt") if "SLURM_JOB_ID" in os.environ else None
     if requeue is not None:  # before the Trainer: the signal may come at any time from here on
         callbacks.append(requeue)
@@ -429,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": history,
         "samples_per_s": speeds[-1] if speeds else None,
         "samples_per_s_note": "all processes together, last epoch (the first epoch includes start-up)",
+        "data_wait": data_wait.figures,
         "fit_seconds": wall,
         "requeued": requeued,
         "final": {
@@ -450,6 +528,55 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     return 0
+
+
+def torchrun_train(
+    nproc: int, *options: str, cwd: str | os.PathLike, timeout_s: float = 600
+) -> subprocess.CompletedProcess:
+    """Run ``torchrun --nproc-per-node NPROC -m zarrtorch train OPTIONS`` in ``cwd`` with this Python (``python -m
+    torch.distributed.run``, what ``torchrun`` is), on a free port, one CPU thread per process. Prints what it
+    starts and each line of the ranks' output as it comes (rank 0 prints the epochs), and stops the run after
+    ``timeout_s`` seconds, saying so, rather than holding a notebook cell without a word. Returns the exit code,
+    the output and the errors (Lightning's warnings go there)."""
+    import socket
+    import tempfile
+    import threading
+
+    with socket.socket() as s:  # a free port for the processes to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port)]
+    command = [*head, "-m", "zarrtorch", "train", *options]
+    say(f"starting: torchrun --nproc-per-node {nproc} -m zarrtorch train {' '.join(options)}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as err:
+        # a session of its own: stopping it stops the ranks torchrun started too
+        proc = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+        )
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # already gone
+                pass
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.start()
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            say("  | " + line.rstrip("\n"))
+        returncode = proc.wait()
+        timer.cancel()
+        err.seek(0)
+        errors = err.read()
+    took = time.perf_counter() - start
+    say(f"stopped after {timeout_s:g} s" if stopped.is_set() else f"exit code {returncode} after {took:.0f} s")
+    return subprocess.CompletedProcess(command, returncode, "".join(lines), errors)
 
 
 def validation_summary(final: dict) -> str:
