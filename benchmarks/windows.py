@@ -44,7 +44,12 @@ from zarrtorch.course.memory import MemorySampler  # noqa: E402
 from zarrtorch.plan import EpochSpec, Topology  # noqa: E402
 from zarrtorch.quality import perfect_shuffle_batches, shuffle_quality  # noqa: E402
 from zarrtorch.resume import batches_of  # noqa: E402
-from zarrtorch.window_stream import chunk_reads, held_chunks_bound, worker_window_batches  # noqa: E402
+from zarrtorch.window_stream import (  # noqa: E402
+    chunk_reads,
+    held_chunks_bound,
+    window_chunks_for_batches,
+    worker_window_batches,
+)
 from zarrtorch.windows import Windows, WindowStarts  # noqa: E402
 
 WINDOWS = Windows(history=2, lead=4)
@@ -159,7 +164,7 @@ def zarrtorch_run(path: Path, workers: int, repeats: int, decode_threads: int | 
     finally:
         PieceReader.read_piece = original
     held = sampler.held
-    n_chunks = -(-ds._store_rows // ds.store_chunk_rows)
+    n_chunks = -(-ds.store_rows // ds.store_chunk_rows)
     if workers:  # counted from the reads each worker's plan makes
         decodes = planned_reads(ds, loader.spec, Topology(0, 1, workers), repeats - 1) / n_chunks
     else:
@@ -173,7 +178,7 @@ def planned_reads(ds, spec, topology: Topology, epoch: int) -> int:
     for share in plan.workers:
         rng = buffer_rng(spec.seed, epoch, topology.rank, share.worker, spec.row_shuffle)
         batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
-        most_held = ds._window_chunks_for_batches()  # what the worker keeps to
+        most_held = window_chunks_for_batches(ds, spec.batch_size)  # what the worker keeps to
         reads = chunk_reads(batches, share.pieces, ds.starts, WINDOWS.offsets, ds.store_chunk_rows, most_held=most_held)
         total += len(reads.chunks)
     return total
