@@ -287,7 +287,7 @@ def load_state(path) -> dict:
 
     def walk(obj):
         if isinstance(obj, dict):
-            if {"batches_seen", "world_size", "chunk_rows", "history"} <= set(obj):
+            if {"batches_seen", "world_size", "spec", "history"} <= set(obj):
                 found.append(obj)
             for value in obj.values():
                 walk(value)
