@@ -9,7 +9,7 @@ On a cluster, in a job on one compute node (the source on the parallel file syst
     python benchmarks/staging.py --source /shared/fs/zarrtorch-data/workshop/train.zarr --dest /dev/shm
 
 It copies the store (every file, then fsync: the copy is on the destination when the clock stops), then times
-one epoch of ``ZarrDataLoader`` (``--workers 0``, decode threads = CPUs - 1, lesson 04's rule) reading the
+one epoch of ``ZarrDataLoader`` (``--workers 0``, decode threads = CPUs - 1, the train command's default) reading the
 original and one reading the copy, each twice: "cold", after asking the kernel to drop the store's pages from
 its page cache (``posix_fadvise(DONTNEED)`` on every file: advice, which a parallel file system's client may
 not follow), and "warm", right after a read of the same store. Break-even = copy time / (epoch in place -
