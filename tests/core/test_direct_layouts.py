@@ -82,7 +82,10 @@ def codec_options(layout: dict) -> dict:
     options = {"compressors": compressor, "dtype": dtype}
     options["serializer"] = zarr.codecs.BytesCodec(endian="big" if layout["big_endian"] else "little")
     if layout["inner_rows"]:
-        options["shards"] = {"shape": (layout["chunk_rows"], *layout["row_shape"]), "index_location": layout["index_at"]}
+        options["shards"] = {
+            "shape": (layout["chunk_rows"], *layout["row_shape"]),
+            "index_location": layout["index_at"],
+        }
     return options
 
 
@@ -253,3 +256,24 @@ def test_a_shards_read_buffer_holds_its_inner_chunks_read_at_once(tmp_path):
     budget = loader_memory(ZarrDataLoader(ds, batch_size=4))
     threads = ZarrDataLoader(ds, batch_size=4).job.read_plan.threads
     assert budget.read_buffers == threads * read_buffer_bytes(ds.arrays["n"]) + shard_index_cache_bytes(arr) > 0
+
+
+def test_audit_and_roofline_say_each_arrays_read_path(tmp_path, capsys):
+    """One line per array: ``direct (...)`` with its layout, or ``zarr's path: ...`` with the reason."""
+    from zarrtorch import audit
+    from zarrtorch.cli import main
+
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", zarr_format=2)
+    fast = group.create_array("fast", shape=(64, 4), chunks=(8, 4), dtype="f4", compressors=numcodecs.Blosc("lz4"))
+    slow = group.create_array("slow", shape=(64,), chunks=(8,), dtype="i4", filters=[numcodecs.Delta(dtype="i4")])
+    fast[...], slow[...] = 1.0, np.arange(64, dtype="i4")
+    zarr.consolidate_metadata(str(tmp_path / "g.zarr"))
+    text = audit(str(tmp_path / "g.zarr"), world_size=1, batch_size=8).summary()
+    assert "read path            'fast': direct (v2, blosc lz4 shuffle)" in text
+    assert "read path            'slow': zarr's path: filter Delta not read directly" in text
+    sharded = zarr.create_array(str(tmp_path / "s.zarr"), shape=(64, 4), chunks=(4, 4), shards=(16, 4), dtype="f4")
+    sharded[...] = 2.0
+    store = str(tmp_path / "s.zarr")
+    assert main(["roofline", store, "--allow-shards", "--batches", "2", "--chunks", "2", "--batch-size", "8"]) == 0
+    said = capsys.readouterr().out
+    assert "read path 'data': direct (v3 sharded, 4 inner chunks of 4 rows per shard, zstd)" in said, said

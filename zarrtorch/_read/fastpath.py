@@ -626,12 +626,13 @@ def _get_suffix(store, key: str, policy: RetryPolicy | None, size: int) -> bytes
 # -- one stored object decoded whole, from its bytes (roofline, benchmarks) -------------------------------
 
 
-def stored_decoder(arr: zarr.Array) -> Callable[[bytes], np.ndarray] | None:
-    """``decode(raw)``: one stored object of ``arr`` (a chunk, or a whole shard with every inner chunk present)
-    decoded from its bytes into a new array, as the loader decodes it; ``None`` for an array read through
-    zarr's codecs. What ``roofline`` and the benchmarks time as a codec's decode limit."""
+def stored_decoder(arr: zarr.Array) -> Callable[..., np.ndarray] | None:
+    """``decode(raw, rows=None)``: one stored object of ``arr`` (a chunk, or a whole shard) decoded from its bytes
+    into a new array, as the loader decodes it (of a shard, the inner chunks holding its first ``rows`` rows, all
+    of them by default: each must be stored); ``None`` for an array read through zarr's codecs. What ``roofline``
+    and the benchmarks time as a codec's decode limit."""
     layout = read_path(arr)
     if not isinstance(layout, DirectLayout):
         return None
     decode = direct_decoder(arr, RetryPolicy())
-    return lambda raw: decode("", raw, rows=(0, layout.shape[0]))
+    return lambda raw, rows=None: decode("", raw, rows=(0, layout.shape[0] if rows is None else rows))

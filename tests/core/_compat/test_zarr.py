@@ -77,7 +77,9 @@ def test_a_shard_index_read_alone_decodes_and_its_checksum_is_checked(tmp_path):
     raw = stored(a, 0).to_bytes()
     alone = raw[len(raw) - shard_index_size(codec, spec) :]
     expected = run(shard_index(codec, stored(a, 0), spec))
-    assert np.array_equal(decode_shard_index(codec, alone, spec), expected), "update zarrtorch._compat.zarr.decode_shard_index"
+    assert np.array_equal(decode_shard_index(codec, alone, spec), expected), (
+        "update zarrtorch._compat.zarr.decode_shard_index"
+    )
     with pytest.raises(ValueError):
         decode_shard_index(codec, alone[:-1] + bytes([alone[-1] ^ 1]), spec)
 
