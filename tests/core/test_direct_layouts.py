@@ -207,7 +207,8 @@ class CountingStore(zarr.storage.MemoryStore):
 def test_a_shard_is_read_by_its_index_once_and_one_range_per_run_of_inner_chunks():
     """Rows 2..11 of a shard of eight 2-row inner chunks are inner chunks 1 to 5: one request for the index,
     one for those five (stored one after the other); the index is not requested again for the shard's next
-    piece. An inner chunk left out of the shard (all fill values) splits the run in two."""
+    piece. An inner chunk left out of the shard (all fill values) splits the run in two. A piece of the whole
+    shard, its index not read yet, reads the whole shard in one request."""
     store = CountingStore()
     arr = zarr.create_array(
         store, shape=(32, 3), chunks=(2, 3), shards=(16, 3), dtype="f4", fill_value=0, compressors=None
@@ -228,8 +229,12 @@ def test_a_shard_is_read_by_its_index_once_and_one_range_per_run_of_inner_chunks
     assert len(store.requests) == 1  # the index is cached
     reader = PieceReader({"x": arr}, 16, check_missing=False)
     store.requests.clear()
+    np.testing.assert_array_equal(reader.read_piece(18, 32)["x"], data[18:32])
+    assert len(store.requests) == 3  # the index, inner chunks 1-2, inner chunks 4-7
+    SHARD_INDEXES.forget((str(store), "c/1/0", None))
+    store.requests.clear()
     np.testing.assert_array_equal(reader.read_piece(16, 32)["x"], data[16:32])
-    assert len(store.requests) == 3  # the index, inner chunks 0-2, inner chunks 4-7
+    assert store.requests == [("c/1/0", None)]  # all of the shard, its index not read yet: the whole shard at once
 
 
 def test_the_shard_index_cache_is_bounded():

@@ -11,7 +11,8 @@ reading thread straight into the array it returns, with codecs that release the 
 * stored in either byte order: a big-endian array is byte-swapped into this machine's order, as a tensor needs;
 * Zarr v3 shards whose inner chunks span the other axes (any of the codecs above inside): the shard's index is
   read once and cached (:data:`SHARD_INDEX_CACHE_BYTES` per process), and the inner chunks a piece needs are
-  read by byte range, one read per run of them stored one after the other.
+  read by byte range, one read per run of them stored one after the other (a piece that needs every inner
+  chunk of a shard whose index is not cached yet reads the whole shard: one request, not two).
 
 Anything else (filters such as delta or fixedscaleoffset, F order, object or string dtypes, other codecs, a
 checksum codec, nested shards) is read through zarr's codecs (:mod:`zarrtorch._read.chunks`);
@@ -301,7 +302,8 @@ def read_buffer_bytes(arr: zarr.Array) -> int:
         return 0
     if layout.shards is None:
         return 0 if layout.compressor == "none" else largest_stored(layout.unit_bytes)
-    return largest_stored(layout.unit_bytes * layout.shards.per_shard, layout.shards.per_shard)
+    shards = layout.shards
+    return largest_stored(layout.unit_bytes * shards.per_shard, shards.per_shard) + shards.index_bytes
 
 
 def shard_index_cache_bytes(arr: zarr.Array) -> int:
@@ -467,6 +469,16 @@ class _ShardSource:
             raise ValueError(f"the shard ends before byte {stop} its index points to: it is cut short or damaged")
         return got_view
 
+    def read_whole(self) -> None:
+        """Read the whole shard at once (one request): its index and inner chunks are then cut from it."""
+        if self.fd is not None:
+            view = self._buffer(self.size)
+            got = os.preadv(self.fd, [view], 0)
+            self.raw, self.size = view[:got], got
+        else:
+            self.raw = memoryview(get_bytes(self.store, self.key, self.policy or RetryPolicy()))
+            self.size = len(self.raw)
+
     def read_index(self, size: int, at_start: bool) -> bytes:
         if self.size is not None:
             if self.size < size:
@@ -495,8 +507,10 @@ class _ShardDecoder:
         out = into if _fits(into, shape, self.layout.dtype) else self.chunk_buffer()
         lo, hi = rows if rows is not None else (0, shape[0])
         source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer)
-        cached = raw is None
+        cached = raw is None  # a stored object's index is cached; bytes handed over are decoded as they are
         try:
+            if cached and self._needs_all(int(lo), int(hi)) and SHARD_INDEXES.get(source.cache_key()) is None:
+                source.read_whole()  # one request for the index and every inner chunk, not two
             index = self._index(source, cached)
             try:
                 self._decode_inner(source, index, out, int(lo), int(hi))
@@ -507,6 +521,10 @@ class _ShardDecoder:
         finally:
             source.close()
         return out
+
+    def _needs_all(self, lo: int, hi: int) -> bool:
+        """Whether rows ``[lo, hi)`` lie in every inner chunk of the shard."""
+        return lo < self.shards.inner_rows and ceil_div(hi, self.shards.inner_rows) >= self.shards.per_shard
 
     def _index(self, source: _ShardSource, cached: bool) -> np.ndarray:
         """The shard's ``(offset, length)`` per inner chunk along the first axis, from the cache when read before."""
