@@ -282,3 +282,18 @@ def test_audit_and_roofline_say_each_arrays_read_path(tmp_path, capsys):
     assert main(["roofline", store, "--allow-shards", "--batches", "2", "--chunks", "2", "--batch-size", "8"]) == 0
     said = capsys.readouterr().out
     assert "read path 'data': direct (v3 sharded, 4 inner chunks of 4 rows per shard, zstd)" in said, said
+
+
+def test_a_forked_child_starts_with_a_cache_of_its_own():
+    """A DataLoader worker forked while a reading thread of its parent holds the index cache's lock would wait
+    on that lock forever at its first shard: the child's cache starts afresh."""
+    import signal
+
+    with SHARD_INDEXES._lock:
+        pid = os.fork()
+        if pid == 0:  # the child: no thread of its own holds the lock
+            signal.alarm(10)
+            SHARD_INDEXES.put(("store", "key", None), np.zeros((1, 2), np.uint64))
+            os._exit(0 if SHARD_INDEXES.get(("store", "key", None)) is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child waited on its parent's lock"

@@ -275,6 +275,13 @@ def frame_content_size(raw) -> int | None:
     return value + 256 if width == 2 else value
 
 
+def to_native_order(decoded: np.ndarray) -> None:
+    """Byte-swap ``decoded`` (this machine's dtype, holding the bytes of the other byte order) in place. A cast
+    from the other order: numpy casts without the GIL, where ``ndarray.byteswap`` holds it for the whole array
+    (``benchmarks/layouts.py`` measures both)."""
+    np.copyto(decoded, decoded.view(decoded.dtype.newbyteorder()))
+
+
 def _check_size(size: int, dest: np.ndarray, what: str) -> None:
     if size != dest.nbytes:
         raise ValueError(
@@ -371,7 +378,7 @@ def _chunk_decoder(arr: zarr.Array, layout: DirectLayout, policy: RetryPolicy | 
         else:
             unpack(read(key) if raw is None else raw, dest)  # a missing chunk: FileNotFoundError, named by the caller
         if swap:
-            out.byteswap(inplace=True)
+            to_native_order(out)
         return out
 
     return decode
@@ -390,15 +397,14 @@ def _index_entry_bytes(per_shard: int) -> int:
 
 class _IndexCache:
     """Shard indexes, ``(offset, length)`` per inner chunk, by (store, key, size and time of a local file),
-    least recently used dropped past :data:`SHARD_INDEX_CACHE_BYTES`. One per process: the lock and the entries
-    start afresh in a forked child (a lock held by a parent's thread at the fork would never be released)."""
+    least recently used dropped past :data:`SHARD_INDEX_CACHE_BYTES`. The process's (:data:`SHARD_INDEXES`) starts
+    afresh in a forked child: a lock held by a parent's thread at the fork would never be released there."""
 
     def __init__(self, most: int = SHARD_INDEX_CACHE_BYTES):
         self.most = most
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         self._lock = threading.Lock()
         self._entries: OrderedDict = OrderedDict()
         self.nbytes = 0
@@ -429,6 +435,7 @@ class _IndexCache:
 
 
 SHARD_INDEXES = _IndexCache()
+os.register_at_fork(after_in_child=SHARD_INDEXES.reset)
 
 
 class _ShardSource:
@@ -558,7 +565,7 @@ class _ShardDecoder:
                 rows = out[(first + i) * inner : (first + i + 1) * inner]
                 self.unpack(data[at : at + int(entries[i, 1])], _bytes_of(rows))
                 if self.layout.byteswap:
-                    rows.byteswap(inplace=True)
+                    to_native_order(rows)
 
 
 def _runs(entries: np.ndarray, present: np.ndarray) -> list[list[int]]:
