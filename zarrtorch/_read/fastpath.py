@@ -92,7 +92,8 @@ class DirectLayout:
         """``direct (v2, blosc lz4 shuffle)``, as ``audit`` and ``roofline`` print it."""
         fmt = f"v{self.zarr_format}"
         if self.shards is not None:
-            fmt += f" sharded, {self.shards.per_shard} inner chunks of {self.shards.inner_rows} rows per shard"
+            rows = self.shards.inner_rows
+            fmt += f" sharded, {self.shards.per_shard} inner chunks of {rows} row{'s' * (rows != 1)} per shard"
         order = ", big-endian, byte-swapped" if self.byteswap and sys.byteorder == "little" else ""
         order = ", little-endian, byte-swapped" if self.byteswap and sys.byteorder == "big" else order
         return f"direct ({fmt}, {self.detail}{order})"
