@@ -297,3 +297,19 @@ def test_a_forked_child_starts_with_a_cache_of_its_own():
             os._exit(0 if SHARD_INDEXES.get(("store", "key", None)) is not None else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the child waited on its parent's lock"
+
+
+def test_the_last_shard_read_whole_is_one_request_too():
+    """The array's last shard holds fewer rows than a shard (its last inner chunks are never written): a piece
+    of all its rows is one request, as for every other shard, not its index and then its inner chunks (lesson
+    07 counts one request per object read)."""
+    store = CountingStore()
+    arr = zarr.create_array(store, shape=(28, 3), chunks=(2, 3), shards=(16, 3), dtype="f4")
+    data = np.arange(84, dtype="f4").reshape(28, 3) + 1
+    arr[...] = data
+    store.requests.clear()
+    reader = PieceReader({"x": arr}, 16)
+    np.testing.assert_array_equal(reader.read_piece(16, 28)["x"], data[16:28])
+    np.testing.assert_array_equal(reader.read_piece(0, 16)["x"], data[0:16])
+    assert sorted(key for key, _ in store.requests) == ["c/0/0", "c/1/0"], store.requests
+    assert all(whole is None for _, whole in store.requests), store.requests  # each shard whole, no byte range

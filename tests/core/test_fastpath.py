@@ -5,7 +5,7 @@ import pytest
 import zarr
 
 from zarrtorch import prepare_zarr
-from zarrtorch._read.fastpath import _local_reader, direct_decoder, read_buffer_bytes
+from zarrtorch._read.fastpath import Span, _local_reader, direct_decoder, read_buffer_bytes
 from zarrtorch._read.reader import PieceReader
 
 
@@ -46,8 +46,8 @@ def test_arrays_in_other_stores_are_read_through_their_get_shards_by_byte_range(
     decode = direct_decoder(plain)  # a store that is not a local directory: one get per chunk
     np.testing.assert_array_equal(decode("p/c/1/0"), plain[4:8])
     decode = direct_decoder(sharded)  # the shard's index, then its inner chunks by byte range
-    np.testing.assert_array_equal(decode("s/c/1/0", rows=(0, 4)), sharded[4:8])
-    np.testing.assert_array_equal(decode("s/c/0/0", rows=(2, 4))[2:4], sharded[2:4])
+    np.testing.assert_array_equal(decode("s/c/1/0", rows=Span(0, 4, 4)), sharded[4:8])
+    np.testing.assert_array_equal(decode("s/c/0/0", rows=Span(2, 4, 4))[2:4], sharded[2:4])
 
 
 def test_read_buffer_holds_any_chunk_file_and_is_reused(tmp_path):

@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numcodecs
 import numpy as np
@@ -335,15 +336,25 @@ def _in_files(arr: zarr.Array) -> bool:
 Decoder = Callable[..., np.ndarray]
 
 
+class Span(NamedTuple):
+    """Rows ``[start, stop)`` of a chunk (or shard) counted from its first row, which holds ``held`` rows of the
+    array (fewer than its shape in the array's last chunk): what a shard's reader needs to tell a piece of the
+    whole shard (read at once) from a part of it (read by byte range)."""
+
+    start: int
+    stop: int
+    held: int
+
+
 def direct_decoder(
     arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None, *, check_missing: bool = True
 ) -> Decoder | None:
     """A function decoding one chunk (or shard) of ``arr``, ``decode(key, raw=None, into=None, rows=None)``:
     given its store key, and optionally its bytes fetched already, it decodes into ``into`` where given (a whole
     chunk's C-contiguous array of the decoded dtype) or into a full-chunk array from a pool
-    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returns it. ``rows`` (from, to) within
-    the chunk: the rows the caller needs; a shard reads only the inner chunks holding them (the others' rows are
-    left as they were), a missing one is an error with ``check_missing``, else the fill value. ``None`` when
+    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returns it. ``rows``
+    (:class:`Span`): the rows the caller needs; a shard reads only the inner chunks holding them (the others' rows
+    are left as they were), a missing one is an error with ``check_missing``, else the fill value. ``None`` when
     ``arr`` is read through zarr's codecs (:func:`read_path`)."""
     layout = read_path(arr)
     if not isinstance(layout, DirectLayout):
@@ -513,11 +524,11 @@ class _ShardDecoder:
     def decode(self, key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
         shape = self.layout.shape
         out = into if _fits(into, shape, self.layout.dtype) else self.chunk_buffer()
-        lo, hi = rows if rows is not None else (0, shape[0])
+        lo, hi, held = rows if rows is not None else Span(0, shape[0], shape[0])
         source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer)
         cached = raw is None  # a stored object's index is cached; bytes handed over are decoded as they are
         try:
-            if cached and self._needs_all(int(lo), int(hi)) and SHARD_INDEXES.get(source.cache_key()) is None:
+            if cached and self._needs_all(lo, hi, held) and SHARD_INDEXES.get(source.cache_key()) is None:
                 source.read_whole()  # one request for the index and every inner chunk, not two
             index = self._index(source, cached)
             try:
@@ -530,9 +541,10 @@ class _ShardDecoder:
             source.close()
         return out
 
-    def _needs_all(self, lo: int, hi: int) -> bool:
-        """Whether rows ``[lo, hi)`` lie in every inner chunk of the shard."""
-        return lo < self.shards.inner_rows and ceil_div(hi, self.shards.inner_rows) >= self.shards.per_shard
+    def _needs_all(self, lo: int, hi: int, held: int) -> bool:
+        """Whether rows ``[lo, hi)`` lie in every inner chunk holding the shard's ``held`` rows."""
+        inner = self.shards.inner_rows
+        return lo < inner and ceil_div(hi, inner) >= ceil_div(held, inner)
 
     def _index(self, source: _ShardSource, cached: bool) -> np.ndarray:
         """The shard's ``(offset, length)`` per inner chunk along the first axis, from the cache when read before."""
@@ -661,4 +673,9 @@ def stored_decoder(arr: zarr.Array) -> Callable[..., np.ndarray] | None:
     if not isinstance(layout, DirectLayout):
         return None
     decode = direct_decoder(arr, RetryPolicy())
-    return lambda raw, rows=None: decode("", raw, rows=(0, layout.shape[0] if rows is None else rows))
+
+    def whole(raw, rows: int | None = None) -> np.ndarray:
+        held = layout.shape[0] if rows is None else rows
+        return decode("", raw, rows=Span(0, held, held))
+
+    return whole

@@ -21,7 +21,7 @@ import zarr
 
 from zarrtorch._read.chunks import IF_SKIPPED, chunk_key, chunk_keys, fill_text, read_chunk
 from zarrtorch._read.early import EarlyReads
-from zarrtorch._read.fastpath import direct_decoder
+from zarrtorch._read.fastpath import Span, direct_decoder
 from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
@@ -177,7 +177,8 @@ class PieceReader:
                 continue
             target = into.get(name) if into is not None else None
             try:
-                whole = self._read_chunk(name, arr, chunk, fetched.get(name), target, (start - first, stop - first))
+                span = Span(start - first, stop - first, min(self.chunk_rows, int(arr.shape[0]) - first))
+                whole = self._read_chunk(name, arr, chunk, fetched.get(name), target, span)
                 out[name] = whole[start - first : stop - first]
             except FileNotFoundError:
                 if self.check_missing:
@@ -195,9 +196,11 @@ class PieceReader:
                 out[name] = target[start - first : stop - first]
         return out
 
-    def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched, into=None, rows=None) -> np.ndarray:
+    def _read_chunk(
+        self, name: str, arr: zarr.Array, chunk: int, fetched, into=None, rows: Span | None = None
+    ) -> np.ndarray:
         """The chunk, decoded: directly (:mod:`zarrtorch._read.fastpath`; into ``into`` where it fits; of a shard,
-        the inner chunks holding ``rows``, from and to within the chunk) or whole through zarr's codecs
+        the inner chunks holding ``rows``) or whole through zarr's codecs
         (:mod:`zarrtorch._read.chunks`); ``fetched``: its bytes, requested already (or the error that got)."""
         if isinstance(fetched, Exception):
             raise fetched
