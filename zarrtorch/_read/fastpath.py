@@ -305,7 +305,8 @@ def largest_stored(nbytes: int, units: int = 1) -> int:
 def read_buffer_bytes(arr: zarr.Array) -> int:
     """Bytes of the buffer each reading thread keeps for ``arr``'s chunk files (0 when none is kept: a store not
     on this machine's file system, an array read through zarr, or chunks stored uncompressed, read straight into
-    the array returned): the largest a chunk can be stored, or a shard's inner chunks all read at once."""
+    the array returned): the largest a chunk can be stored, or a whole shard (read at once when a piece needs every
+    inner chunk of it and its index is not cached yet)."""
     layout = read_path(arr)
     if not _in_files(arr) or not isinstance(layout, DirectLayout):
         return 0
