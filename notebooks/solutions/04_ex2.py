@@ -1,7 +1,2 @@
-# Write my_chunks: worker `worker` of `workers` takes a contiguous run of self.epoch_order()
-class BlockStream(ChunkStream):
-    def my_chunks(self, worker, workers):
-        order = self.epoch_order()
-        size, longer = divmod(len(order), workers)  # the first `longer` runs are one chunk longer
-        start = worker * size + min(worker, longer)
-        return order[start : start + size + (worker < longer)]
+# Only the decoded chunks change: each of the 2 reading processes holds 6 chunks fewer (buffer 8 -> 2)
+my_prediction_mib = (budget.total - budget.readers * 6 * chunk_bytes) / 2**20
