@@ -62,7 +62,7 @@ def held_chunks_bound(
     chunks. A piece needs its block's chunks and, for each of its ``runs`` runs of consecutive starts, the halo
     and a chunk boundary at each end. :func:`chunk_reads` keeps to it."""
     block, chunk = int(block_rows), int(chunk_rows)
-    halo = ceil_div(windows.span - 1, chunk)
+    halo = windows.halo_chunks(chunk)
     per_piece = min(block * windows.steps, ceil_div(block, chunk) + int(runs) * (halo + 2))
     fan = min(windows.steps * chunk, windows.span + chunk - 1)  # window starts whose steps reach one chunk
     pieces = ceil_div(max(int(buffer_rows), int(batch_size)), block) * (1 + math.log(fan))
