@@ -243,7 +243,7 @@ GRID = [
     for rows in (8760, 2000)  # a year of hourly steps, and a short period
     for chunk in (1, 4, 16, 64)
     for topology in ((1, 0), (1, 2), (2, 2))
-    if (rows, chunk) != (2000, 64) or topology == (1, 0)  # 32 chunks in 4 blocks (MIN_BLOCKS): up to 1.19
+    if (rows, chunk) != (2000, 64) or topology == (1, 0)  # 32 chunks in 4 blocks (MIN_BLOCKS): up to 1.22
 ]
 
 
