@@ -300,6 +300,18 @@ def write_with_static(path, kind: str) -> None:
     group.create_array("s", shape=STATIC.shape, dtype=STATIC.dtype, chunks=(3, 4), **options)[:] = STATIC
 
 
+def a_static_frame_of(kind: str, values: int) -> bytes:
+    """A valid frame of ``kind``'s codec holding ``values`` values, where a chunk of ``s`` holds 12."""
+    part = np.ascontiguousarray(np.resize(STATIC, values))
+    codec = {
+        "direct": numcodecs.Zstd(),
+        "blosc": numcodecs.Blosc(cname="zstd"),
+        "gzip": numcodecs.GZip(),
+        "v2": numcodecs.Blosc(cname="lz4"),  # zarr's v2 default
+    }[kind]
+    return codec.encode(part)
+
+
 def static_chunk_file(path, kind: str):
     return path / "s" / ("1.1" if kind == "v2" else "c/1/1")
 
@@ -331,7 +343,7 @@ def test_a_damaged_chunk_of_a_static_array_is_an_error_naming_it(pristine_static
     target = static_chunk_file(path, kind)
     raw = target.read_bytes()
     if how.startswith("frame of"):  # 6 or 24 values where the chunk holds 12
-        target.write_bytes(a_frame_of(kind, 1 if "fewer" in how else 4, tmp_path))
+        target.write_bytes(a_static_frame_of(kind, 6 if "fewer" in how else 24))
     else:
         target.write_bytes(damaged(raw, how, kind, tmp_path))
     with pytest.raises(ChunkReadError, match=r"chunk \(1, 1\) of static array 's', key 's/"):
