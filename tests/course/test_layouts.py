@@ -149,9 +149,23 @@ def test_loader_read_rates_read_every_row_of_each_length_through_the_loader(arra
     rates = layouts.loader_read_rates(arrays, tmp_path / "rates", [1, 8, 64], batch_size=16, repeats=2)
     assert [r["chunk_rows"] for r in rates] == [1, 8, 50] and [r["n_chunks"] for r in rates] == [50, 7, 1]
     for r in rates:
-        assert set(r) == {"chunk_rows", "chunk_MiB", "n_chunks", "seconds", "MB_per_s", "ms_per_chunk"}
+        assert set(r) == {"chunk_rows", "chunk_MiB", "n_chunks", "seconds", "MB_per_s", "ms_per_chunk", "cpu_s"}
         assert all(np.isfinite(v) and v > 0 for v in r.values())
         assert r["chunk_MiB"] == r["chunk_rows"] * layouts.row_nbytes(arrays) / 2**20
+    assert not any((tmp_path / "rates").glob("*.zarr"))
+
+
+def test_loader_read_rates_over_http_wait_a_delay_per_round_of_requests_in_flight(arrays, tmp_path):
+    """Lesson 01 shows the floor's reason with a wait per read: served with ``delay_ms`` per request and read
+    with ``requests_in_flight`` fixed, an epoch of K chunks takes at least ceil(K / n) delays (the server
+    sleeps; no timing decides it beyond that lower bound)."""
+    delay_ms, n = 20, 2
+    rates = layouts.loader_read_rates(
+        arrays, tmp_path / "rates", [5, 25], batch_size=16, repeats=1, delay_ms=delay_ms, requests_in_flight=n
+    )
+    assert [r["n_chunks"] for r in rates] == [10, 2]
+    for r in rates:
+        assert r["seconds"] >= -(-r["n_chunks"] // n) * delay_ms / 1000
     assert not any((tmp_path / "rates").glob("*.zarr"))
 
 

@@ -509,42 +509,60 @@ def loader_read_rates(
     batch_size: int = 64,
     repeats: int = 3,
     seed: int = 0,
+    delay_ms: float | None = None,
+    requests_in_flight: int | None = None,
 ) -> list[dict]:
     """For each chunk length: write ``arrays`` with :func:`zarrtorch.prepare_zarr` (zstd), then read one shuffled
     epoch through :class:`zarrtorch.ZarrDataLoader` (no workers: one process, as the lesson's kernel) and keep
     the best of ``repeats`` epochs. One dict per length: ``chunk_rows``, ``chunk_MiB``, ``n_chunks``,
-    ``seconds``, ``MB_per_s`` (decoded data, MB = 10**6 bytes) and ``ms_per_chunk``. Stores are deleted after."""
-    from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+    ``seconds``, ``MB_per_s`` (decoded data, MB = 10**6 bytes), ``ms_per_chunk`` and ``cpu_s``, the least CPU
+    time the reading process spent on an epoch (all its threads): on a shared machine the wall clock also counts
+    the time spent waiting for a core, the CPU time does not. Stores are deleted after.
+
+    ``delay_ms``: read the stores over HTTP from :class:`~zarrtorch.course.servers.HttpStoreProcess`, which
+    waits that long before answering each request, as a store with latency would (lesson 01 shows the chunk
+    length's floor with it); ``requests_in_flight``: ``ReadOptions(requests_in_flight=...)`` for the reads."""
+    from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+    from zarrtorch.course.servers import HttpStoreProcess
 
     rows = _check_arrays(arrays)
     nbytes = row_nbytes(arrays)
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    server = HttpStoreProcess(folder, delay_ms=delay_ms, asyncio=True).start() if delay_ms is not None else None
     out = []
-    for c in chunk_rows:
-        c = _check_chunk_rows(c, rows)
-        store = folder / f"rate_{c}.zarr"
-        _fresh(store)
-        prepare_zarr(dict(arrays), store, chunk_rows=c, overwrite=True, progress=False)
-        ds = ZarrIterableDataset(str(store), shuffle=True, seed=seed)
-        best = math.inf
-        for epoch in range(max(1, int(repeats))):
-            loader = ZarrDataLoader(ds, batch_size=batch_size, drop_last=False)
-            loader.set_epoch(epoch)
-            start = time.perf_counter()
-            seen = sum(int(next(iter(batch.values())).shape[0]) for batch in loader)
-            best = min(best, time.perf_counter() - start)
-            if seen != rows:
-                raise AssertionError(f"an epoch of {rows} rows yielded {seen}")
-        n_chunks = ceil_div(rows, c)
-        out.append(
-            {
-                "chunk_rows": c,
-                "chunk_MiB": c * nbytes / 2**20,
-                "n_chunks": n_chunks,
-                "seconds": best,
-                "MB_per_s": rows * nbytes / MB / best,
-                "ms_per_chunk": best / n_chunks * 1e3,
-            }
-        )
-        shutil.rmtree(store)
+    try:
+        for c in (_check_chunk_rows(c, rows) for c in chunk_rows):  # one store on disk at a time
+            store = folder / f"rate_{c}.zarr"
+            _fresh(store)
+            prepare_zarr(dict(arrays), store, chunk_rows=c, overwrite=True, progress=False)
+            source = f"{server.url}/{store.name}" if server else str(store)
+            read = ReadOptions(requests_in_flight=requests_in_flight)
+            ds = ZarrIterableDataset(source, shuffle=True, seed=seed, read=read)
+            best, cpu = math.inf, math.inf
+            for epoch in range(max(1, int(repeats))):
+                loader = ZarrDataLoader(ds, batch_size=batch_size, drop_last=False)
+                loader.set_epoch(epoch)
+                start, start_cpu = time.perf_counter(), time.process_time()
+                seen = sum(int(next(iter(batch.values())).shape[0]) for batch in loader)
+                best = min(best, time.perf_counter() - start)
+                cpu = min(cpu, time.process_time() - start_cpu)
+                if seen != rows:
+                    raise AssertionError(f"an epoch of {rows} rows yielded {seen}")
+            n_chunks = ceil_div(rows, c)
+            out.append(
+                {
+                    "chunk_rows": c,
+                    "chunk_MiB": c * nbytes / 2**20,
+                    "n_chunks": n_chunks,
+                    "seconds": best,
+                    "MB_per_s": rows * nbytes / MB / best,
+                    "ms_per_chunk": best / n_chunks * 1e3,
+                    "cpu_s": cpu,
+                }
+            )
+            shutil.rmtree(store)
+    finally:
+        if server:
+            server.stop()
     return out
