@@ -31,7 +31,9 @@ from zarrtorch._util.random_streams import CACHED_PIECES, SHUFFLE_BUFFER
 from zarrtorch._util.sizes import ceil_div
 from zarrtorch.order import ChunkOrder
 
-PLAN_VERSION = 3  # raise whenever the same inputs would give other batches (a checkpoint then is refused)
+# raise whenever the same inputs would give other batches (a checkpoint then is refused); 4: window blocks counted
+# in chunks (Windows.block_rows), so the same windows over the same store give other blocks
+PLAN_VERSION = 4
 
 
 def shuffles_rows(shuffle: bool, buffer_chunks: int) -> bool:
@@ -75,7 +77,7 @@ class EpochSpec:
 
     def fingerprint(self) -> str:
         inputs = {f.name: getattr(self, f.name) for f in fields(self)}
-        if not self.windows:  # rows as samples: the fingerprint of every earlier plan of version 3
+        if not self.windows:  # rows as samples: the fingerprint of plans from before windows, for the same version
             del inputs["windows"]
         return plan_fingerprint(**inputs)
 

@@ -62,7 +62,7 @@ def held_chunks_bound(
     chunks. A piece needs its block's chunks and, for each of its ``runs`` runs of consecutive starts, the halo
     and a chunk boundary at each end. :func:`chunk_reads` keeps to it."""
     block, chunk = int(block_rows), int(chunk_rows)
-    halo = ceil_div(windows.span - 1, chunk)
+    halo = windows.halo_chunks(chunk)
     per_piece = min(block * windows.steps, ceil_div(block, chunk) + int(runs) * (halo + 2))
     fan = min(windows.steps * chunk, windows.span + chunk - 1)  # window starts whose steps reach one chunk
     pieces = ceil_div(max(int(buffer_rows), int(batch_size)), block) * (1 + math.log(fan))
@@ -73,9 +73,12 @@ def held_chunks_bound(
 def window_chunks_for_batches(data, batch_size: int) -> int:
     """The store chunks a reading process holds at most for the window batches of ``data`` (a
     :class:`~zarrtorch.ZarrIterableDataset` with ``windows``) in batches of ``batch_size``, its reads ahead not
-    counted: :func:`held_chunks_bound` of its windows, blocks, buffer and runs of starts."""
+    counted: :func:`held_chunks_bound` of its windows, blocks, buffer and runs of starts, and no more than the
+    chunks its windows reach, first to last (:meth:`~zarrtorch.windows.WindowStarts.chunks_reached`): a chunk is
+    held once at a time, so no worker makes more slots than that (:func:`stream_windows`), and a short period's
+    blocks, however long, are not counted past it."""
     row_shuffle = shuffles_rows(data.shuffle, data.buffer_chunks)
-    return held_chunks_bound(
+    bound = held_chunks_bound(
         data.windows,
         block_rows=data.chunk_rows,
         chunk_rows=data.store_chunk_rows,
@@ -83,6 +86,7 @@ def window_chunks_for_batches(data, batch_size: int) -> int:
         batch_size=int(batch_size),
         runs=data.starts.most_runs(data.chunk_rows),
     )
+    return min(bound, data.starts.chunks_reached(data.windows.span, data.store_chunk_rows))
 
 
 def window_rows(starts: WindowStarts, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -10,9 +10,11 @@ The loader does not partition rows then: it partitions **window starts**, number
 (a window *id*), exactly as it partitions rows otherwise: the same plan, buffer, resume and audit, each
 guarantee now about window starts. The plan's "chunks" are *blocks* of ``block_rows`` consecutive ids, about
 ``block_chunks`` of the store's chunks: a worker reads a block's chunks once and cuts every window of the block
-from them; only the few rows a block's last windows reach past its end (the *halo*, ``span - 1`` rows) are read
-a second time, by the worker holding the next block. Longer blocks read less twice; shorter ones mix windows
-from more places in a buffer of the same memory (``benchmarks/windows.py`` measures both).
+from them; only the chunks holding the few rows a block's last windows reach past its end (the *halo*,
+``span - 1`` rows) are read a second time, by the worker holding the next block, and each of them whole: a 5-row
+halo into a 16-row chunk reads all 16 rows again. So the default block is counted in those chunks. Longer blocks
+read less twice; shorter ones mix windows from more places in a buffer of the same memory
+(``benchmarks/windows.py`` measures both).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import numpy as np
 from zarrtorch._util.arguments import whole_number
 from zarrtorch._util.sizes import ceil_div
 
-HALO_PARTS = 20  # the default block's halo is at most 1/20 of its rows: about 1.05 decodes per chunk
+# the default block holds this many times the chunks its halo reaches into (Windows.halo_chunks), so a block's
+# end reads at most 1/20 of its chunks again: about 1.05 reads per chunk per epoch (docs/windows.md, "Blocks")
+HALO_PARTS = 20
 # and a period has at least this many default blocks: a short period in one block was split the same way every
 # epoch (each rank always the same windows, and with drop_last the same last windows never trained)
 MIN_BLOCKS = 4
@@ -46,8 +50,9 @@ class Windows:
             with every sample.
         segments: ``[(start, stop), ...]`` rows with no gap inside; a window never straddles two. Default: all
             rows form one segment. ``from_mask`` makes them from a bool per row (False: missing).
-        block_chunks: store chunks per block (the plan's unit, see the module's docstring). Default: the fewest
-            whose halo is at most ``1 / HALO_PARTS`` of the block, and at most a ``MIN_BLOCKS``-th of the period.
+        block_chunks: store chunks per block (the plan's unit, see the module's docstring). Default:
+            ``HALO_PARTS`` times the chunks the halo reaches into (:meth:`halo_chunks`), and at most a
+            ``MIN_BLOCKS``-th of the period.
 
     A batch holds ``name`` ``(batch, history, *row shape)`` for each input array, ``name + "_target"``
     ``(batch, lead, *row shape)`` for each target array, ``name`` ``(batch, *shape)`` for each static array, and
@@ -154,11 +159,18 @@ class Windows:
             raise ValueError("Windows(inputs=()) gives samples without inputs: name at least one array")
         return tuple(inputs), tuple(targets)
 
+    def halo_chunks(self, chunk_rows: int) -> int:
+        """Store chunks of ``chunk_rows`` rows that a block's last windows reach past its end (the halo,
+        ``span - 1`` rows), when the block ends at a chunk's end (one more can be shared when it ends inside
+        one: a period starting inside a chunk). Each is read a second time, whole, by the worker holding the
+        block, unless it holds the next block at the same time."""
+        return ceil_div(self.span - 1, int(chunk_rows))
+
     def block_rows(self, chunk_rows: int, starts: int | None = None) -> int:
-        """Window ids per block: ``block_chunks`` chunks, by default the fewest whose halo (``span - 1`` rows)
-        is at most ``1 / HALO_PARTS`` of the block's rows, but no more than leave ``MIN_BLOCKS`` blocks in a
-        period of ``starts`` window starts (when given)."""
-        chunks = self.block_chunks or max(1, ceil_div((self.span - 1) * HALO_PARTS, chunk_rows))
+        """Window ids per block: ``block_chunks`` chunks, by default ``HALO_PARTS`` times the chunks the halo
+        reaches into (:meth:`halo_chunks`: a halo re-reads whole chunks, so its rows would undercount it), but
+        no more than leave ``MIN_BLOCKS`` blocks in a period of ``starts`` window starts (when given)."""
+        chunks = self.block_chunks or max(1, self.halo_chunks(chunk_rows) * HALO_PARTS)
         if self.block_chunks is None and starts is not None:
             chunks = min(chunks, max(1, int(starts) // (MIN_BLOCKS * int(chunk_rows))))
         return int(chunks) * int(chunk_rows)

@@ -148,8 +148,8 @@ class LoaderMachine(RuleBasedStateMachine):
             self.history = history
             windows = Windows(history=history, lead=lead, stride=stride, segments=segments if gap else None)
             samples, cache = len(self.starts), False
-            # blocks (zarrtorch.windows): halo <= 1/20 of the block, and at least 4 blocks in the period
-            plan_chunk = min(max(1, -(-(span - 1) * 20 // chunk)), max(1, len(self.starts) // (4 * chunk))) * chunk
+            # blocks (zarrtorch.windows): 20 times the chunks the halo reaches into, and at least 4 in the period
+            plan_chunk = min(max(1, -(-(span - 1) // chunk) * 20), max(1, len(self.starts) // (4 * chunk))) * chunk
         batch = min(batch, samples // 3)  # every rank of up to 3 gets a batch with drop_last
         self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers

@@ -198,16 +198,66 @@ def count_reads(monkeypatch) -> list:
     return reads
 
 
-def test_each_chunk_read_about_once_per_epoch(tmp_path, monkeypatch):
-    """One time step per chunk, 2 input + 4 target steps: at most 1.1 reads per chunk per epoch over 2 ranks
-    (one window per read: 6), counted at the reader."""
-    path = write(tmp_path / "steps.zarr", rows=2000, static=False)
+def planned_reads(w: Windows, rows: int, chunk_rows: int, *, world: int, workers: int, **spec) -> int:
+    """Chunk reads of one epoch, every rank and worker together, from the plan alone (nothing read): each worker's
+    :func:`chunk_reads`, kept to its memory bound as the loader keeps it. ``spec``: batch, seed, epoch, drop_last."""
+    batch, seed, epoch = spec.get("batch", 32), spec.get("seed", 0), spec.get("epoch", 1)
+    starts = WindowStarts.of(w, rows)
+    block = w.block_rows(chunk_rows, starts.n)
+    plan = EpochSpec(starts.n, block, batch, spec.get("drop_last", True), seed=seed, windows=w.describe())
+    bound = held_chunks_bound(
+        w,
+        block_rows=block,
+        chunk_rows=chunk_rows,
+        buffer_rows=plan.buffer_rows,
+        batch_size=batch,
+        runs=starts.most_runs(block),
+    )
+    reads = 0
+    for rank in range(world):
+        for share in plan.plan(epoch, Topology(rank, world, workers)).workers:
+            rng = buffer_rng(seed, epoch, rank, share.worker, plan.row_shuffle)
+            batches = worker_window_batches(share, buffer_rows=plan.buffer_rows, warmup_rows=block, rng=rng)
+            reads += len(chunk_reads(batches, share.pieces, starts, w.offsets, chunk_rows, most_held=bound).chunks)
+    return reads
+
+
+@pytest.mark.parametrize("chunk", [1, 16, 64])
+def test_each_chunk_read_about_once_per_epoch(tmp_path, monkeypatch, chunk):
+    """2 input + 4 target steps over 2 ranks, counted at the reader (one window per read: 6 per chunk): every chunk
+    read, as many reads as the plan counts (:func:`planned_reads`, which the next test runs on a grid), and at
+    most 1.1 per chunk where the period holds enough blocks (64-row chunks: docs/windows.md, "Blocks")."""
+    path = write(tmp_path / "steps.zarr", rows=2000, chunk=chunk, static=False)
     reads = count_reads(monkeypatch)
     w = Windows(history=2, lead=4)
     run(path, w, world=2, batch=32)
-    per_chunk = len(reads) / 2000
-    assert per_chunk <= 1.1, per_chunk
-    assert set(reads) == set(range(2000))
+    chunks = -(-2000 // chunk)
+    assert len(reads) == planned_reads(w, 2000, chunk, world=2, workers=0, seed=2, epoch=0, drop_last=False)
+    assert set(reads) == set(range(chunks))
+    if chunk < 64:
+        assert len(reads) / chunks <= 1.1, len(reads) / chunks
+
+
+GRID = [
+    pytest.param(rows, chunk, topology, id=f"{rows}rows-{chunk}-{topology[0]}x{topology[1]}")
+    for rows in (8760, 2000)  # a year of hourly steps, and a short period
+    for chunk in (1, 4, 16, 64)
+    for topology in ((1, 0), (1, 2), (2, 2))
+    if (rows, chunk) != (2000, 64) or topology == (1, 0)  # 32 chunks in 4 blocks (MIN_BLOCKS): up to 1.22
+]
+
+
+@pytest.mark.parametrize("rows, chunk, topology", GRID)
+def test_blocks_counted_in_chunks_read_each_chunk_at_most_1_1_times_per_epoch(rows, chunk, topology):
+    """2 + 4 windows by default, at every chunk length, on 1 rank x 0 and 2 workers and 2 ranks x 2 workers: at
+    most 1.1 chunk reads per chunk per epoch, from the plan. The default block bounded its halo in rows (at most
+    1/20 of them), but a halo re-reads whole chunks: its 5 rows made blocks of 7 16-row chunks (1.14 reads per
+    chunk over a year) and of 2 64-row chunks (1.47). Blocks now hold 20 times the chunks the halo reaches into."""
+    w = Windows(history=2, lead=4)
+    world, workers = topology
+    for epoch in (0, 1):
+        per_chunk = planned_reads(w, rows, chunk, world=world, workers=workers, epoch=epoch) / -(-rows // chunk)
+        assert 1 <= per_chunk <= 1.1, (epoch, per_chunk)
 
 
 def test_a_worker_holds_no_more_than_its_memory_bound(store):
@@ -248,7 +298,13 @@ def year_schedule(w: Windows, chunk_rows: int, steps: int = 8760, batch: int = 3
 
 @pytest.mark.parametrize(
     "w, chunk_rows",
-    [(Windows(history=2, lead=4), 1), (Windows(history=2, lead=4), 16), (Windows(history=3, lead=8, stride=3), 4)],
+    [
+        (Windows(history=2, lead=4), 1),
+        (Windows(history=2, lead=4), 16),
+        (Windows(history=2, lead=4), 64),
+        (Windows(history=8, lead=8), 64),
+        (Windows(history=3, lead=8, stride=3), 4),
+    ],
 )
 def test_a_year_of_windows_keeps_within_the_bound_without_reading_again(w, chunk_rows):
     """At default settings over a year of hourly steps, one worker's schedule holds at most the bound's chunks,
@@ -550,8 +606,10 @@ def test_damaged_chunk_bytes_inside_a_window_are_an_error(tmp_path):
 @pytest.mark.parametrize("chunk, row_range", [(1, None), (4, (10, 90)), (7, (3, 50))])
 def test_no_more_slots_are_made_than_the_windows_reach(tmp_path, monkeypatch, chunk, row_range):
     """A short period of a store and a large buffer: the slots a worker makes for its chunks are at most the
-    chunks its windows reach, first to last (brute force here), plus its reads in flight, however large the
-    memory bound (an upper bound) is; every window is still right."""
+    chunks its windows reach, first to last (brute force here), plus its reads in flight, however large
+    held_chunks_bound is; every window is still right. The memory a worker counts (window_chunks_for_batches:
+    worker_memory_bytes, loader_memory) stops there too: with blocks counted in chunks the bound of 2 + 4 windows
+    over the course's small store counted 1,010 of its 297 chunks, 2 GiB a worker where 0.6 can be held."""
     import zarrtorch.held_chunks
 
     made = []
@@ -571,7 +629,10 @@ def test_no_more_slots_are_made_than_the_windows_reach(tmp_path, monkeypatch, ch
     assert sorted(np.concatenate(starts).tolist()) == valid_starts(w, 120, row_range)
     plan = ReadPlan.of(ds, 0)
     assert made and max(made) <= max(reached) - min(reached) + 1 + plan.chunks_ahead + plan.pieces_per_read
-    assert window_chunks_for_batches(ds, 8) > max(reached) - min(reached) + 1  # the bound alone would make more
+    assert held_chunks_bound(
+        w, block_rows=ds.chunk_rows, chunk_rows=chunk, buffer_rows=ds.buffer_rows, batch_size=8
+    ) > (max(reached) - min(reached) + 1)  # the bound alone would make more, and counts no more than the windows reach
+    assert window_chunks_for_batches(ds, 8) == max(reached) - min(reached) + 1
 
 
 def test_a_resume_kept_to_a_tight_limit_reads_every_window_once(store, monkeypatch):
@@ -738,3 +799,40 @@ def test_a_static_array_along_the_time_axis_is_refused_naming_it(tmp_path):
     prepare_zarr(one_step, tmp_path / "one.zarr", chunk_rows=4, progress=False)
     ds = ZarrIterableDataset(tmp_path / "one.zarr", windows=Windows(history=1, lead=1, static=("z",)))
     np.testing.assert_array_equal(next(iter(ZarrDataLoader(ds, batch_size=4)))["z"][0].numpy(), step)
+
+
+def test_a_state_saved_with_the_blocks_counted_in_rows_is_refused_as_another_plan(tmp_path):
+    """A state saved by zarrtorch 0.1 when the default block counted its halo in rows (2 + 4 windows over 64-row
+    chunks: blocks of 128 ids, now 448) was refused naming ``chunk_rows``, a setting the user never gave and cannot
+    give back; it is refused as another plan now (the same settings give other batches), with what to do."""
+    t = np.arange(2000, dtype=np.float32)
+    prepare_zarr({"x": t}, tmp_path / "old.zarr", chunk_rows=64, progress=False)
+    loader = ZarrDataLoader(
+        ZarrIterableDataset(tmp_path / "old.zarr", windows=Windows(history=2, lead=4), seed=1), batch_size=8
+    )
+    saved = {  # loader.state_dict() after 2 batches, as that zarrtorch saved it
+        "epoch": 0,
+        "batches_seen": 2,
+        "rank": 0,
+        "world_size": 1,
+        "num_workers": 0,
+        "history": [],
+        "spec": {
+            "rows": 1995,
+            "chunk_rows": 128,
+            "batch_size": 8,
+            "drop_last": False,
+            "seed": 1,
+            "shuffle": True,
+            "buffer_chunks": 8,
+            "freeze_partition": False,
+            "row_offset": 0,
+            "windows": "(2, 4, 1, None, None)",
+        },
+        "plan_version": 3,
+        "fingerprint": "3009603bef06e92b",
+        "data": {"x": "528ead79516f4c5b"},
+    }
+    assert loader.spec.chunk_rows == 448 and loader.state_dict()["data"] == saved["data"]
+    with pytest.raises(ValueError, match=r"plan version: saved 3, now 4: .*start the epoch afresh"):
+        loader.load_state_dict(saved)

@@ -88,14 +88,17 @@ def test_with_windows_the_pieces_are_the_packages_blocks_and_the_halo_counts():
     assert "blocks" in advice.reason
 
 
-def test_with_windows_a_chunk_past_a_few_halos_is_read_twice_too_often():
-    """Chunks of 22.5 KiB: the floor (47 rows) makes blocks of 3 chunks, a third of each read twice; the rule
-    goes below the floor, to the longest length whose block's halo is at most a quarter of it."""
+def test_with_windows_the_default_blocks_keep_the_halo_small_and_the_readers_decide():
+    """Chunks of 22.5 KiB: the package's default blocks hold 20 times the chunks the halo reaches into, so the
+    halo's share never breaks the ceiling; at the floor (47 rows) the blocks are too few for 2 readers x 8, and
+    the rule goes below the floor. Blocks of 3 chunks set by hand (the default at the floor when blocks counted
+    the halo in rows: a third of each read twice) meet the halo's ceiling at every length, and the rule says so."""
     advice = suggest_chunk_rows(22_528, 2924, workers=2, windows=WINDOWS)
-    assert advice.floor_rows == 47 and advice.fails(47) == ["reread"]
-    assert advice.rows < 47 and advice.fails() == []
-    assert all("reread" in advice.fails(c) for c in range(advice.rows + 1, 47))
-    assert "halo" in advice.reason
+    assert advice.floor_rows == 47 and advice.fails(47) == ["readers"]
+    assert advice.rows < 47 and advice.fails() == [] and advice.measures()["reread"] <= 1 / 20
+    assert not any("reread" in advice.fails(c) for c in range(1, 48))
+    with pytest.raises(ValueError, match="halo reach into more than 25% of the block"):
+        suggest_chunk_rows(22_528, 2924, workers=2, windows=zt.Windows(history=2, lead=4, block_chunks=3))
 
 
 def test_with_windows_too_many_readers_for_the_period_is_refused_and_shorter_blocks_fix_it():
