@@ -4,7 +4,7 @@ Two layers. The modules at the top are the ones the lessons build and users impo
 ``layout`` (lesson 01), ``plan`` (02), ``buffer``, ``quality`` and ``windows`` (03), ``dataset`` (the data,
 described), ``loader``, ``job`` and ``epoch`` (a loader's job and one epoch in one process), ``stream`` and
 ``window_stream`` (rows and windows gathered into batches), ``options``, ``readplan``, ``budget`` and ``roofline``
-(04), ``lightning`` (05), ``resume`` and ``audit`` (06). The
+(04), ``lightning`` (05), ``resume``, ``position`` and ``audit`` (06). The
 machinery behind them lives in private subpackages by role: ``_read`` (opening stores, reading and decoding
 chunks), ``_workers`` (moving batches and state between the loader's processes and threads) and ``_util``
 (small helpers). The core needs numpy, zarr and torch (``zarrtorch.lightning`` also Lightning);

@@ -3,7 +3,8 @@
 ``audit(store, world_size=..., batch_size=...)`` (or ``python -m zarrtorch audit STORE ...``) reports the
 batches per rank, the rows left out and repeated as padding, duplicates (must be 0) and the shuffle
 quality, for a fresh epoch or for the rest of an epoch resumed from a saved loader state (on the same or
-another topology), and the chunks missing from the store. It is what to run before a long DDP job: a rank
+another topology), the chunks missing from the store, and how each array's chunks are decoded (directly from
+their stored bytes, or through zarr's codecs and why). It is what to run before a long DDP job: a rank
 with more batches than another would make DDP hang in its next collective.
 """
 
@@ -15,10 +16,11 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from zarrtorch._read.fastpath import read_path_text
 from zarrtorch._read.listing import missing_chunks, shown
 from zarrtorch.budget import memory_limit_lines
 from zarrtorch.options import MISSING_CHUNKS, ReadOptions
@@ -52,6 +54,7 @@ class AuditReport:
     memory_limit_bytes: int = 0  # the cgroup memory limit of the process that audited (0: none)
     missing_chunks: dict[str, list[int]] | None = None  # array -> chunks with no stored object; None: not listed
     missing_chunks_read_as: str = "error"  # ReadOptions(missing_chunks=...): "error" stops the loader at the first
+    read_paths: dict[str, str] = field(default_factory=dict)  # array -> how its chunks are decoded (and why)
 
     @property
     def loader_bytes_per_node(self) -> int:
@@ -85,6 +88,7 @@ class AuditReport:
             f"{self.order_correlation:.2f}",
         ]
         lines += self._memory_lines()
+        lines += [f"  read path            {name!r}: {path}" for name, path in self.read_paths.items()]
         lines += self._missing_lines()
         lines.append("  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above")
         return "\n".join(lines)
@@ -234,6 +238,7 @@ def audit(
         memory_limit_bytes=cgroup_memory_limit() or 0,
         missing_chunks=listed_missing_chunks(ds),
         missing_chunks_read_as=read.missing_chunks,
+        read_paths={name: read_path_text(arr) for name, arr in ds.arrays.items()},
     )
 
 
@@ -336,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         default="error",
         help="what the job reads a chunk with no stored object as: ReadOptions(missing_chunks=...)",
     )
+    p.add_argument("--allow-shards", action="store_true", help="a sharded store: ReadOptions(allow_shards=True)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     a = p.parse_args(argv)
     if a.batch_size is None and a.state is None:
@@ -363,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             state=load_state(a.state) if a.state else None,
             ranks_per_node=a.ranks_per_node,
             node_memory_gib=a.node_memory_gib,
-            read=ReadOptions(missing_chunks=a.missing_chunks),
+            read=ReadOptions(missing_chunks=a.missing_chunks, allow_shards=a.allow_shards),
             windows=Windows(history=a.windows[0], lead=a.windows[1], stride=a.windows[2]) if a.windows else None,
         )
     except (ValueError, OSError, LookupError, TypeError) as exc:  # OSError: a missing path, an unreachable server

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zarrtorch._read.columns import decode_block_bytes
-from zarrtorch._read.fastpath import read_buffer_bytes
+from zarrtorch._read.fastpath import SHARD_INDEX_CACHE_BYTES, read_buffer_bytes, shard_index_cache_bytes
 from zarrtorch._read.source import is_local
 from zarrtorch._util.cgroup import cgroup_memory_limit
 from zarrtorch._util.sizes import held_chunks
@@ -102,12 +102,15 @@ def stored_bytes_bound(arr) -> int:
 
 def fetched_bytes(arrays: dict, threads: int) -> int:
     """Stored bytes one reading process holds at most in its ``threads`` reading threads: a local array's
-    chunk file in each thread's reusable buffer (:func:`zarrtorch._read.fastpath.read_buffer_bytes`); a remote
-    array's answer to each request in flight, plus one more being copied on the event loop that receives
-    them (the client joins the parts it received, zarr copies the buffer into ``bytes``)."""
+    chunk file (or a shard's inner chunks read at once) in each thread's reusable buffer
+    (:func:`zarrtorch._read.fastpath.read_buffer_bytes`); a remote array's answer to each request in flight (a
+    whole chunk or shard, or a byte range of one), plus one more being copied on the event loop that receives
+    them (the client joins the parts it received, zarr copies the buffer into ``bytes``); and the shard indexes
+    the process caches (:func:`zarrtorch._read.fastpath.shard_index_cache_bytes`)."""
     local = sum(read_buffer_bytes(a) for a in arrays.values() if is_local(a))
     remote = sum(stored_bytes_bound(a) for a in arrays.values() if not is_local(a))
-    return threads * local + (threads + 1 if remote else 0) * remote
+    indexes = min(SHARD_INDEX_CACHE_BYTES, sum(shard_index_cache_bytes(a) for a in arrays.values()))
+    return threads * local + (threads + 1 if remote else 0) * remote + indexes
 
 
 def reader_bytes(data, plan: ReadPlan, batch_size: int) -> int:

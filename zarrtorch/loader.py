@@ -49,25 +49,9 @@ from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.job import EpochJob, EpochRunner
 from zarrtorch.options import check_loader_settings, loader_numbers
 from zarrtorch.plan import PLAN_VERSION, EpochSpec, Segment, Topology
+from zarrtorch.position import EpochPosition, EpochRun, resumed_history
 from zarrtorch.readplan import ReadPlan
 from zarrtorch.resume import LoaderCheckpoint, resumed_plan
-
-
-@dataclass
-class EpochRun:
-    """One iteration of an epoch (``iter(loader)``): where in the epoch it started and how far it got."""
-
-    epoch: int
-    history: tuple[Segment, ...]  # the epoch's segments on earlier topologies
-    start: int  # batches of the epoch yielded before this iteration began (earlier segments included)
-    length: int  # batches of the whole epoch on this rank (``len(loader)`` when it began)
-    seen: int = 0  # batches this iteration has yielded
-    done: bool = False  # it ran to its end
-
-    @property
-    def position(self) -> int:
-        return self.start + self.seen
-
 
 SUPERSEDED = (
     "this iterator of a ZarrDataLoader was superseded: iter(loader) was called again since it was made, and "
@@ -201,7 +185,7 @@ class ZarrDataLoader(DataLoader):
     ``check_ranks``: under a process
     group, every epoch's first ``iter()`` checks that all ranks computed the same plan (one small all-gather).
     Every argument after ``batch_size`` is passed by name (``DataLoader``'s third positional one is
-    ``shuffle``, this loader's used to be ``drop_last``).
+    ``shuffle``).
     """
 
     def __init__(
@@ -249,22 +233,30 @@ class ZarrDataLoader(DataLoader):
         super().__init__(EpochRunner(self.job), batch_size=None, num_workers=num_workers, **kwargs)
         set_sampler(self, EpochSampler(self))  # Lightning's set_epoch lands here
         self._fixed_topology = None if rank is None else (int(rank), int(world_size))
-        self._epoch = 0  # the epoch the next iter() runs
-        # where in it the next iter() starts: None (its beginning), a loaded state (resolved on the topology
-        # of that moment), or (earlier segments, batches) of the last iteration of this epoch (a restart)
-        self._start: LoaderCheckpoint | tuple[tuple[Segment, ...], int] | None = None
-        self._run: EpochRun | None = None  # the newest iteration: older iterators refuse to go on
-        self._set_since_run = True  # set_epoch or load_state_dict since the newest iteration began
-        self._run_iterator: weakref.ref | None = None  # the newest iteration's iterator, while something holds it
-        self._counted_ahead: tuple[int, int] | None = None  # (epoch, batches) a trainer counts as done: count_as_done
+        self.position = EpochPosition()  # the epoch the next iter() runs, where it starts, the newest iteration
         self._stop_work_ahead: Callable[[], None] | None = None  # of the last epoch's work-ahead thread
         self._last_workers: weakref.ref | None = None  # the last epoch's DataLoader iterator, with workers
-        # batches of this epoch the consumer has finished with, when it can tell (a trainer prefetches:
-        # what the loader has yielded is then ahead of what was trained); see ZarrDataModule
-        self.consumed_batches: Callable[[], int | None] | None = None
-        # batches of each epoch the consumer takes at most, when fewer than the epoch's (Lightning's
-        # limit_train_batches): taken them all, the epoch is over for it, and a checkpoint holds the next one's start
-        self.consumer_epoch_length: Callable[[], int | None] | None = None
+
+    @property
+    def consumed_batches(self) -> Callable[[], int | None] | None:
+        """Batches of this epoch the consumer has finished with, when it can tell (a trainer fetches ahead: what the
+        loader has yielded is then ahead of what was trained); see ZarrDataModule."""
+        return self.position.consumed_batches
+
+    @consumed_batches.setter
+    def consumed_batches(self, count: Callable[[], int | None] | None) -> None:
+        self.position.consumed_batches = count
+
+    @property
+    def consumer_epoch_length(self) -> Callable[[], int | None] | None:
+        """Batches of each epoch the consumer takes at most, when fewer than the epoch's (Lightning's
+        ``limit_train_batches``): taken them all, the epoch is over for it, and a checkpoint holds the next one's
+        start."""
+        return self.position.consumer_epoch_length
+
+    @consumer_epoch_length.setter
+    def consumer_epoch_length(self, count: Callable[[], int | None] | None) -> None:
+        self.position.consumer_epoch_length = count
 
     # -- what it streams -----------------------------------------------------------------------------
     @property
@@ -286,7 +278,7 @@ class ZarrDataLoader(DataLoader):
         data; ``history``: the epoch's earlier segments on other topologies (:mod:`zarrtorch.resume`)."""
         own_rank, own_world = self.topology() if rank is None or world_size is None else (rank, world_size)
         return self.data.batch_row_ids(
-            epoch=self._epoch if epoch is None else epoch,
+            epoch=self.position.epoch if epoch is None else epoch,
             batch_size=self.spec.batch_size,
             drop_last=self.spec.drop_last,
             rank=own_rank if rank is None else rank,
@@ -300,48 +292,23 @@ class ZarrDataLoader(DataLoader):
         """Make ``epoch`` the one the next ``iter(loader)`` runs: a new chunk order and a new partition on every
         rank. Call it every epoch. A loaded state (:meth:`load_state_dict`) of another epoch is dropped: that
         epoch starts afresh. An iteration already running goes on with its own epoch."""
-        epoch = whole_number(epoch, "epoch", least=0, below=INT64_LIMIT)
-        run = self._run
-        if run is not None and not run.done and epoch == run.epoch == self._epoch:
-            return  # the iteration in flight runs it already (Lightning calls set_epoch after it iterates)
-        alive = self._run_iterator is not None and self._run_iterator() is not None  # not dropped (a break, Ctrl-C)
-        if run is not None and not run.done and alive and epoch != run.epoch and run.seen <= 2:
-            warnings.warn(
-                f"ZarrDataLoader: set_epoch({epoch}) came after the iteration over epoch {run.epoch} began; that "
-                f"iteration goes on as epoch {run.epoch} (its first batches are out), and epoch {epoch} starts at "
-                "the next iter(). Under Lightning this is a run resumed at an epoch's end with a bare loader, "
-                "whose position Lightning does not restore there: use zarrtorch.lightning.ZarrDataModule (it keeps "
-                "the position in its own state), or call loader.set_epoch(epoch) before trainer.fit",
-                stacklevel=2,
-            )
-        if epoch != self._epoch:
-            self._start = None
-            self._counted_ahead = None
-        self._epoch = epoch
-        self._set_since_run = True
+        late = self.position.set_epoch(whole_number(epoch, "epoch", least=0, below=INT64_LIMIT))
+        if late is not None:
+            warnings.warn(late, stacklevel=2)
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        """The epoch the next ``iter()`` runs."""
+        return self.position.epoch
 
     def topology(self) -> tuple[int, int]:
         """(rank, world size) this loader uses now: ``rank=``/``world_size=`` if given, else
         :func:`zarrtorch._util.process.distributed_topology` (the process group, or torchrun's environment)."""
         return self._fixed_topology or distributed_topology()
 
-    def _start_point(self, world: int) -> tuple[tuple[Segment, ...], int]:
-        """(earlier segments, batches already yielded) from which the next iteration starts its epoch on a
-        topology of ``world`` ranks."""
-        start = self._start
-        if start is None:
-            return (), 0
-        if isinstance(start, LoaderCheckpoint):
-            return resumed_history(start, world, self.num_workers), start.batches_seen
-        return start
-
     def _plan(self, rank: int, world: int, history: tuple[Segment, ...], epoch: int | None = None):
         topology = Topology(rank, world, self.num_workers)
-        return resumed_plan(self.spec, self._epoch if epoch is None else epoch, history, topology)
+        return resumed_plan(self.spec, self.position.epoch if epoch is None else epoch, history, topology)
 
     def _length(self, rank: int, world: int, history: tuple[Segment, ...]) -> int:
         return sum(seg.batches for seg in history) + self._plan(rank, world, history).batches
@@ -351,7 +318,8 @@ class ZarrDataLoader(DataLoader):
         rank). In an epoch resumed on another topology: the batches yielded before, plus what every rank
         yields of the rest."""
         rank, world = self.topology()
-        return self._length(rank, world, self._start_point(world)[0]) + self._counted(self._epoch)
+        history = self.position.start_point(world, self.num_workers)[0]
+        return self._length(rank, world, history) + self.position.counted(self.position.epoch)
 
     def count_as_done(self, batches: int) -> None:
         """A trainer counts ``batches`` batches of the epoch the next ``iter()`` runs as done that this loader never
@@ -359,40 +327,33 @@ class ZarrDataLoader(DataLoader):
         counter, 10, though its epoch is the next one, of 20 batches here): ``len()`` counts them too, so that the
         trainer still asks for every batch of the epoch, and the trainer's count of consumed batches
         (``consumed_batches``) is taken less them. Until that epoch ends or another one is set."""
-        self._counted_ahead = (self._epoch, int(batches)) if int(batches) > 0 else None
-
-    def _counted(self, epoch: int) -> int:
-        ahead = self._counted_ahead
-        return ahead[1] if ahead is not None and ahead[0] == epoch else 0
+        self.position.count_as_done(batches)
 
     def batches_before(self) -> int:
         """Batches of the epoch the next ``iter()`` runs that were yielded before it (by a loaded state)."""
         rank, world = self.topology()
-        return self._start_point(world)[1]
+        return self.position.start_point(world, self.num_workers)[1]
 
     def __iter__(self):
         if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
             self._stop_work_ahead, stop = None, self._stop_work_ahead
             stop()
         rank, world = self.topology()
-        history, skip = self._start_point(world)
+        position = self.position
+        history, skip = position.start_point(world, self.num_workers)
         try:
             length = self._length(rank, world, history)  # raise here, not in a worker
         except ValueError as exc:
-            if not isinstance(self._start, LoaderCheckpoint):
+            if not position.refused():  # a loaded state refused as a whole: the epoch starts afresh next time
                 raise
-            self._start = None  # refused as a whole: the loader starts the epoch afresh next time
             raise ValueError(f"the loaded state was not applied: {exc}") from exc
-        last = self._run
-        if last is not None and last.done and not self._set_since_run and self.data.shuffle:
+        if position.repeated(self.data.shuffle):
             warnings.warn(
-                f"ZarrDataLoader: epoch {self._epoch} starts again with the same order; call "
+                f"ZarrDataLoader: epoch {position.epoch} starts again with the same order; call "
                 "loader.set_epoch(epoch) before each epoch to get a new shuffle",
                 stacklevel=2,
             )
-        self._start = (history, skip) if history or skip else None  # a restart of this epoch starts here too
-        run = self._run = EpochRun(self._epoch, history, skip, length)
-        self._set_since_run = False
+        run = position.begin(history, skip, length)
         if self.check_ranks and self._checks_ranks():
             check_ranks_agree(
                 f"plan {self.spec.fingerprint()}, epoch {run.epoch}, {world} ranks x {self.num_workers} workers, "
@@ -418,9 +379,9 @@ class ZarrDataLoader(DataLoader):
             inner = WorkAhead(inner, self.work_ahead, convert=self.receive, timeout_s=silent_s)
             self._stop_work_ahead = inner.stopper()
         transform = self.data.transform if self.job.transform_in_consumer else None
-        control = EpochControl(self, lambda: self._run, self._finished, self._stalled, self.receive)
+        control = EpochControl(self, lambda: position.run, position.finished, self._stalled, self.receive)
         iterator = EpochIterator(inner, control, run, transform)
-        self._run_iterator = weakref.ref(iterator)
+        position.run_iterator = weakref.ref(iterator)
         return iterator
 
     def _checks_ranks(self) -> bool:
@@ -498,13 +459,6 @@ class ZarrDataLoader(DataLoader):
             return batch
         return self.job.ring.receive(batch, self._ring_keep, copy=self._ring_copy)
 
-    def _finished(self, run: EpochRun) -> None:
-        run.done = True
-        if self._counted(run.epoch):
-            self._counted_ahead = None
-        if run.epoch == self._epoch:
-            self._start = None  # iterated again without set_epoch, the epoch starts from its beginning
-
     # -- checkpointing ------------------------------------------------------------------------------
     def checkpoint(self) -> LoaderCheckpoint:
         """This rank's position, the topology it runs on and the set-up the position is valid for.
@@ -515,39 +469,10 @@ class ZarrDataLoader(DataLoader):
         that epoch whether or not its trainer calls ``set_epoch`` before it iterates (Lightning builds the
         iterator first)."""
         rank, world = self.topology()
-        run = self._run
-        if run is not None and self._position(run) < self._consumed_length(run):  # a trainer may hold batches
-            epoch, seen, history = run.epoch, self._position(run), run.history  # it has not trained yet
-        elif run is not None and not self._set_since_run:
-            epoch, seen, history = run.epoch + 1, 0, ()  # its last batch yielded: the next epoch's start
-        else:
-            (history, seen), epoch = self._start_point(world), self._epoch
+        epoch, seen, history = self.position.saved(world, self.num_workers)
         return checkpoint_of(
             self.spec, self.data.data_fingerprints(), self.num_workers, epoch, seen, rank, world, history
         )
-
-    def _consumed_length(self, run: EpochRun) -> int:
-        """Batches of ``run``'s epoch the consumer takes: all of them, or the fewer it says it stops at
-        (``consumer_epoch_length``, in its own count)."""
-        limit = self.consumer_epoch_length() if self.consumer_epoch_length is not None else None
-        if limit is None:
-            return run.length
-        return max(run.start, min(run.length, int(limit) - self._counted(run.epoch)))
-
-    def _position(self, run: EpochRun) -> int:
-        """Batches of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so, but never
-        fewer than where ``run`` began (those were trained before it, in an earlier run or job): a state saved
-        below that point would describe a segment of negative length, which no loader can resume."""
-        consumed = self.consumed_batches() if self.consumed_batches is not None else None
-        if consumed is not None and int(consumed) < 0:
-            raise ValueError(
-                f"consumed_batches() said {consumed} batches were consumed: it must count the batches of this epoch "
-                "the consumer has finished with (an integer >= 0), or return None"
-            )
-        if consumed is None:
-            return run.position
-        consumed = int(consumed) - self._counted(run.epoch)  # in the trainer's count, not yielded by this loader
-        return max(run.start, min(run.position, consumed))
 
     def state_dict(self) -> dict:
         """Where this rank is (epoch, batches already yielded), the topology and the set-up, as a plain dict
@@ -586,8 +511,7 @@ class ZarrDataLoader(DataLoader):
             rank = world = None  # checked when the epoch starts, once the process group exists
         if world is not None:  # raises for a position this data cannot have (cache=True on another topology...)
             self._plan(rank, world, resumed_history(saved, world, self.num_workers), epoch=saved.epoch)
-        self._epoch, self._start, self._run = saved.epoch, saved, None
-        self._set_since_run = True
+        self.position.load(saved)
 
     def _setup_checkpoint(self) -> LoaderCheckpoint:
         """A checkpoint of this loader's set-up (its position fields are placeholders)."""
@@ -617,12 +541,3 @@ def checkpoint_of(
         fingerprint=spec.fingerprint(),
         data=tuple(sorted(data.items())),
     )
-
-
-def resumed_history(saved: LoaderCheckpoint, world: int, num_workers: int) -> tuple[Segment, ...]:
-    """The segments before a resume of ``saved`` on ``world`` ranks x ``num_workers`` workers: the saved
-    ones, plus the saved topology's own when the new one differs."""
-    history = saved.segments
-    if (saved.world_size, saved.num_workers) != (world, num_workers):
-        history += (Segment(saved.world_size, saved.num_workers, saved.segment_batches),)
-    return history

@@ -3,15 +3,17 @@
 ``python -m zarrtorch roofline STORE`` measures, on the machine it runs on: how fast the store's chunk bytes
 are read (storage, page cache included), how fast one core decodes them, and the loader itself at a few
 settings. The slowest of read and decode (on all the CPUs) is the ceiling; a loader well below it is held back
-by itself (shuffling, moving batches between processes). With ``--step-ms`` it runs the loader against a
-training step that sleeps (the CPU is idle, as while a GPU computes) and reports the share of the wall time
-spent waiting for data. With a GPU, it also measures host-to-device copies from pinned memory.
-"""
+by itself (shuffling, moving batches between processes). It says how each array's chunks are decoded: directly
+from their stored bytes, or through zarr's codecs and why (:func:`zarrtorch._read.fastpath.read_path`). With
+``--step-ms`` it runs the loader against a training step that sleeps (the CPU is idle, as while a GPU computes)
+and reports the share of the wall time spent waiting for data. With a GPU, it also measures host-to-device
+copies from pinned memory."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from zarrtorch._read.chunks import chunk_key
+from zarrtorch._read.fastpath import read_path_text, stored_decoder
 from zarrtorch._read.reader import ChunkReadError
 from zarrtorch._util.process import available_cpus
 from zarrtorch.dataset import ZarrIterableDataset
@@ -43,6 +46,7 @@ class Roofline:
     loader: list[dict] = field(default_factory=list)  # one entry per setting tried
     step: dict | None = None  # data-wait share against a sleeping training step
     h2d_gb_per_s: float | None = None  # host-to-device from pinned memory (CUDA only)
+    read_paths: dict[str, str] = field(default_factory=dict)  # array -> how the loader decodes its chunks
 
     @property
     def ceiling(self) -> tuple[str, float]:
@@ -72,6 +76,7 @@ class Roofline:
             f"({self.decode_rows_per_s_per_core * mb:,.0f} MiB/s)",
             f"  ceiling ({name}, all CPUs)    {rate:10,.0f} rows/s",
         ]
+        lines += [f"  read path {name_!r}: {path}" for name_, path in self.read_paths.items()]
         for r in self.loader:
             lines.append(
                 f"  loader, {r['num_workers']} worker(s) x {r['decode_threads']} decode thread(s), buffer "
@@ -102,23 +107,6 @@ class Roofline:
         if self.h2d_gb_per_s is not None:
             lines.append(f"host-to-device from pinned memory: {self.h2d_gb_per_s:.1f} GB/s")
         return "\n".join(lines)
-
-
-def _decoder(arr):
-    """A one-call decoder of a chunk's stored bytes for the usual layouts (zstd, blosc or no compressor on
-    plain bytes), or ``None`` for others (then decoding is timed through zarr, minus the raw read)."""
-    import numcodecs
-    from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
-
-    if getattr(arr, "shards", None) is not None or arr.filters or not isinstance(arr.serializer, BytesCodec):
-        return None
-    if not arr.compressors:
-        return lambda raw: np.frombuffer(raw, dtype=np.uint8).copy()
-    if len(arr.compressors) == 1 and isinstance(arr.compressors[0], ZstdCodec):
-        return numcodecs.Zstd().decode
-    if len(arr.compressors) == 1 and isinstance(arr.compressors[0], BloscCodec):
-        return numcodecs.Blosc().decode
-    return None
 
 
 DECODE_PASSES = 3  # a few chunks decode in milliseconds: one pass on a busy machine would say little
@@ -159,17 +147,18 @@ def measure_storage(ds: ZarrIterableDataset, chunks: list[int], readers: int) ->
         start = time.perf_counter()
         raws = list(pool.map(get, jobs))
         read_s = time.perf_counter() - start
-    decoder = {name: _decoder(arr) for name, arr in ds.arrays.items()}  # one per array, not per chunk
+    decoder = {name: stored_decoder(arr) for name, arr in ds.arrays.items()}  # the loader's direct decode, or None
     direct = []
     for (name, arr, c), raw in zip(jobs, raws, strict=True):
         if raw is None:
             raise _unreadable(name, c, chunk_key(arr, c), "the chunk is missing")
         if decoder[name] is not None:
+            decode = functools.partial(decoder[name], rows=min(ds.chunk_rows, ds.rows - c * ds.chunk_rows))
             try:  # an untimed first pass: it checks every chunk and warms the decoder up
-                decoder[name](raw)
+                decode(raw)
             except Exception as exc:  # noqa: BLE001 (any failure to decode is named with the chunk, as the loader does)
                 raise _unreadable(name, c, chunk_key(arr, c), f"{type(exc).__name__}: {exc}") from None
-            direct.append((decoder[name], raw))
+            direct.append((decode, raw))
     decode_s = min(_timed(direct) for _ in range(DECODE_PASSES))  # the least disturbed pass: what a core can do
     fallback = [(name, arr, c) for name, arr, c in jobs if decoder[name] is None]
     if fallback:  # through zarr, one thread: read + decode, minus this read's share of the raw read time
@@ -257,6 +246,7 @@ def roofline(
         for w, t in settings
     ]
     report = Roofline(cpus, ds.rows, ds.chunk_rows, ds.row_bytes, stored_row, read_rate, decode_rate, results)
+    report.read_paths = {name: read_path_text(arr) for name, arr in ds.arrays.items()}
     if step_ms is not None:
         best = report.best
         step = measure_loader(
@@ -287,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=8, help="chunks read to measure storage and decode")
     p.add_argument("--batches", type=int, default=40, help="batches timed per loader setting")
     p.add_argument("--step-ms", type=float, default=None, help="a training step's duration: does the loader keep up?")
+    p.add_argument("--allow-shards", action="store_true", help="read a sharded store: ReadOptions(allow_shards=True)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -298,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             batches=a.batches,
             buffer_chunks=a.buffer_chunks,
             step_ms=a.step_ms,
+            read=ReadOptions(allow_shards=a.allow_shards),
         )
     except (ChunkReadError, ValueError, OSError, LookupError) as exc:  # each message names what is wrong
         print(f"zarrtorch roofline: {exc}", file=sys.stderr)

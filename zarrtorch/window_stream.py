@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zarrtorch._read.reader import PieceReader
-from zarrtorch._util.sizes import ceil_div
+from zarrtorch._util.sizes import ceil_div, native
 from zarrtorch.buffer import simulate
 from zarrtorch.held_chunks import HeldChunks
 from zarrtorch.plan import WorkerPlan, shuffles_rows
@@ -258,7 +258,8 @@ def stream_windows(
     inputs, targets, static, columns = gather.inputs, gather.targets, gather.static, gather.columns
     chunk_rows = reader.chunk_rows
     pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
-    chunk_columns = {n: (tuple(a.shape[1:]), np.dtype(a.dtype)) for n, a in reader.arrays.items()}
+    # in this machine's byte order: a big-endian array is decoded (and byte-swapped) straight into its slot
+    chunk_columns = {n: (tuple(a.shape[1:]), native(a.dtype)) for n, a in reader.arrays.items()}
     in_flight = reader.in_flight.most_held * reader.pieces_per_read  # taken by reads not yet handed over
     held_most = min(max(reads.most_held, held_slots), starts.chunks_reached(int(offsets[-1]) + 1, chunk_rows))
     slots = held_most + in_flight + reader.pieces_per_read  # one chunk is held in one slot at a time

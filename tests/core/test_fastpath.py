@@ -1,11 +1,11 @@
-"""The direct zstd decode gives exactly what zarr gives, and steps aside for layouts it does not handle."""
+"""The direct decode gives exactly what zarr gives, from a local directory or any other store's ``get``."""
 
 import numpy as np
 import pytest
 import zarr
 
 from zarrtorch import prepare_zarr
-from zarrtorch._read.fastpath import _local_reader, direct_decoder, read_buffer_bytes
+from zarrtorch._read.fastpath import Span, _local_reader, direct_decoder, read_buffer_bytes
 from zarrtorch._read.reader import PieceReader
 
 
@@ -31,20 +31,23 @@ def test_direct_decode_equals_zarr_including_partial_last_chunk(store):
 
 
 @pytest.mark.parametrize("codec", ["none", "blosc-lz4"])
-def test_other_codecs_fall_back_to_zarr(tmp_path, codec):
+def test_prepare_zarrs_other_codecs_are_decoded_directly_too(tmp_path, codec):
     g = prepare_zarr({"x": np.ones((10, 2), "f4")}, tmp_path / "c.zarr", chunk_rows=4, codec=codec, progress=False)
-    assert direct_decoder(g["x"]) is None
+    assert direct_decoder(g["x"]) is not None
     np.testing.assert_array_equal(PieceReader({"x": g["x"]}, 4).read_piece(8, 10)["x"], np.ones((2, 2)))
 
 
-def test_sharded_arrays_fall_back_and_other_stores_are_read_through_their_get():
+def test_arrays_in_other_stores_are_read_through_their_get_shards_by_byte_range():
     g = zarr.open_group(zarr.storage.MemoryStore(), mode="w")
     plain = g.create_array("p", shape=(8, 2), chunks=(4, 2), dtype="f4", compressors=zarr.codecs.ZstdCodec())
     plain[:] = np.arange(16, dtype="f4").reshape(8, 2)
     sharded = g.create_array("s", shape=(8, 2), chunks=(2, 2), shards=(4, 2), dtype="f4")
-    assert direct_decoder(sharded) is None
+    sharded[:] = np.arange(16, dtype="f4").reshape(8, 2)
     decode = direct_decoder(plain)  # a store that is not a local directory: one get per chunk
     np.testing.assert_array_equal(decode("p/c/1/0"), plain[4:8])
+    decode = direct_decoder(sharded)  # the shard's index, then its inner chunks by byte range
+    np.testing.assert_array_equal(decode("s/c/1/0", rows=Span(0, 4, 4)), sharded[4:8])
+    np.testing.assert_array_equal(decode("s/c/0/0", rows=Span(2, 4, 4))[2:4], sharded[2:4])
 
 
 def test_read_buffer_holds_any_chunk_file_and_is_reused(tmp_path):
@@ -67,5 +70,5 @@ def test_read_buffer_holds_any_chunk_file_and_is_reused(tmp_path):
         buffers.add(id(view.obj))
         del view
     assert len(buffers) == 1
-    sharded = zarr.create_array(tmp_path / "sh.zarr", shape=(8, 4), chunks=(2, 4), shards=(4, 4), dtype="f4")
-    assert read_buffer_bytes(sharded) == 0  # not read through the shortcut: no such buffer
+    fortran = zarr.create_array(tmp_path / "f.zarr", shape=(8, 4), chunks=(2, 4), dtype="f4", zarr_format=2, order="F")
+    assert read_buffer_bytes(fortran) == 0  # read through zarr's codecs: no such buffer

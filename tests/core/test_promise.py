@@ -223,14 +223,18 @@ SHARD_CHUNKS = 4  # inner chunks per shard in the sharded store
 
 @pytest.fixture(scope="module")
 def through_zarr(tmp_path_factory):
-    """Stores the direct zstd path does not decode, so reads go through zarr's codecs: Blosc, Zarr v3 shards
-    (of zstd chunks) and Zarr v2 (Blosc)."""
+    """Stores of other layouts than prepare_zarr's: Blosc, Zarr v3 shards (of zstd chunks) and Zarr v2 (Blosc),
+    decoded directly (zarrtorch._read.fastpath), and two read through zarr's codecs (F order, a crc32c codec)."""
     root = tmp_path_factory.mktemp("through-zarr")
     data = np.arange(ROWS * 4, dtype=np.float32).reshape(ROWS, 4)
     layouts = {
         "blosc": dict(zarr_format=3, chunks=(CHUNK, 4), compressors=[zarr.codecs.BloscCodec()]),
         "sharded": dict(zarr_format=3, chunks=(CHUNK, 4), shards=(CHUNK * SHARD_CHUNKS, 4)),
         "v2": dict(zarr_format=2, chunks=(CHUNK, 4)),
+        "v2-order-F": dict(zarr_format=2, chunks=(CHUNK, 4), order="F"),
+        "crc32c": dict(
+            zarr_format=3, chunks=(CHUNK, 4), compressors=[zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]
+        ),
     }
     for name, kwargs in layouts.items():
         fmt = kwargs.pop("zarr_format")
@@ -243,11 +247,12 @@ def through_zarr(tmp_path_factory):
 METADATA = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
-@pytest.mark.parametrize("layout", ["blosc", "sharded", "v2"])
+@pytest.mark.parametrize("layout", ["blosc", "sharded", "v2", "v2-order-F", "crc32c"])
 def test_reads_through_zarr_have_a_deadline_and_one_request_per_chunk(through_zarr, layout):
-    """An array read through zarr's codecs over HTTP: one request per chunk or shard (an existence check once
-    doubled them), and a server that stops answering ends in a ChunkReadError after the retries (it once
-    waited forever)."""
+    """An array of another layout than prepare_zarr's over HTTP, decoded directly or through zarr's codecs: one
+    request per chunk or shard (an existence check once doubled them; a shard read whole is one request, its
+    index and inner chunks cut from it), and a server that stops answering ends in a ChunkReadError after the
+    retries (it once waited forever)."""
     policy = RetryPolicy(timeout_s=1.0, retries=1, backoff_s=0.05)
     read = ReadOptions(retry=policy, allow_shards=layout == "sharded")
     with HttpStoreServer(through_zarr) as server:

@@ -23,6 +23,9 @@ outputs committed in the notebooks.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
 import os
 import re
@@ -32,6 +35,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from zarrtorch import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DECK = ROOT / "slides" / "workshop.md"
@@ -114,12 +119,15 @@ def test_slurm_excerpt_is_the_template_and_its_flags_exist():
     assert flags and not missing, f"the slide's srun line passes flags train does not take: {missing}"
 
 
+@functools.cache
 def zarrtorch_help(command: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "zarrtorch", command, "--help"], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    """What ``python -m zarrtorch COMMAND --help`` prints, from the same entry point, in this process (a process
+    per command would import torch each time)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        cli.main([command, "--help"])
+    assert exited.value.code in (0, None), f"python -m zarrtorch {command} --help exited {exited.value.code}"
+    return out.getvalue()
 
 
 def test_inline_commands_exist():

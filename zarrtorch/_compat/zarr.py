@@ -104,3 +104,11 @@ async def shard_index(codec: ShardingCodec, raw, spec) -> np.ndarray:
     at_start = codec.index_location == ShardingCodecIndexLocation.start
     index = await codec._decode_shard_index(raw[:size] if at_start else raw[len(raw) - size :], per_shard)
     return index.offsets_and_lengths
+
+
+def decode_shard_index(codec: ShardingCodec, stored: bytes, spec) -> np.ndarray:
+    """:func:`shard_index` of a shard's index alone (``stored``: its :func:`shard_index_size` bytes, read by
+    byte range), decoded and checked (its checksum) by the codec's own index codecs.
+
+    Why: as :func:`shard_index`; the loader reads only a shard's index and the inner chunks a piece needs."""
+    return run(shard_index(codec, default_buffer_prototype().buffer.from_bytes(stored), spec))

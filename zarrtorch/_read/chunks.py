@@ -1,7 +1,8 @@
 """Read one whole chunk of any Zarr array through zarr's own codecs, with the loader's deadline and checks.
 
-Arrays stored the simple way are decoded by :mod:`zarrtorch._read.fastpath`. Every other one (Blosc, gzip and
-other codecs, Zarr v2, shards) goes through here rather than ``array[start:stop]``, which waits on a remote
+Arrays in the common layouts are decoded by :mod:`zarrtorch._read.fastpath`. Every other one (filters, F order,
+other codecs: :func:`zarrtorch._read.fastpath.read_path` says which) goes through here rather than
+``array[start:stop]``, which waits on a remote
 request without a deadline, reads a missing chunk (or a shard's missing inner chunk) as fill values, and
 would need a second request to tell. Here each chunk is one request (with a deadline and retries for a
 remote store, :mod:`zarrtorch._read.fetch`), decoded by the array's codec pipeline and checked to be the whole
@@ -168,6 +169,14 @@ def _check_framing(metadata, spec, raw) -> None:
             )
 
 
+def missing_inner_message(absent: list[tuple[int, ...]], fill_value) -> str:
+    """What is wrong with a shard that lacks the inner chunks at ``absent`` (their coordinates in the shard)."""
+    return (
+        f"the shard has no bytes for its inner chunk(s) {absent[:8]}{' ...' if len(absent) > 8 else ''} (their "
+        f"coordinates in the shard): zarr would read them as the fill value {fill_text(fill_value)}. {IF_SKIPPED}"
+    )
+
+
 async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing: bool) -> None:
     """Refuse a shard whose index cannot be read, points outside the shard, or (``check_missing``) lacks an
     inner chunk holding some of its ``rows`` rows: zarr would read such an inner chunk as the fill value."""
@@ -179,11 +188,7 @@ async def _check_shard(codec: ShardingCodec, raw, spec, rows: int, check_missing
     present = entries[:, 0] != NO_INNER_CHUNK
     if check_missing and not present.all():
         absent = [tuple(c) for c in np.argwhere(grid[..., 0] == NO_INNER_CHUNK).tolist()]  # inner chunks' coordinates
-        raise ValueError(
-            f"the shard has no bytes for its inner chunk(s) {absent[:8]}{' ...' if len(absent) > 8 else ''} (their "
-            f"coordinates in the shard): zarr would read them as the fill value {fill_text(spec.fill_value)}. "
-            f"{IF_SKIPPED}"
-        )
+        raise ValueError(missing_inner_message(absent, spec.fill_value))
     ends = entries[present, 0].astype(np.uint64) + entries[present, 1].astype(np.uint64)
     if len(ends) and int(ends.max()) > len(raw):
         raise ValueError(f"the shard's index points past its {len(raw)} bytes: it is cut short or damaged")

@@ -1,11 +1,25 @@
-"""Decode chunks straight from their stored bytes in the common case: no sharding, bytes + zstd.
+"""Decode chunks straight from their stored bytes for every common layout; the rest through zarr's codecs.
 
-Zarr's general read path sends every read through its asyncio loop and copies the decoded chunk into a
-new output array, an overhead measured against the decode itself in ``benchmarks/README.md``. When an
-array is stored the simple way, the loader reads the chunk's bytes (a local file, or one request with a
-deadline and retries for a remote store, :mod:`zarrtorch._read.fetch`) and decodes them straight into the
-array it returns; any other array (sharding, other codecs, Zarr v2) is read through zarr's codecs
-(:mod:`zarrtorch._read.chunks`).
+Zarr's general read path sends every read through its asyncio loop and copies the decoded chunk into a new
+output array, an overhead measured against the decode itself in ``benchmarks/README.md`` (about 4x per window
+on 2 cores). For the layouts most stores have, the loader reads each chunk's bytes itself (a local file, or one
+request with a deadline and retries for a remote store, :mod:`zarrtorch._read.fetch`) and decodes them in the
+reading thread straight into the array it returns, with codecs that release the GIL:
+
+* Zarr v2 (C order, no filters) and Zarr v3 (the bytes codec, no array-to-array codec);
+* no compressor, zstd, Blosc (any of its compressors and shuffles), gzip, zlib (v2);
+* stored in either byte order: a big-endian array is byte-swapped into this machine's order, as a tensor needs;
+* Zarr v3 shards whose inner chunks span the other axes (any of the codecs above inside): the shard's index is
+  read once and cached (:data:`SHARD_INDEX_CACHE_BYTES` per process), and the inner chunks a piece needs are
+  read by byte range, one read per run of them stored one after the other (a piece that needs every inner
+  chunk of a shard whose index is not cached yet reads the whole shard: one request, not two).
+
+Anything else (filters such as delta or fixedscaleoffset, F order, object or string dtypes, other codecs, a
+checksum codec, nested shards) is read through zarr's codecs (:mod:`zarrtorch._read.chunks`);
+:func:`read_path_text` says which path an array takes and why (``audit`` and ``roofline`` print it).
+Every check zarr's path makes holds here too: a chunk that does not decode to exactly its bytes, a frame
+followed by other bytes, a wrong checksum, a shard index that points outside the shard or lacks an inner
+chunk is a ``ValueError`` the reader names (:class:`zarrtorch._read.reader.ChunkReadError`).
 """
 
 from __future__ import annotations
@@ -15,79 +29,231 @@ import mmap
 import os
 import sys
 import threading
+import zlib
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numcodecs
 import numpy as np
 import zarr
-from zarr.codecs import BytesCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
 
+from zarrtorch._compat.zarr import NO_INNER_CHUNK, chunk_spec, decode_shard_index, shard_index_size
+from zarrtorch._read.chunks import missing_inner_message
 from zarrtorch._read.fetch import RetryPolicy, get_bytes
 from zarrtorch._util.pool import Pools
+from zarrtorch._util.sizes import ceil_div, native
+
+# -- which arrays are read directly, and how ---------------------------------------------------------------
 
 
-def _simple(arr: zarr.Array) -> bool:
-    """Whether ``arr`` is stored the way the shortcut understands: Zarr v3, no sharding, bytes (native
-    order) + zstd, a plain numeric dtype."""
-    if getattr(arr, "shards", None) is not None or getattr(arr.metadata, "zarr_format", None) != 3:
-        return False
-    codecs = tuple(arr.metadata.codecs)
-    if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], ZstdCodec):
-        return False
+@dataclass(frozen=True)
+class Shards:
+    """How a sharded array's shards hold their inner chunks, as the direct reader reads them: ``per_shard``
+    inner chunks of ``inner_rows`` rows along the first axis (each spanning the other axes), an index of
+    ``index_bytes`` at the shard's start or end, decoded with ``codec`` and ``spec`` (zarr's own index codecs)."""
+
+    inner_rows: int
+    per_shard: int
+    index_bytes: int
+    index_at_start: bool
+    codec: ShardingCodec
+    spec: object
+
+
+@dataclass(frozen=True)
+class DirectLayout:
+    """An array the direct reader decodes: ``compressor`` (``"zstd"``, ``"blosc"``, ``"gzip"``, ``"zlib"`` or
+    ``"none"``, described as ``detail``), the ``stored`` dtype and ``byteswap`` when it is not this machine's
+    byte order, one compressed unit of ``unit_shape`` (the chunk, or a shard's inner chunk), ``shards`` or None."""
+
+    zarr_format: int
+    compressor: str
+    detail: str
+    dtype: np.dtype  # decoded into: the stored dtype in this machine's byte order
+    byteswap: bool
+    unit_shape: tuple[int, ...]
+    shards: Shards | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The decoded shape of one stored object: a chunk, or a shard."""
+        if self.shards is None:
+            return self.unit_shape
+        return (self.shards.inner_rows * self.shards.per_shard, *self.unit_shape[1:])
+
+    @property
+    def unit_bytes(self) -> int:
+        return math.prod(self.unit_shape) * self.dtype.itemsize
+
+    def text(self) -> str:
+        """``direct (v2, blosc lz4 shuffle)``, as ``audit`` and ``roofline`` print it."""
+        fmt = f"v{self.zarr_format}"
+        if self.shards is not None:
+            rows = self.shards.inner_rows
+            fmt += f" sharded, {self.shards.per_shard} inner chunks of {rows} row{'s' * (rows != 1)} per shard"
+        order = ", big-endian, byte-swapped" if self.byteswap and sys.byteorder == "little" else ""
+        order = ", little-endian, byte-swapped" if self.byteswap and sys.byteorder == "big" else order
+        return f"direct ({fmt}, {self.detail}{order})"
+
+
+def read_path(arr: zarr.Array) -> DirectLayout | str:
+    """How ``arr`` is read directly (:class:`DirectLayout`), or why it goes through zarr's codecs (a reason,
+    ``"filter Delta not read directly"``)."""
     dtype = np.dtype(arr.dtype)
+    if dtype.hasobject or dtype.kind in "UOSVT" or dtype.fields is not None:
+        return f"dtype {dtype} not read directly"
+    if arr.metadata.zarr_format == 2:
+        return _v2_path(arr, dtype)
+    return _v3_path(arr, dtype)
+
+
+def read_path_text(arr: zarr.Array) -> str:
+    """One line saying how ``arr``'s chunks are read: ``direct (v2, blosc lz4 shuffle)``, or ``zarr's path:
+    filter Delta not read directly``."""
+    layout = read_path(arr)
+    return layout.text() if isinstance(layout, DirectLayout) else f"zarr's path: {layout}"
+
+
+def _v2_path(arr: zarr.Array, dtype: np.dtype) -> DirectLayout | str:
+    meta = arr.metadata
+    if meta.order != "C":
+        return f"order {meta.order} (column-major chunks) not read directly"
+    if meta.filters:
+        return f"filter {_name(meta.filters[0])} not read directly"
+    found = _compressor(meta.compressor)
+    if isinstance(found, str):
+        return found
+    swap = dtype.itemsize > 1 and not dtype.isnative and dtype.byteorder != "|"
+    return DirectLayout(2, *found, native(dtype), swap, tuple(arr.chunks))
+
+
+def _v3_path(arr: zarr.Array, dtype: np.dtype) -> DirectLayout | str:
+    codecs = tuple(arr.metadata.codecs)
+    shards = None
+    if codecs and isinstance(codecs[0], ShardingCodec):
+        shards = _shards(arr, codecs[0])
+        if isinstance(shards, str):
+            return shards
+        codecs = tuple(codecs[0].codecs)
+    if not codecs or not isinstance(codecs[0], BytesCodec):
+        return f"codec {_name(codecs[0]) if codecs else 'none'} not read directly"
+    if len(codecs) > 2:
+        return f"codecs {' + '.join(_name(c) for c in codecs[1:])} not read directly (one compressor at most)"
+    found = _compressor(codecs[1] if len(codecs) == 2 else None)
+    if isinstance(found, str):
+        return found
     endian = getattr(codecs[0].endian, "value", codecs[0].endian)
-    return not (dtype.itemsize > 1 and endian != sys.byteorder) and not (dtype.hasobject or dtype.kind in "UOSV")
+    swap = dtype.itemsize > 1 and endian is not None and endian != sys.byteorder
+    return DirectLayout(3, *found, native(dtype), swap, tuple(arr.chunks), shards)
 
 
-def read_buffer_bytes(arr: zarr.Array) -> int:
-    """Bytes of the buffer each reading thread keeps for ``arr``'s chunk files (0 when chunks are not read
-    through one): the largest a zstd frame of one chunk can be, so it is never reallocated."""
-    return _largest_frame(arr) if _in_files(arr) and _simple(arr) else 0
+def _shards(arr: zarr.Array, codec: ShardingCodec) -> Shards | str:
+    inner, shard = tuple(arr.chunks), tuple(arr.shards)
+    if inner[1:] != shard[1:]:
+        return f"inner chunks {inner} split a shard {shard} along another axis than the first: not read directly"
+    spec = chunk_spec(arr, (0,) * arr.ndim)
+    return Shards(
+        inner_rows=int(inner[0]),
+        per_shard=int(shard[0] // inner[0]),
+        index_bytes=int(shard_index_size(codec, spec)),
+        index_at_start=getattr(codec.index_location, "value", codec.index_location) == "start",
+        codec=codec,
+        spec=spec,
+    )
 
 
-def _in_files(arr: zarr.Array) -> bool:
-    """Whether ``arr``'s chunks are files this process opens (a local store, not one in memory)."""
-    return isinstance(arr.store_path.store, zarr.storage.LocalStore)
+_SHUFFLES = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle", -1: "autoshuffle"}
 
 
-def _largest_frame(arr: zarr.Array) -> int:
-    n = math.prod(arr.chunks) * np.dtype(arr.dtype).itemsize
-    return n + (n >> 8) + max(0, (128 << 10) - n) // 2048 + (64 << 10)  # ZSTD_COMPRESSBOUND + headers
+def _compressor(codec) -> tuple[str, str] | str:
+    """``(compressor, detail)`` of a Zarr v2 compressor or a v3 bytes-to-bytes codec (``None``: none), or the
+    reason it is not read directly."""
+    if codec is None:
+        return "none", "no compressor"
+    if isinstance(codec, (numcodecs.Zstd, ZstdCodec)):
+        return "zstd", "zstd"
+    if isinstance(codec, (numcodecs.GZip, GzipCodec)):
+        return "gzip", "gzip"
+    if isinstance(codec, numcodecs.Zlib):
+        return "zlib", "zlib"
+    if isinstance(codec, numcodecs.Blosc):
+        return "blosc", f"blosc {codec.cname} {_SHUFFLES.get(codec.shuffle, codec.shuffle)}"
+    if isinstance(codec, BloscCodec):
+        cname, shuffle = (getattr(v, "value", v) for v in (codec.cname, codec.shuffle))
+        return "blosc", f"blosc {cname} {shuffle}"
+    return f"{'compressor' if isinstance(codec, numcodecs.abc.Codec) else 'codec'} {_name(codec)} not read directly"
 
 
-def direct_decoder(
-    arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None
-) -> Callable[..., np.ndarray] | None:
-    """A function decoding one chunk (given its store key, and optionally its bytes fetched already) into
-    ``into`` where given (a whole chunk's C-contiguous array) or a full-chunk array from a pool
-    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returning it; ``None`` when ``arr``
-    is not stored in the simple layout this shortcut understands."""
-    if not _simple(arr):
-        return None
-    store = arr.store_path.store
-    zstd = numcodecs.Zstd()
-    read = _local_reader(store, _largest_frame(arr)) if _in_files(arr) else _remote_reader(store, policy)
-    chunk_buffer = (pools or Pools()).chunks(tuple(arr.chunks), np.dtype(arr.dtype))
+def _name(codec) -> str:
+    """A codec's name as a message says it: ``Delta``, ``Transpose``, ``Crc32c``."""
+    return type(codec).__name__.removesuffix("Codec") or str(codec)
 
-    shape, dtype = tuple(arr.chunks), np.dtype(arr.dtype)
 
-    def decode(key: str, raw: bytes | None = None, into: np.ndarray | None = None) -> np.ndarray:
-        if raw is None:
-            raw = read(key)  # FileNotFoundError for a missing chunk: the caller names it
-        fits = into is not None and into.shape == shape and into.dtype == dtype and into.flags.c_contiguous
-        out = into if fits else chunk_buffer()
-        size = frame_content_size(raw)
-        if size is None:  # a frame that does not state its size (written by a streaming compressor)
-            decoded = zstd.decode(raw)
-            _check_size(len(decoded), out)
-            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(decoded, np.uint8)
-            return out
-        _check_size(size, out)  # zstd would fill a larger buffer only in part, and leave the rest as it was
-        zstd.decode(raw, out=out)
-        return out
+# -- one compressed unit (a chunk, an inner chunk) into its destination's bytes --------------------------
 
-    return decode
+
+def _unzstd(raw, dest: np.ndarray) -> None:
+    size = frame_content_size(raw)
+    if size is None:  # a frame that does not state its size (written by a streaming compressor)
+        decoded = _ZSTD.decode(raw)
+        _check_size(len(decoded), dest, "zstd frame")
+        dest[:] = np.frombuffer(decoded, np.uint8)
+        return
+    _check_size(size, dest, "zstd frame")  # zstd would fill a larger buffer only in part, and leave the rest
+    _ZSTD.decode(raw, out=dest)
+
+
+def _unblosc(raw, dest: np.ndarray) -> None:
+    """Blosc fills a larger destination only in part and ignores bytes after its frame: its header (the
+    decoded and the stored sizes) is checked against both first."""
+    if len(raw) < 16:
+        raise ValueError(f"it holds {len(raw)} bytes, fewer than a Blosc header (16)")
+    head = bytes(raw[:16])
+    decoded, framed = int.from_bytes(head[4:8], "little"), int.from_bytes(head[12:16], "little")
+    if framed != len(raw):
+        raise ValueError(f"its Blosc frame says {framed} bytes, the stored chunk has {len(raw)}: it is damaged")
+    _check_size(decoded, dest, "Blosc frame")
+    _BLOSC.decode(raw, out=dest)
+
+
+def _inflater(wbits: int, what: str) -> Callable[[object, np.ndarray], None]:
+    """A decoder of one deflate stream (``wbits``: gzip's wrapper, 31, or zlib's, 15), checked to end exactly
+    where the chunk's bytes end and to hold exactly the chunk (zlib's checksum or gzip's CRC and length are
+    checked by zlib itself). Python's zlib inflates without the GIL; the one copy into ``dest`` is a memcpy."""
+
+    def inflate(raw, dest: np.ndarray) -> None:
+        stream = zlib.decompressobj(wbits)
+        try:
+            decoded = stream.decompress(raw, dest.nbytes + 1)  # no more than the chunk and a byte: a bomb stops
+        except zlib.error as exc:
+            raise ValueError(f"its {what} stream does not decode ({exc})") from None
+        if not stream.eof:
+            raise ValueError(f"its {what} stream is cut short (it decodes to {len(decoded)} bytes or more, no end)")
+        _check_size(len(decoded), dest, f"{what} stream")
+        if stream.unused_data:
+            raise ValueError(f"{len(stream.unused_data)} bytes follow its {what} stream: the chunk is damaged")
+        dest[:] = np.frombuffer(decoded, np.uint8)
+
+    return inflate
+
+
+def _uncompressed(raw, dest: np.ndarray) -> None:
+    _check_size(len(raw), dest, "stored chunk (no compressor)")
+    dest[:] = np.frombuffer(raw, np.uint8)
+
+
+_ZSTD, _BLOSC = numcodecs.Zstd(), numcodecs.Blosc()
+UNPACK: dict[str, Callable[[object, np.ndarray], None]] = {
+    "zstd": _unzstd,
+    "blosc": _unblosc,
+    "gzip": _inflater(31, "gzip"),
+    "zlib": _inflater(15, "zlib"),
+    "none": _uncompressed,
+}
 
 
 ZSTD_MAGIC = 0xFD2FB528
@@ -111,29 +277,350 @@ def frame_content_size(raw) -> int | None:
     return value + 256 if width == 2 else value
 
 
-def _check_size(size: int, out: np.ndarray) -> None:
-    if size != out.nbytes:
+def to_native_order(decoded: np.ndarray) -> None:
+    """Byte-swap ``decoded`` (this machine's dtype, holding the bytes of the other byte order) in place. A cast
+    from the other order: numpy casts without the GIL, where ``ndarray.byteswap`` holds it for the whole array
+    (``benchmarks/layouts.py`` measures both)."""
+    np.copyto(decoded, decoded.view(decoded.dtype.newbyteorder()))
+
+
+def _check_size(size: int, dest: np.ndarray, what: str) -> None:
+    if size != dest.nbytes:
         raise ValueError(
-            f"its zstd frame decodes to {size} bytes where the chunk holds {out.nbytes} ({tuple(out.shape)} "
-            f"{out.dtype}): the chunk is damaged, or was written for another shape or data type"
+            f"its {what} decodes to {size} bytes where the chunk holds {dest.nbytes}: the chunk is damaged, or "
+            "was written for another shape or data type"
         )
 
 
-def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], memoryview]:
-    """Reads a chunk file into a buffer of the calling thread's, reused for its next chunk (the bytes are
-    decoded before that thread reads again). The buffer is mapped memory of ``size`` bytes (the largest a
-    chunk file can be): only the pages a file fills become resident, it is never reallocated, and it is
-    unmapped when the thread ends, not kept by the C allocator."""
-    root = str(Path(str(store.root))) + os.sep
+# -- the bytes each reading thread holds ----------------------------------------------------------------------
+
+
+def largest_stored(nbytes: int, units: int = 1) -> int:
+    """The most bytes ``units`` compressed units holding ``nbytes`` decoded bytes together can take: what any of
+    the codecs read directly may add (``ZSTD_COMPRESSBOUND``, Blosc's 16-byte header, deflate's 5 bytes per
+    stored block and gzip's header), with room for headers."""
+    return nbytes + (nbytes >> 8) + units * (max(0, (128 << 10) - nbytes // max(1, units)) // 2048 + 64) + (64 << 10)
+
+
+def read_buffer_bytes(arr: zarr.Array) -> int:
+    """Bytes of the buffer each reading thread keeps for ``arr``'s chunk files (0 when none is kept: a store not
+    on this machine's file system, an array read through zarr, or chunks stored uncompressed, read straight into
+    the array returned): the largest a chunk can be stored, or a whole shard (read at once when a piece needs every
+    inner chunk of it and its index is not cached yet)."""
+    layout = read_path(arr)
+    if not _in_files(arr) or not isinstance(layout, DirectLayout):
+        return 0
+    if layout.shards is None:
+        return 0 if layout.compressor == "none" else largest_stored(layout.unit_bytes)
+    shards = layout.shards
+    return largest_stored(layout.unit_bytes * shards.per_shard, shards.per_shard) + shards.index_bytes
+
+
+def shard_index_cache_bytes(arr: zarr.Array) -> int:
+    """The most bytes the shard indexes of ``arr`` take in this process's cache (:data:`SHARD_INDEX_CACHE_BYTES`
+    for all arrays together at most)."""
+    layout = read_path(arr)
+    if not isinstance(layout, DirectLayout) or layout.shards is None:
+        return 0
+    shards = ceil_div(int(arr.shape[0]), layout.shape[0])
+    return min(SHARD_INDEX_CACHE_BYTES, shards * _index_entry_bytes(layout.shards.per_shard))
+
+
+def _in_files(arr: zarr.Array) -> bool:
+    """Whether ``arr``'s chunks are files this process opens (a local store, not one in memory)."""
+    return isinstance(arr.store_path.store, zarr.storage.LocalStore)
+
+
+# -- the decoders the reader calls -------------------------------------------------------------------------
+
+
+Decoder = Callable[..., np.ndarray]
+
+
+class Span(NamedTuple):
+    """Rows ``[start, stop)`` of a chunk (or shard) counted from its first row, which holds ``held`` rows of the
+    array (fewer than its shape in the array's last chunk): what a shard's reader needs to tell a piece of the
+    whole shard (read at once) from a part of it (read by byte range)."""
+
+    start: int
+    stop: int
+    held: int
+
+
+def direct_decoder(
+    arr: zarr.Array, policy: RetryPolicy | None = None, pools: Pools | None = None, *, check_missing: bool = True
+) -> Decoder | None:
+    """A function decoding one chunk (or shard) of ``arr``, ``decode(key, raw=None, into=None, rows=None)``:
+    given its store key, and optionally its bytes fetched already, it decodes into ``into`` where given (a whole
+    chunk's C-contiguous array of the decoded dtype) or into a full-chunk array from a pool
+    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returns it. ``rows``
+    (:class:`Span`): the rows the caller needs; a shard reads only the inner chunks holding them (the others' rows
+    are left as they were), a missing one is an error with ``check_missing``, else the fill value. ``None`` when
+    ``arr`` is read through zarr's codecs (:func:`read_path`)."""
+    layout = read_path(arr)
+    if not isinstance(layout, DirectLayout):
+        return None
+    pools = pools or Pools()
+    if layout.shards is not None:
+        return _ShardDecoder(arr, layout, policy, pools, check_missing).decode
+    return _chunk_decoder(arr, layout, policy, pools)
+
+
+def _fits(into: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    return into is not None and into.shape == shape and into.dtype == dtype and into.flags.c_contiguous
+
+
+def _bytes_of(out: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's memory as flat bytes (a view)."""
+    return out.reshape(-1).view(np.uint8)
+
+
+def _chunk_decoder(arr: zarr.Array, layout: DirectLayout, policy: RetryPolicy | None, pools: Pools) -> Decoder:
+    store, shape, dtype = arr.store_path.store, layout.shape, layout.dtype
+    unpack, swap = UNPACK[layout.compressor], layout.byteswap
+    chunk_buffer = pools.chunks(shape, dtype)
+    local = _in_files(arr)
+    read = _local_reader(store, largest_stored(layout.unit_bytes)) if local else _remote_reader(store, policy)
+    read_into = _local_reader_into(store) if local and layout.compressor == "none" else None
+
+    def decode(key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
+        out = into if _fits(into, shape, dtype) else chunk_buffer()
+        dest = _bytes_of(out)
+        if raw is None and read_into is not None:  # stored as it is decoded: read straight into the array
+            read_into(key, dest)
+        else:
+            unpack(read(key) if raw is None else raw, dest)  # a missing chunk: FileNotFoundError, named by the caller
+        if swap:
+            to_native_order(out)
+        return out
+
+    return decode
+
+
+# -- shards: the index read once, inner chunks by byte range ----------------------------------------------
+
+
+SHARD_INDEX_CACHE_BYTES = 16 << 20  # shard indexes one process keeps, all arrays together (LRU beyond)
+_INDEX_ENTRY_OVERHEAD = 256  # a cached index's Python objects: its array's header, the key, the dict's entry
+
+
+def _index_entry_bytes(per_shard: int) -> int:
+    return 16 * per_shard + _INDEX_ENTRY_OVERHEAD
+
+
+class _IndexCache:
+    """Shard indexes, ``(offset, length)`` per inner chunk, by (store, key, size and time of a local file),
+    least recently used dropped past :data:`SHARD_INDEX_CACHE_BYTES`. The process's (:data:`SHARD_INDEXES`) starts
+    afresh in a forked child: a lock held by a parent's thread at the fork would never be released there."""
+
+    def __init__(self, most: int = SHARD_INDEX_CACHE_BYTES):
+        self.most = most
+        self.reset()
+
+    def reset(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict = OrderedDict()
+        self.nbytes = 0
+
+    def get(self, key) -> np.ndarray | None:
+        with self._lock:
+            index = self._entries.get(key)
+            if index is not None:
+                self._entries.move_to_end(key)
+            return index
+
+    def put(self, key, index: np.ndarray) -> None:
+        size = _index_entry_bytes(len(index))
+        with self._lock:
+            if key in self._entries or size > self.most:
+                return
+            self._entries[key] = index
+            self.nbytes += size
+            while self.nbytes > self.most:
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= _index_entry_bytes(len(old))
+
+    def forget(self, key) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= _index_entry_bytes(len(old))
+
+
+SHARD_INDEXES = _IndexCache()
+os.register_at_fork(after_in_child=SHARD_INDEXES.reset)
+
+
+class _ShardSource:
+    """One shard's bytes, read by byte range: a local file (opened once for the shard's reads), a remote object
+    (a request with the policy's deadline and retries per range), or bytes given whole."""
+
+    def __init__(self, store, root: str | None, key: str, raw, policy: RetryPolicy | None, buffer: Callable):
+        self.store, self.key, self.raw, self.policy, self._buffer = store, key, raw, policy, buffer
+        self.fd, self.size = None, None
+        if raw is not None:
+            self.size = len(raw)
+        elif root is not None:
+            self.fd = os.open(root + key, os.O_RDONLY)  # FileNotFoundError for a missing shard: the caller names it
+            stat = os.fstat(self.fd)
+            self.size, self.version = stat.st_size, stat.st_mtime_ns
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def cache_key(self) -> tuple:
+        local = (self.size, self.version) if self.fd is not None else None
+        return (str(self.store), self.key, local)
+
+    def read(self, start: int, stop: int, into_buffer: bool = True):
+        """Bytes ``[start, stop)`` of the shard; ``ValueError`` where the shard ends before ``stop``."""
+        if self.size is not None and stop > self.size:
+            raise ValueError(f"the shard's index points past its {self.size} bytes: it is cut short or damaged")
+        if self.raw is not None:
+            return memoryview(self.raw)[start:stop]
+        if self.fd is not None:
+            view = self._buffer(stop - start) if into_buffer else memoryview(bytearray(stop - start))
+            got = os.preadv(self.fd, [view], start)
+            got_view = view[:got]
+        else:
+            got_view = memoryview(_get_range(self.store, self.key, self.policy, start, stop))
+        if len(got_view) != stop - start:
+            raise ValueError(f"the shard ends before byte {stop} its index points to: it is cut short or damaged")
+        return got_view
+
+    def read_whole(self) -> None:
+        """Read the whole shard at once (one request): its index and inner chunks are then cut from it."""
+        if self.fd is not None:
+            view = self._buffer(self.size)
+            got = os.preadv(self.fd, [view], 0)
+            self.raw, self.size = view[:got], got
+        else:
+            self.raw = memoryview(get_bytes(self.store, self.key, self.policy or RetryPolicy()))
+            self.size = len(self.raw)
+
+    def read_index(self, size: int, at_start: bool) -> bytes:
+        if self.size is not None:
+            if self.size < size:
+                raise ValueError(f"the shard holds {self.size} bytes, fewer than its index alone ({size})")
+            start = 0 if at_start else self.size - size
+            return bytes(self.read(start, start + size, into_buffer=False))
+        if at_start:
+            return bytes(self.read(0, size))
+        return _get_suffix(self.store, self.key, self.policy, size)
+
+
+class _ShardDecoder:
+    """Decodes the inner chunks of one shard a piece needs into a shard-shaped array."""
+
+    def __init__(self, arr: zarr.Array, layout: DirectLayout, policy: RetryPolicy | None, pools: Pools, check_missing):
+        self.layout, self.shards = layout, layout.shards
+        self.store, self.policy, self.check_missing = arr.store_path.store, policy, check_missing
+        self.fill = arr.fill_value if arr.fill_value is not None else 0
+        self.chunk_buffer = pools.chunks(layout.shape, layout.dtype)
+        self.unpack = UNPACK[layout.compressor]
+        self.root = str(Path(str(self.store.root))) + os.sep if _in_files(arr) else None
+        self.buffer = _thread_buffer(read_buffer_bytes(arr)) if self.root is not None else None
+
+    def decode(self, key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
+        shape = self.layout.shape
+        out = into if _fits(into, shape, self.layout.dtype) else self.chunk_buffer()
+        lo, hi, held = rows if rows is not None else Span(0, shape[0], shape[0])
+        source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer)
+        cached = raw is None  # a stored object's index is cached; bytes handed over are decoded as they are
+        try:
+            if cached and self._needs_all(lo, hi, held) and SHARD_INDEXES.get(source.cache_key()) is None:
+                source.read_whole()  # one request for the index and every inner chunk, not two
+            index = self._index(source, cached)
+            try:
+                self._decode_inner(source, index, out, int(lo), int(hi))
+            except ValueError:
+                if cached:  # the shard may have been rewritten since its index was read: read it again next time
+                    SHARD_INDEXES.forget(source.cache_key())
+                raise
+        finally:
+            source.close()
+        return out
+
+    def _needs_all(self, lo: int, hi: int, held: int) -> bool:
+        """Whether rows ``[lo, hi)`` lie in every inner chunk holding the shard's ``held`` rows."""
+        inner = self.shards.inner_rows
+        return lo < inner and ceil_div(hi, inner) >= ceil_div(held, inner)
+
+    def _index(self, source: _ShardSource, cached: bool) -> np.ndarray:
+        """The shard's ``(offset, length)`` per inner chunk along the first axis, from the cache when read before."""
+        shards = self.shards
+        key = source.cache_key()
+        index = SHARD_INDEXES.get(key) if cached else None
+        if index is None:
+            stored = source.read_index(shards.index_bytes, shards.index_at_start)
+            index = decode_shard_index(shards.codec, stored, shards.spec).reshape(-1, 2)
+            if cached:
+                SHARD_INDEXES.put(key, index)
+        return index
+
+    def _decode_inner(self, source: _ShardSource, index: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+        inner = self.shards.inner_rows
+        first, last = lo // inner, ceil_div(hi, inner)
+        entries = index[first:last]
+        absent = entries[:, 0] == NO_INNER_CHUNK
+        if absent.any() and self.check_missing:
+            coords = [(first + int(i),) + (0,) * (out.ndim - 1) for i in np.nonzero(absent)[0]]
+            raise ValueError(missing_inner_message(coords, self.fill))
+        for i in np.nonzero(absent)[0]:
+            out[(first + i) * inner : (first + i + 1) * inner] = self.fill
+        present = np.nonzero(~absent)[0]
+        for run in _runs(entries, present):
+            start = int(entries[run[0], 0])
+            stop = int(entries[run[-1], 0] + entries[run[-1], 1])
+            data = source.read(start, stop)  # one read for inner chunks stored one after the other
+            for i in run:
+                at = int(entries[i, 0]) - start
+                rows = out[(first + i) * inner : (first + i + 1) * inner]
+                self.unpack(data[at : at + int(entries[i, 1])], _bytes_of(rows))
+                if self.layout.byteswap:
+                    to_native_order(rows)
+
+
+def _runs(entries: np.ndarray, present: np.ndarray) -> list[list[int]]:
+    """The present inner chunks (positions in ``entries``) in runs of consecutive ones whose bytes follow each
+    other in the shard: each run is one read."""
+    runs: list[list[int]] = []
+    for i in present.tolist():
+        if runs and runs[-1][-1] == i - 1 and entries[i - 1, 0] + entries[i - 1, 1] == entries[i, 0]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+# -- reading stored objects -----------------------------------------------------------------------------
+
+
+def _thread_buffer(size: int) -> Callable[[int], memoryview]:
+    """``buffer(n)``: ``n`` bytes of the calling thread's buffer, reused for its next read (the bytes are
+    decoded before that thread reads again). Mapped memory of ``size`` bytes (the largest a read can be): only
+    the pages a read fills become resident, it is never reallocated, and it is unmapped when the thread ends,
+    not kept by the C allocator."""
     mine = threading.local()
+
+    def buffer(need: int) -> memoryview:
+        if len(getattr(mine, "buffer", b"")) < need:
+            mine.buffer = mmap.mmap(-1, max(size, need))
+        return memoryview(mine.buffer)[:need]
+
+    return buffer
+
+
+def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], memoryview]:
+    """Reads a chunk file into a buffer of the calling thread's (:func:`_thread_buffer`)."""
+    root = str(Path(str(store.root))) + os.sep
+    buffer = _thread_buffer(size)
 
     def read(key: str) -> memoryview:
         fd = os.open(root + key, os.O_RDONLY)  # no file object: half the cost of open() for a 32 KiB chunk
         try:
-            need = os.fstat(fd).st_size
-            if len(getattr(mine, "buffer", b"")) < need:
-                mine.buffer = mmap.mmap(-1, max(size, need))
-            view = memoryview(mine.buffer)[:need]
+            view = buffer(os.fstat(fd).st_size)
             got = os.readv(fd, [view])
         finally:
             os.close(fd)
@@ -142,6 +629,54 @@ def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], 
     return read
 
 
+def _local_reader_into(store: zarr.storage.LocalStore) -> Callable[[str, np.ndarray], None]:
+    """Reads an uncompressed chunk file straight into the decoded array's bytes, refusing one of another size."""
+    root = str(Path(str(store.root))) + os.sep
+
+    def read_into(key: str, dest: np.ndarray) -> None:
+        fd = os.open(root + key, os.O_RDONLY)
+        try:
+            _check_size(os.fstat(fd).st_size, dest, "stored chunk (no compressor)")
+            got = os.readv(fd, [dest])
+        finally:
+            os.close(fd)
+        _check_size(got, dest, "stored chunk (no compressor), as read,")
+
+    return read_into
+
+
 def _remote_reader(store, policy: RetryPolicy | None) -> Callable[[str], bytes]:
     policy = policy or RetryPolicy()
     return lambda key: get_bytes(store, key, policy)
+
+
+def _get_range(store, key: str, policy: RetryPolicy | None, start: int, stop: int) -> bytes:
+    from zarr.abc.store import RangeByteRequest
+
+    return get_bytes(store, key, policy or RetryPolicy(), byte_range=RangeByteRequest(start, stop))
+
+
+def _get_suffix(store, key: str, policy: RetryPolicy | None, size: int) -> bytes:
+    from zarr.abc.store import SuffixByteRequest
+
+    return get_bytes(store, key, policy or RetryPolicy(), byte_range=SuffixByteRequest(size))
+
+
+# -- one stored object decoded whole, from its bytes (roofline, benchmarks) -------------------------------
+
+
+def stored_decoder(arr: zarr.Array) -> Callable[..., np.ndarray] | None:
+    """``decode(raw, rows=None)``: one stored object of ``arr`` (a chunk, or a whole shard) decoded from its bytes
+    into a new array, as the loader decodes it (of a shard, the inner chunks holding its first ``rows`` rows, all
+    of them by default: each must be stored); ``None`` for an array read through zarr's codecs. What ``roofline``
+    and the benchmarks time as a codec's decode limit."""
+    layout = read_path(arr)
+    if not isinstance(layout, DirectLayout):
+        return None
+    decode = direct_decoder(arr, RetryPolicy())
+
+    def whole(raw, rows: int | None = None) -> np.ndarray:
+        held = layout.shape[0] if rows is None else rows
+        return decode("", raw, rows=Span(0, held, held))
+
+    return whole

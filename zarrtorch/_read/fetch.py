@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import zarr
 from zarr.abc.buffer import Buffer
+from zarr.abc.store import ByteRequest
 from zarr.buffer import default_buffer_prototype
 
 from zarrtorch._compat.zarr import event_loop, run
@@ -126,17 +127,22 @@ def with_retries(attempt: Callable[[], T], policy: RetryPolicy) -> T:
     raise AssertionError("unreachable")
 
 
-async def get_buffer(store: zarr.abc.store.Store, key: str, policy: RetryPolicy | None) -> Buffer:
-    """The object at ``key`` as zarr's buffer; each attempt waits ``policy.timeout_s`` at most (``policy=None``:
-    one attempt without a deadline, for local stores); ``FileNotFoundError`` when the store has none."""
+async def get_buffer(
+    store: zarr.abc.store.Store, key: str, policy: RetryPolicy | None, byte_range: ByteRequest | None = None
+) -> Buffer:
+    """The object at ``key`` (its ``byte_range`` only, where given) as zarr's buffer; each attempt waits
+    ``policy.timeout_s`` at most (``policy=None``: one attempt without a deadline, for local stores);
+    ``FileNotFoundError`` when the store has none."""
     if policy is None:
-        got = await store.get(key, default_buffer_prototype())
+        got = await store.get(key, default_buffer_prototype(), byte_range=byte_range)
         if got is None:
             raise FileNotFoundError(key)
         return got
     for n in range(policy.retries + 1):
         try:
-            got = await asyncio.wait_for(store.get(key, default_buffer_prototype()), policy.timeout_s)
+            got = await asyncio.wait_for(
+                store.get(key, default_buffer_prototype(), byte_range=byte_range), policy.timeout_s
+            )
             if got is None:
                 raise FileNotFoundError(key)
             return got
@@ -157,13 +163,18 @@ def within(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
     return run(asyncio.wait_for(coro, timeout_s), timeout=timeout_s + 10)
 
 
-async def _get(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
-    return (await get_buffer(store, key, policy)).to_bytes()
+async def _get(
+    store: zarr.abc.store.Store, key: str, policy: RetryPolicy, byte_range: ByteRequest | None = None
+) -> bytes:
+    return (await get_buffer(store, key, policy, byte_range)).to_bytes()
 
 
-def get_bytes(store: zarr.abc.store.Store, key: str, policy: RetryPolicy) -> bytes:
-    """The object at ``key``; ``FileNotFoundError`` when the store has none."""
-    return run(_get(store, key, policy))
+def get_bytes(
+    store: zarr.abc.store.Store, key: str, policy: RetryPolicy, byte_range: ByteRequest | None = None
+) -> bytes:
+    """The object at ``key`` (its ``byte_range`` only, where given: a shard's index, a run of its inner chunks);
+    ``FileNotFoundError`` when the store has none."""
+    return run(_get(store, key, policy, byte_range))
 
 
 async def _get_all(requests: list[tuple[zarr.abc.store.Store, str]], policy: RetryPolicy) -> list[bytes | Exception]:

@@ -3,7 +3,7 @@
 Decoding (zstd, blosc) releases the GIL, so a few threads per process keep several cores busy without
 moving data between processes. A missing chunk would silently read as the fill value and a corrupt one
 fails with a codec message that names nothing; both become :class:`ChunkReadError` naming the array,
-the chunk and the store key. Arrays stored the simple way are decoded by :mod:`zarrtorch._read.fastpath`.
+the chunk and the store key. Arrays in the common layouts are decoded by :mod:`zarrtorch._read.fastpath`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import zarr
 
 from zarrtorch._read.chunks import IF_SKIPPED, chunk_key, chunk_keys, fill_text, read_chunk
 from zarrtorch._read.early import EarlyReads
-from zarrtorch._read.fastpath import direct_decoder
+from zarrtorch._read.fastpath import Span, direct_decoder
 from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
@@ -103,11 +103,18 @@ class PieceReader:
         self._pool: ThreadPoolExecutor | None = None  # the reading threads, once started
         self._early_times: dict = {}  # reads started early over HTTP -> [requested, done]
         self.started_early: EarlyReads | None = None  # what after_last returned: the next epoch's reads
-        self._direct = {name: direct_decoder(arr, self.policy, pools) for name, arr in arrays.items()}
+        self._direct = {
+            name: direct_decoder(arr, self.policy, pools, check_missing=check_missing) for name, arr in arrays.items()
+        }
         self._keys = {name: chunk_keys(arr) for name, arr in arrays.items()}  # chunk -> store key
         self._no_bytes = {name for name, arr in arrays.items() if 0 in arr.shape[1:]}
-        # remote arrays decoded directly: their chunks of one row range are requested together
-        self._together = [n for n, a in arrays.items() if self._direct[n] is not None and not is_local(a)]
+        # remote arrays decoded directly: their chunks of one row range are requested together (not a shard's:
+        # its decoder requests the index and the inner chunks a piece needs by byte range)
+        self._together = [
+            n
+            for n, a in arrays.items()
+            if self._direct[n] is not None and not is_local(a) and getattr(a, "shards", None) is None
+        ]
         # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
         self._fetch_ahead = bool(arrays) and cache is None and len(self._together) == len(arrays)
         if first is not None:
@@ -170,7 +177,8 @@ class PieceReader:
                 continue
             target = into.get(name) if into is not None else None
             try:
-                whole = self._read_chunk(name, arr, chunk, fetched.get(name), target)
+                span = Span(start - first, stop - first, min(self.chunk_rows, int(arr.shape[0]) - first))
+                whole = self._read_chunk(name, arr, chunk, fetched.get(name), target, span)
                 out[name] = whole[start - first : stop - first]
             except FileNotFoundError:
                 if self.check_missing:
@@ -188,17 +196,19 @@ class PieceReader:
                 out[name] = target[start - first : stop - first]
         return out
 
-    def _read_chunk(self, name: str, arr: zarr.Array, chunk: int, fetched, into=None) -> np.ndarray:
-        """The whole chunk, decoded: directly (:mod:`zarrtorch._read.fastpath`; into ``into`` where it fits) or
-        through zarr's codecs (:mod:`zarrtorch._read.chunks`); ``fetched``: its bytes, requested already (or the
-        error that got)."""
+    def _read_chunk(
+        self, name: str, arr: zarr.Array, chunk: int, fetched, into=None, rows: Span | None = None
+    ) -> np.ndarray:
+        """The chunk, decoded: directly (:mod:`zarrtorch._read.fastpath`; into ``into`` where it fits; of a shard,
+        the inner chunks holding ``rows``) or whole through zarr's codecs
+        (:mod:`zarrtorch._read.chunks`); ``fetched``: its bytes, requested already (or the error that got)."""
         if isinstance(fetched, Exception):
             raise fetched
         decode = self._direct[name]
         local = is_local(arr)
         try:
             if decode is not None:
-                return decode(self._keys[name](chunk), fetched, into)
+                return decode(self._keys[name](chunk), fetched, into, rows)
             return read_chunk(arr, chunk, policy=None if local else self.policy, check_missing=self.check_missing)
         except (ValueError, RuntimeError) as damaged:
             if local or isinstance(damaged, ChunkReadError):
@@ -207,7 +217,7 @@ class PieceReader:
             # HTTP): fetched once more before the chunk is called damaged
             try:
                 if decode is not None:
-                    return decode(self._keys[name](chunk), None, into)
+                    return decode(self._keys[name](chunk), None, into, rows)
                 return read_chunk(arr, chunk, policy=self.policy, check_missing=self.check_missing)
             except (ValueError, RuntimeError):
                 damaged.add_note(_REFETCHED)

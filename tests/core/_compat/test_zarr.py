@@ -16,6 +16,7 @@ from zarrtorch._compat.zarr import (
     chunk_nbytes,
     chunk_spec,
     decode_chunk,
+    decode_shard_index,
     event_loop,
     run,
     shard_index,
@@ -63,6 +64,24 @@ def test_the_shard_index_says_which_inner_chunks_are_stored(tmp_path):
     assert index.shape == (2, 1, 2), "update zarrtorch._compat.zarr.shard_index: (inner grid..., 2) expected"
     entries = index.reshape(-1, 2)
     assert entries[0, 0] != NO_INNER_CHUNK and entries[1, 0] == NO_INNER_CHUNK, "update NO_INNER_CHUNK"
+
+
+def test_a_shard_index_read_alone_decodes_and_its_checksum_is_checked(tmp_path):
+    """The direct reader reads a shard's index by byte range and decodes it alone: the same entries as from the
+    whole shard, and a ``ValueError`` where its checksum (crc32c, zarr's default index codec) does not match."""
+    import pytest
+
+    a = zarr.create_array(str(tmp_path / "s.zarr"), shape=(20, 3), chunks=(5, 3), shards=(10, 3), dtype="f4")
+    a[:] = 1.0
+    codec, spec = a.metadata.codecs[0], chunk_spec(a, (0, 0))
+    raw = stored(a, 0).to_bytes()
+    alone = raw[len(raw) - shard_index_size(codec, spec) :]
+    expected = run(shard_index(codec, stored(a, 0), spec))
+    assert np.array_equal(decode_shard_index(codec, alone, spec), expected), (
+        "update zarrtorch._compat.zarr.decode_shard_index"
+    )
+    with pytest.raises(ValueError):
+        decode_shard_index(codec, alone[:-1] + bytes([alone[-1] ^ 1]), spec)
 
 
 def test_the_shard_index_is_found_at_the_start_too(tmp_path):
