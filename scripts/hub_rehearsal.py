@@ -66,6 +66,7 @@ class Settings:
     memory_bytes: int
     cpus: float
     lessons: tuple[str, ...]  # notebook file names, in the order of the day
+    per_kernel: int  # how many of them each kernel runs, from its own starting lesson
     size: str
     data_root: Path  # the folder holding <size>/ (ZARRTORCH_DATA_DIR's meaning)
     cgroup_root: Path
@@ -74,6 +75,7 @@ class Settings:
     cell_timeout: int
     sample_s: float
     json_out: Path | None
+    md_out: Path | None
     keep: bool
 
 
@@ -84,6 +86,12 @@ def parse_settings(argv: list[str] | None, notebooks: Path = ROOT / "notebooks",
     p.add_argument("--memory-gib", type=float, default=2.0, help="memory limit per kernel in GiB (default 2)")
     p.add_argument("--cpus", type=float, default=1.0, help="CPU quota per kernel, in CPUs (default 1)")
     p.add_argument("--lessons", nargs="+", default=list(DATA_LESSONS), help="notebook numbers (default 01 .. 07)")
+    p.add_argument(
+        "--per-kernel",
+        type=int,
+        help="lessons each kernel runs, from lesson k mod n on (default: all; fewer shortens the run while the "
+        "kernels together still cover every lesson when kernels x per-kernel >= lessons)",
+    )
     p.add_argument("--size", default=os.environ.get("ZARRTORCH_SIZE", "small"), help="tiny | small | workshop")
     p.add_argument("--data-dir", type=Path, help="the shared data folder (default $ZARRTORCH_DATA_DIR or data/)")
     p.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), help="where cgroup v1 is mounted")
@@ -92,6 +100,7 @@ def parse_settings(argv: list[str] | None, notebooks: Path = ROOT / "notebooks",
     p.add_argument("--cell-timeout", type=int, default=1800, help="seconds allowed per cell (default 1800)")
     p.add_argument("--sample-s", type=float, default=0.5, help="seconds between memory samples (default 0.5)")
     p.add_argument("--json", type=Path, help="also write every measurement to this JSON file")
+    p.add_argument("--md", type=Path, help="also write the report (Markdown) to this file")
     p.add_argument("--keep", action="store_true", help="keep the run's folder (executed notebooks, logs)")
     a = p.parse_args(argv)
     cpu_count = cpu_count or os.cpu_count() or 1
@@ -112,12 +121,21 @@ def parse_settings(argv: list[str] | None, notebooks: Path = ROOT / "notebooks",
         lessons = lesson_notebooks(a.lessons, notebooks)
     except ValueError as exc:
         p.error(str(exc))
+    per_kernel = len(lessons) if a.per_kernel is None else a.per_kernel
+    if not 1 <= per_kernel <= len(lessons):
+        p.error(f"--per-kernel {a.per_kernel}: give between 1 and the {len(lessons)} lessons named")
+    if a.kernels * per_kernel < len(lessons):
+        p.error(
+            f"--per-kernel {per_kernel}: {a.kernels} kernels x {per_kernel} lessons leave some of the "
+            f"{len(lessons)} lessons unrun; give at least {math.ceil(len(lessons) / a.kernels)}"
+        )
     data_root = a.data_dir or Path(os.environ.get("ZARRTORCH_DATA_DIR") or ROOT / "data")
     return Settings(
         kernels=a.kernels,
         memory_bytes=int(a.memory_gib * GIB),
         cpus=a.cpus,
         lessons=lessons,
+        per_kernel=per_kernel,
         size=a.size,
         data_root=data_root.expanduser(),
         cgroup_root=a.cgroup_root,
@@ -126,6 +144,7 @@ def parse_settings(argv: list[str] | None, notebooks: Path = ROOT / "notebooks",
         cell_timeout=a.cell_timeout,
         sample_s=a.sample_s,
         json_out=a.json,
+        md_out=a.md,
         keep=a.keep,
     )
 
@@ -144,10 +163,11 @@ def lesson_notebooks(numbers: list[str], notebooks: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
-def lesson_order(lessons: tuple[str, ...], kernel: int) -> list[str]:
-    """Kernel k's lessons: from lesson k mod n round to the one before it, as attendees drift apart."""
+def lesson_order(lessons: tuple[str, ...], kernel: int, per_kernel: int | None = None) -> list[str]:
+    """Kernel k's lessons: from lesson k mod n on, going round, as attendees drift apart; the first
+    ``per_kernel`` of them (all by default)."""
     start = kernel % len(lessons)
-    return list(lessons[start:] + lessons[:start])
+    return list(lessons[start:] + lessons[:start])[: per_kernel or len(lessons)]
 
 
 # ----------------------------------------------------------------------------------------------------- cgroups
@@ -262,12 +282,14 @@ class Cgroups:
     """The run's cgroups: one group per kernel in each controller, under a group of the run's own; created on
     entry with their limits, and removed on exit (whatever still runs inside is killed first)."""
 
-    def __init__(self, root: Path, name: str, kernels: int, memory_bytes: int, cpus: float):
+    def __init__(self, root: Path, name: str, kernels: int, memory_bytes: int, cpus: float, ledger: Ledger):
         self.root, self.name, self.kernels, self.memory_bytes, self.cpus = root, name, kernels, memory_bytes, cpus
+        self.ledger = ledger
         self.created: list[Path] = []  # in creation order; removed in reverse
         self.groups: list[KernelGroup] = []
 
     def _make(self, path: Path) -> Path:
+        self.ledger.note(groups=[*self.created, path])  # noted before made: a SIGKILL between leaves no orphan
         path.mkdir()
         self.created.append(path)
         return path
@@ -283,6 +305,8 @@ class Cgroups:
                 memory, cpu = self._make(tops["memory"] / f"kernel-{k}"), self._make(tops["cpu"] / f"kernel-{k}")
                 acct = self._make(tops["cpuacct"] / f"kernel-{k}") if apart else (cpu if together else None)
                 write(memory / "memory.limit_in_bytes", self.memory_bytes)
+                if (memory / "memory.memsw.limit_in_bytes").exists():  # swap may not stretch the limit (hubs have none)
+                    write(memory / "memory.memsw.limit_in_bytes", self.memory_bytes)
                 period = read_int(cpu / "cpu.cfs_period_us", 100_000)
                 write(cpu / "cpu.cfs_quota_us", max(1000, round(self.cpus * period)))
                 self.groups.append(KernelGroup(memory, cpu, acct))
@@ -296,20 +320,78 @@ class Cgroups:
 
     def remove(self) -> None:
         """Kill what runs in the run's groups (only processes this run started live there), then remove them."""
-        for group in reversed(self.created):
-            for _ in range(100):
-                pids = [int(p) for p in read_text(group / "cgroup.procs").split()]
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.1)
-            try:
-                group.rmdir()
-            except OSError as exc:
-                print(f"[hub] could not remove cgroup {group} ({exc.strerror}): rmdir it by hand", file=sys.stderr)
+        remove_groups(self.created)
         self.created.clear()
+        self.ledger.note(groups=[])
+
+
+def remove_groups(groups: list[Path]) -> None:
+    """Kill every process in ``groups`` (they were made for one run, so only its processes live there), then
+    remove the groups, innermost first (they are given in creation order)."""
+    for group in reversed(groups):
+        for _ in range(100):
+            pids = [int(p) for p in read_text(group / "cgroup.procs").split()]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        try:
+            group.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            print(f"[hub] could not remove cgroup {group} ({exc.strerror}): rmdir it by hand", file=sys.stderr)
+
+
+LEDGER_DIR = Path("/run/zarrtorch-hub")  # a tmpfs, emptied at boot as cgroups and mounts are
+
+
+class Ledger:
+    """What a run has made that outlives it if it is killed outright (SIGKILL, a lost session): its cgroups and
+    its mount, noted in a file named after the run with the run's pid, before each is made. The next run
+    removes what a dead run left (``sweep_leftovers``); a run that ends normally removes its file."""
+
+    def __init__(self, name: str, folder: Path = LEDGER_DIR):
+        self.path = folder / f"{name}.json"
+        self.record = {"pid": os.getpid(), "started": process_start(os.getpid()), "groups": [], "mount": None}
+
+    def note(self, **changes) -> None:
+        self.record.update({k: [str(p) for p in v] if isinstance(v, list) else v for k, v in changes.items()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record))
+        tmp.replace(self.path)
+
+    def close(self) -> None:
+        """The run removed everything it made: forget it."""
+        self.path.unlink(missing_ok=True)
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, names one
+    process across pid reuse; None once it is gone."""
+    stat = read_text(Path(f"/proc/{pid}/stat"))
+    return int(stat.rsplit(")", 1)[1].split()[19]) if stat else None
+
+
+def sweep_leftovers(folder: Path = LEDGER_DIR) -> list[str]:
+    """Remove the cgroups and the mount of every earlier run whose process is gone; what was removed."""
+    removed = []
+    for path in sorted(folder.glob("zarrtorch-hub-*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("started") is not None and process_start(record["pid"]) == record["started"]:
+            continue  # that run is still going
+        if record.get("mount"):
+            unmount(Path(record["mount"]))
+        remove_groups([Path(g) for g in record.get("groups", [])])
+        removed += [p for p in [record.get("mount"), *record.get("groups", [])] if p]
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def read_text(path: Path) -> str:
@@ -355,7 +437,7 @@ def changes(before: dict, after: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def shared_data(source: Path, root: Path, read_only: bool):
+def shared_data(source: Path, root: Path, read_only: bool, ledger: Ledger):
     """A data root whose ``<size>`` folder is ``source``: bind-mounted read-only where allowed (a write then
     fails as on a hub), else a link to it. Yields (the data root, how it is shared); unmounts on exit."""
     target = root / source.name
@@ -363,25 +445,38 @@ def shared_data(source: Path, root: Path, read_only: bool):
     how = "a link to the shared folder (--no-read-only-mount): written files would be found by the comparison"
     if read_only:
         target.mkdir()
-        mounted = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, text=True)
-        sealed = mounted.returncode == 0 and (
-            subprocess.run(["mount", "-o", "remount,ro,bind", str(target)], capture_output=True).returncode == 0
-        )
-        if sealed:
-            try:
+        ledger.note(mount=str(target))
+        try:
+            mounted = subprocess.run(["mount", "--bind", str(source), str(target)], capture_output=True, text=True)
+            sealed = mounted.returncode == 0 and (
+                subprocess.run(["mount", "-o", "remount,ro,bind", str(target)], capture_output=True).returncode == 0
+            )
+            if sealed:
                 yield root, "bind-mounted read-only (a write fails with EROFS)"
-            finally:
-                unmount(target)
-            return
-        if mounted.returncode == 0:
+                return
+        finally:  # whatever ends the run, an interrupt between the two mount commands included
             unmount(target)
+            ledger.note(mount=None)
         target.rmdir()
         how = f"a link to the shared folder (a read-only bind mount failed: {mounted.stderr.strip() or 'remount'})"
     target.symlink_to(source, target_is_directory=True)
     yield root, how
 
 
+def is_mount_point(path: Path) -> bool:
+    """Whether ``path`` is a mount point, from /proc/self/mountinfo: ``os.path.ismount`` misses a bind mount of a
+    folder of the same file system (same device, a different inode from its parent's)."""
+    wanted = os.path.realpath(path)
+    for line in read_text(Path("/proc/self/mountinfo")).splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == wanted:
+            return True
+    return False
+
+
 def unmount(target: Path) -> None:
+    if not is_mount_point(target):
+        return
     for _ in range(20):
         if subprocess.run(["umount", str(target)], capture_output=True).returncode == 0:
             return
@@ -423,7 +518,7 @@ def kernel_child(spec_path: str) -> int:
             nb = nbformat.read(path, as_version=4)
             before = group.counters()
             write(group.memory / "memory.max_usage_in_bytes", 0)  # the peak from here on
-            emit(event="lesson-start", lesson=name)
+            emit(event="lesson-start", lesson=name, counters=before)
             start = time.time()
             try:
                 run_notebook(nb, path, timeout=spec["timeout"])
@@ -616,6 +711,7 @@ class Rehearsal:
     data_files: int
     data_changes: list[str]
     machine: Machine
+    per_kernel: int = 0  # lessons each kernel runs (0: all of them)
     probes: list[Probe] = field(default_factory=list)
     results: list[LessonResult] = field(default_factory=list)
 
@@ -626,7 +722,7 @@ class Rehearsal:
         return (
             not self.data_changes
             and all(r.status == "ok" and r.oom_kills == 0 for r in self.results)
-            and len(self.results) == self.kernels * len(self.lessons)
+            and len(self.results) == self.kernels * (self.per_kernel or len(self.lessons))
             and all(p.available_cpus == self.expected_cpus() for p in self.probes)
         )
 
@@ -657,13 +753,15 @@ def lesson_result(kernel: int, record: dict, samples: list[Sample]) -> LessonRes
     )
 
 
-def unfinished(kernel: int, lesson: str, samples: list[Sample], started: float | None, why: str) -> LessonResult:
+def unfinished(
+    kernel: int, lesson: str, samples: list[Sample], started: float | None, why: str, oom_kills: int = 0
+) -> LessonResult:
     """A lesson without a record: its client died (or the run stopped) before it ended."""
     during = [s for s in samples if started is not None and s.t >= started]
     peak = max(during, key=lambda s: s.anon, default=None)
     return LessonResult(kernel, lesson[:2], None, max((s.usage for s in during), default=0),
                         peak.anon if peak else 0, None, sorted(peak.processes, key=lambda p: -p[1]) if peak else [],
-                        0, 0, None, 0.0, why)  # fmt: skip
+                        0, oom_kills, None, 0.0, why)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------ report
@@ -685,7 +783,9 @@ def format_report(r: Rehearsal) -> str:
     lines = [
         f"Hub rehearsal: {r.kernels} kernels at once, each limited to {r.memory_bytes / GIB:g} GiB and "
         f"{r.cpus:g} CPU; size `{r.size}`; lessons {' '.join(n[:2] for n in r.lessons)} (kernel k starts at "
-        f"lesson k mod {len(r.lessons)}).",
+        f"lesson k mod {len(r.lessons)}"
+        + ("" if r.per_kernel in (0, len(r.lessons)) else f" and runs {r.per_kernel} of them")
+        + ").",
         "",
         f"Machine: {m.cpus} CPUs, {m.memory_bytes / GIB:.1f} GiB; load average before the run "
         f"{m.load_before[0]:.1f} / {m.load_before[1]:.1f} / {m.load_before[2]:.1f} (1, 5, 15 min)"
@@ -815,20 +915,29 @@ def rehearse(s: Settings) -> Rehearsal:
     children: list[subprocess.Popen] = []
     sampler = None
     ok = False
+    ledger = Ledger(work.name)
     try:
         with (
-            shared_data(source, work / "shared-data", s.read_only_mount) as (data_root, how),
-            Cgroups(s.cgroup_root, work.name, s.kernels, s.memory_bytes, s.cpus) as cgroups,
+            shared_data(source, work / "shared-data", s.read_only_mount, ledger) as (data_root, how),
+            Cgroups(s.cgroup_root, work.name, s.kernels, s.memory_bytes, s.cpus, ledger) as cgroups,
         ):
-            homes = [prepare_home(work / f"kernel-{k}") for k in range(s.kernels)]
-            for k, (home, group) in enumerate(zip(homes, cgroups.groups, strict=True)):
-                children.append(start_kernel(k, home, group, data_root, s))
-            sampler = Sampler(cgroups.groups, [c.pid for c in children], s.sample_s)
-            sampler.start()
-            wait_for(children, homes)
-            sampler.halt.set()
-            sampler.join()
-            kernels_cpu = [g.counters()["cpu_ns"] for g in cgroups.groups]
+            try:
+                homes = [prepare_home(work / f"kernel-{k}") for k in range(s.kernels)]
+                for k, (home, group) in enumerate(zip(homes, cgroups.groups, strict=True)):
+                    children.append(start_kernel(k, home, group, data_root, s))
+                sampler = Sampler(cgroups.groups, [c.pid for c in children], s.sample_s)
+                sampler.start()
+                wait_for(children, homes)
+            finally:  # a client not yet in its cgroups would escape their removal: kill each one by its pid
+                for child in children:
+                    if child.poll() is None:
+                        child.kill()
+                if sampler is not None:
+                    sampler.halt.set()
+                    sampler.join()
+            final = [g.counters() for g in cgroups.groups]  # read before the groups go, for unfinished lessons
+        ledger.close()
+        kernels_cpu = [c["cpu_ns"] for c in final]
         after = snapshot(source)
         machine = Machine(
             cpus=os.cpu_count() or 1,
@@ -840,18 +949,20 @@ def rehearse(s: Settings) -> Rehearsal:
             wall_s=time.time() - t0,
         )
         result = Rehearsal(s.kernels, s.memory_bytes, s.cpus, s.size, list(s.lessons), how, len(after),
-                           changes(before, after), machine)  # fmt: skip
+                           changes(before, after), machine, s.per_kernel)  # fmt: skip
         for k, home in enumerate(homes):
-            collect(result, k, home, sampler.samples[k], lesson_order(s.lessons, k))
+            collect(result, k, home, sampler.samples[k], lesson_order(s.lessons, k, s.per_kernel), final[k])
         ok = result.passed()
         return result
     finally:
+        if not ledger.record["groups"] and not ledger.record["mount"]:
+            ledger.close()  # everything the run made is gone
         for child in children:  # the cgroups' removal killed them; reap them
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=10)
         if s.keep or not ok:
             print(f"[hub] kept {work} (executed notebooks and each kernel's log)", file=sys.stderr)
-        else:
+        elif not any(is_mount_point(d) for d in (work / "shared-data").glob("*")):  # never delete through a mount
             shutil.rmtree(work, ignore_errors=True)
 
 
@@ -877,7 +988,7 @@ def start_kernel(k: int, home: Path, group: KernelGroup, data_root: Path, s: Set
         "env": env,
         "home": str(home),
         "events": str(home / "events.jsonl"),
-        "lessons": lesson_order(s.lessons, k),
+        "lessons": lesson_order(s.lessons, k, s.per_kernel),
         "timeout": s.cell_timeout,
     }
     (home / "spec.json").write_text(json.dumps(spec, indent=1))
@@ -906,10 +1017,12 @@ def wait_for(children: list[subprocess.Popen], homes: list[Path]) -> None:
             print(f"[hub] lessons done per kernel: {done}; load {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def collect(result: Rehearsal, k: int, home: Path, samples: list[Sample], order: list[str]) -> None:
-    """Kernel k's probe and lesson records into ``result``; a lesson without a record counts as failed."""
+def collect(result: Rehearsal, k: int, home: Path, samples: list[Sample], order: list[str], final: dict) -> None:
+    """Kernel k's probe and lesson records into ``result``; a lesson without a record counts as failed, with
+    the OOM kills its cgroup counted from its start to the end of the run (the client itself may be the one
+    the OOM killer chose)."""
     events = [json.loads(line) for line in read_text(home / "events.jsonl").splitlines() if line.strip()]
-    started = {e["lesson"]: e["t"] for e in events if e["event"] == "lesson-start"}
+    starts = {e["lesson"]: e for e in events if e["event"] == "lesson-start"}
     done = set()
     for e in events:
         if e["event"] == "probe":
@@ -921,8 +1034,24 @@ def collect(result: Rehearsal, k: int, home: Path, samples: list[Sample], order:
     tail = " | ".join(read_text(home / "client.log").strip().splitlines()[-3:])[-300:]
     for name in order:
         if name not in done:
-            why = "its client died mid-lesson" if name in started else "not started"
-            result.results.append(unfinished(k, name, samples, started.get(name), f"{why}: {tail or 'no log'}"))
+            start = starts.get(name)
+            why = "its client died mid-lesson" if start else "not started"
+            kills = final.get("oom_kill", 0) - start.get("counters", {}).get("oom_kill", 0) if start else 0
+            result.results.append(
+                unfinished(k, name, samples, start and start["t"], f"{why}: {tail or 'no log'}", kills)
+            )
+
+
+def stop(signum: int, _frame) -> None:
+    """The first Ctrl-C, SIGTERM or SIGHUP unwinds the run, which kills its processes and removes its cgroups
+    and its mount on the way out; later ones are ignored, so that they cannot cut that removal short."""
+    for other in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(other, signal.SIG_IGN)
+    print(
+        f"\n[hub] {signal.Signals(signum).name}: stopping the kernels, removing the cgroups and the mount",
+        file=sys.stderr,
+    )
+    raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -935,12 +1064,17 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"hub_rehearsal: cannot rehearse: {problem}.", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the cgroups and the mount are removed
+    for name in sweep_leftovers():
+        print(f"[hub] removed {name}, left by an earlier run that was killed", file=sys.stderr)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
     result = rehearse(s)
     report = format_report(result)
     print("\n" + report)
     if s.json_out:
         s.json_out.write_text(json.dumps(asdict(result), indent=1) + "\n")
+    if s.md_out:
+        s.md_out.write_text(report + "\n")
     return 0 if result.passed() else 1
 
 

@@ -1,14 +1,19 @@
 """scripts/hub_rehearsal.py, the parts that need neither root nor time: its argument checks, its refusal where
 cgroups cannot be made (a temporary folder stands for the cgroup root), the staggered lesson order, the check
 that the shared data was only read, and the report built from made-up measurements. The rehearsal itself runs
-kernels for an hour under cgroups; its results are in docs/hub.md."""
+kernels for many minutes under cgroups (its results: docs/hub.md); one real run of one kernel on lesson 00 at
+tiny checks the whole path where cgroup v1 can be used, and is skipped, saying why, elsewhere."""
 
 from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
+import shutil
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -199,3 +204,93 @@ def test_a_kernel_that_sees_more_cpus_than_its_quota_fails_the_run():
     r = made_up_rehearsal()
     r.probes[1].available_cpus = 2
     assert "Kernels see (differing)" in hub.format_report(r) and not r.passed()
+
+
+def test_per_kernel_takes_the_first_lessons_of_each_kernels_round_and_must_cover_every_lesson(capsys):
+    lessons = ("01", "02", "03")
+    assert [hub.lesson_order(lessons, k, 2) for k in range(3)] == [["01", "02"], ["02", "03"], ["03", "01"]]
+    s = hub.parse_settings(["--kernels", "6", "--per-kernel", "3"], cpu_count=2)
+    assert s.per_kernel == 3
+    with pytest.raises(SystemExit):
+        hub.parse_settings(["--kernels", "2", "--per-kernel", "3"], cpu_count=2)
+    assert "2 kernels x 3 lessons leave some of the 7 lessons unrun; give at least 4" in capsys.readouterr().err
+
+
+def test_a_client_killed_for_memory_mid_lesson_is_reported_as_oom_killed_not_only_as_died(tmp_path):
+    """The OOM killer may pick the client (it is in the kernel's cgroup too): the lesson then has no record,
+    and its OOM kill is counted from the cgroup's counter at the lesson's start to the end of the run."""
+    r = made_up_rehearsal()
+    r.results = [x for x in r.results if x.kernel == 0]
+    events = [{"t": 100.0, "event": "lesson-start", "lesson": "04_streaming.ipynb", "counters": {"oom_kill": 2}}]
+    (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    (tmp_path / "client.log").write_text("Killed\n")
+    hub.collect(r, 1, tmp_path, [], ["04_streaming.ipynb", "05_training.ipynb"], {"oom_kill": 3})
+    dead, never = [x for x in r.results if x.kernel == 1]
+    assert (dead.lesson, dead.oom_kills, dead.status) == ("04", 1, "its client died mid-lesson: Killed")
+    assert (never.lesson, never.oom_kills) == ("05", 0) and never.status.startswith("not started")
+    text = hub.format_report(r)
+    assert "| 1 | - / 0.00 KILLED | - / 0.00 FAILED |" in text and "OOM KILLED: kernel 1 lesson 04." in text
+    assert not r.passed()
+
+
+def test_a_killed_runs_leftovers_are_swept_and_a_live_runs_are_kept(tmp_path):
+    """A run killed outright (SIGKILL) cannot clean up: the next one removes what its ledger names."""
+    dead_group, live_group = tmp_path / "cg-dead", tmp_path / "cg-live"
+    for group in (dead_group, live_group):
+        group.mkdir()
+    ledger = hub.Ledger("zarrtorch-hub-live", tmp_path)
+    ledger.note(groups=[live_group])
+    record = {"pid": 2**22 + 1, "started": 1, "groups": [str(dead_group)], "mount": None}  # no such process
+    (tmp_path / "zarrtorch-hub-dead.json").write_text(json.dumps(record))
+    assert hub.sweep_leftovers(tmp_path) == [str(dead_group)]
+    assert not dead_group.exists() and live_group.exists() and ledger.path.exists()
+    ledger.close()
+    assert not ledger.path.exists()
+
+
+def test_a_bind_mount_of_a_folder_of_the_same_file_system_is_seen_as_a_mount_point():
+    """os.path.ismount said no to the run's own read-only bind mount, so it was never unmounted."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    assert hub.is_mount_point(Path(points[0])) and not hub.is_mount_point(ROOT / "scripts")
+
+
+def real_run_problem() -> str | None:
+    if sys.platform != "linux":
+        return "cgroups are Linux's"
+    problem = hub.cgroup_problem(Path("/sys/fs/cgroup"), os.geteuid())
+    return problem or hub.data_problem(ROOT / "data" / "tiny")
+
+
+@pytest.fixture
+def short_tmp():
+    """A folder with a short path: a kernel's IPC socket lies under it, and a Unix socket's path has at most
+    107 bytes (pytest's tmp_path is too deep: the kernel cannot bind and the client waits)."""
+    folder = Path(tempfile.mkdtemp(prefix="hub-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_real_run_of_one_kernel_under_its_limits_passes_and_leaves_nothing_behind(short_tmp):
+    """One kernel, lesson 00 at tiny, 1 GiB and 1 CPU: every step for real (cgroups, read-only bind mount,
+    probe, report), then no cgroup, mount, ledger or folder of the run is left."""
+    problem = real_run_problem()
+    if problem:
+        pytest.skip(f"a real rehearsal cannot run here: {problem}")
+    out = short_tmp / "run.json"
+    argv = ["--kernels", "1", "--lessons", "00", "--size", "tiny", "--memory-gib", "1", "--cpus", "1"]
+    argv += ["--data-dir", str(ROOT / "data"), "--work-dir", str(short_tmp), "--json", str(out)]
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        assert hub.main(argv) == 0
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    run = json.loads(out.read_text())
+    assert run["data"].startswith("bind-mounted read-only") and run["data_changes"] == []
+    assert [(x["lesson"], x["status"], x["oom_kills"]) for x in run["results"]] == [("00", "ok", 0)]
+    assert run["probes"][0]["available_cpus"] == 1 and run["probes"][0]["memory_limit"] == GIB
+    assert list(short_tmp.glob("zarrtorch-hub-*")) == []
+    assert "zarrtorch-hub-" not in Path("/proc/self/mountinfo").read_text()
+    assert not list(hub.LEDGER_DIR.glob("*.json")) or all(
+        hub.process_start(json.loads(p.read_text())["pid"]) for p in hub.LEDGER_DIR.glob("*.json")
+    )
