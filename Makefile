@@ -3,7 +3,7 @@ SIZE ?= small
 PY := $(shell bash scripts/python.sh)
 export ZARRTORCH_SIZE := $(SIZE)
 
-.PHONY: setup data course test test-fast fuzz lint fmt lab bench bench-peers slides clean-data
+.PHONY: setup data course test test-fast fuzz lint fmt lab bench bench-peers slides clean-data hub-rehearsal
 
 setup:
 	@bash scripts/setup.sh
@@ -61,6 +61,15 @@ bench: setup
 bench-peers: setup
 	$(PY) benchmarks/peers/run.py --md benchmarks/peers.md $(PEERS_ARGS)
 	$(PY) -m zarrtorch.course.peers_table --md docs/peers.md --png docs/peers.png
+
+## rehearse the day on a hub (needs root and cgroup v1): KERNELS kernels at once, each limited to 2 GiB and 1 CPU,
+## reading one read-only copy of data/$(SIZE); PER_KERNEL lessons each (empty: all of 01-07); report in docs/hub-rehearsal.md
+KERNELS ?= 6
+PER_KERNEL ?=
+hub-rehearsal: setup
+	$(PY) -m zarrtorch make-data --size $(SIZE) --no-progress
+	$(PY) scripts/hub_rehearsal.py --kernels $(KERNELS) --size $(SIZE) $(if $(PER_KERNEL),--per-kernel $(PER_KERNEL)) \
+		--json docs/hub-rehearsal.json --md docs/hub-rehearsal.md $(HUB_ARGS)
 
 slides: setup
 	$(PY) slides/build.py
