@@ -128,11 +128,14 @@ def run_notebook(nb, notebook: Path, *, timeout: int = 3600) -> float:
     import shutil
     import tempfile
 
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
 
+    # An asynchronous manager: with a blocking one, nbclient waits for a cell's output in a call that never
+    # returns when the kernel dies (killed for memory), and its check that the kernel is alive never runs.
     sockets = Path(tempfile.mkdtemp(prefix="zarrtorch-kernel-"))
-    km = KernelManager(kernel_name="zarrtorch", transport="ipc", ip=str(sockets / "kernel"))
+    km = AsyncKernelManager(kernel_name="zarrtorch", transport="ipc", ip=str(sockets / "kernel"))
     client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(Path(notebook).parent)}})
     start = time.perf_counter()
     try:
@@ -140,5 +143,5 @@ def run_notebook(nb, notebook: Path, *, timeout: int = 3600) -> float:
         return time.perf_counter() - start
     finally:
         if km.has_kernel:
-            km.shutdown_kernel(now=False)
+            run_sync(km.shutdown_kernel)(now=False)
         shutil.rmtree(sockets, ignore_errors=True)
