@@ -759,9 +759,20 @@ def unfinished(
     """A lesson without a record: its client died (or the run stopped) before it ended."""
     during = [s for s in samples if started is not None and s.t >= started]
     peak = max(during, key=lambda s: s.anon, default=None)
-    return LessonResult(kernel, lesson[:2], None, max((s.usage for s in during), default=0),
-                        peak.anon if peak else 0, None, sorted(peak.processes, key=lambda p: -p[1]) if peak else [],
-                        0, oom_kills, None, 0.0, why)  # fmt: skip
+    return LessonResult(
+        kernel,
+        lesson[:2],
+        None,
+        max((s.usage for s in during), default=0),
+        peak.anon if peak else 0,
+        None,
+        sorted(peak.processes, key=lambda p: -p[1]) if peak else [],
+        0,
+        oom_kills,
+        None,
+        0.0,
+        why,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ report
@@ -872,11 +883,13 @@ def verdict(r: Rehearsal) -> str:
     top = max(r.results, key=lambda x: x.peak_anon_bytes, default=None)
     walls = [x.wall_s for x in r.results if x.wall_s is not None]
     parts = [
-        "No kernel was OOM-killed." if not killed else
-        "OOM KILLED: " + ", ".join(f"kernel {x.kernel} lesson {x.lesson}" for x in killed) + ".",
-        "Every lesson passed." if not failed else
-        "FAILED: " + "; ".join(f"kernel {x.kernel} lesson {x.lesson}: {x.status}" for x in failed) + ".",
-    ]  # fmt: skip
+        "No kernel was OOM-killed."
+        if not killed
+        else "OOM KILLED: " + ", ".join(f"kernel {x.kernel} lesson {x.lesson}" for x in killed) + ".",
+        "Every lesson passed."
+        if not failed
+        else "FAILED: " + "; ".join(f"kernel {x.kernel} lesson {x.lesson}: {x.status}" for x in failed) + ".",
+    ]
     if top is not None:
         parts.append(
             f"The largest anonymous peak: {gib(top.peak_anon_bytes)} GiB ({top.peak_anon_bytes / r.memory_bytes:.0%} "
@@ -948,8 +961,18 @@ def rehearse(s: Settings) -> Rehearsal:
             kernels_cpu_s=sum(kernels_cpu) / 1e9 if any(kernels_cpu) else None,
             wall_s=time.time() - t0,
         )
-        result = Rehearsal(s.kernels, s.memory_bytes, s.cpus, s.size, list(s.lessons), how, len(after),
-                           changes(before, after), machine, s.per_kernel)  # fmt: skip
+        result = Rehearsal(
+            s.kernels,
+            s.memory_bytes,
+            s.cpus,
+            s.size,
+            list(s.lessons),
+            how,
+            len(after),
+            changes(before, after),
+            machine,
+            s.per_kernel,
+        )
         for k, home in enumerate(homes):
             collect(result, k, home, sampler.samples[k], lesson_order(s.lessons, k, s.per_kernel), final[k])
         ok = result.passed()

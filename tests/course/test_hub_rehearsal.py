@@ -146,8 +146,15 @@ def record(lesson="04_streaming.ipynb", start=100.0, end=200.0, oom_kill=0, stat
     """A lesson's record as a kernel's client writes it: cells 1 (100-150 s) and 3 (150-190 s) ran."""
     deltas = {"failcnt": 7, "oom_kill": oom_kill, "throttled_ns": 12 * 10**9, "cpu_ns": 80 * 10**9}
     cells = [[1, 100.0, 150.0], [3, 150.0, 190.0]]
-    return {"lesson": lesson, "start": start, "end": end, "status": status, "peak_bytes": 2 * GIB - 4096,
-            "deltas": deltas, "cells": cells}  # fmt: skip
+    return {
+        "lesson": lesson,
+        "start": start,
+        "end": end,
+        "status": status,
+        "peak_bytes": 2 * GIB - 4096,
+        "deltas": deltas,
+        "cells": cells,
+    }
 
 
 def test_a_lessons_peak_is_found_in_its_samples_with_the_cell_and_processes_then():
@@ -164,8 +171,17 @@ def test_a_lessons_peak_is_found_in_its_samples_with_the_cell_and_processes_then
 
 def made_up_rehearsal(oom_kill=0):
     machine = hub.Machine(2, 24 * GIB, (4.0, 3.5, 3.0), [8.0, 10.0], 4000.0, 3000.0, 1800.0)
-    r = hub.Rehearsal(2, 2 * GIB, 1.0, "small", ["04_streaming.ipynb", "05_training.ipynb"],
-                      "bind-mounted read-only", 951, [], machine)  # fmt: skip
+    r = hub.Rehearsal(
+        2,
+        2 * GIB,
+        1.0,
+        "small",
+        ["04_streaming.ipynb", "05_training.ipynb"],
+        "bind-mounted read-only",
+        951,
+        [],
+        machine,
+    )
     r.probes = [hub.Probe(k, 1, 2, 2, 2, 2 * GIB) for k in range(2)]
     samples = [hub.Sample(150.0, GIB, GIB, (("kernel", GIB // 2), ("forked worker", GIB // 4)))]
     for k in range(2):
