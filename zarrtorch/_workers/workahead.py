@@ -16,7 +16,6 @@ second, not thousands.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import threading
@@ -24,6 +23,8 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
+
+from zarrtorch._compat.threading import at_exit_before_executor_joins
 
 POLL_S = 0.0005  # how soon a producer with no room looks again at first
 MAX_POLL_S = 0.02  # the longest it sleeps between looks: the delay, once room appears after a long pause
@@ -162,7 +163,7 @@ def _stop_at_exit(
 
 @functools.cache
 def _register_stop_all() -> None:
-    atexit.register(_stop_all)  # once per process, at the first work-ahead thread
+    at_exit_before_executor_joins(_stop_all)  # once per process, at the first work-ahead thread
 
 
 def _stop_all(timeout_s: float = 2.0, teardown_s: float = TEARDOWN_S) -> None:
