@@ -25,7 +25,9 @@ def test_requests_in_flight_for_refuses_a_chunk_of_no_rows():
 
 
 def test_a_silent_server_is_given_up_after_one_chunks_attempts():
-    """The figures docs/object-storage.md gives: 1.8 s for RetryPolicy(0.5, 2, 0.1), 123.5 s for the defaults."""
+    """Lesson 07's exercise 2 (1.8 s for RetryPolicy(0.5, 2, 0.1)), docs/object-storage.md's example (9.75 s) and
+    the defaults (123.5 s)."""
     assert seconds_until_given_up(RetryPolicy(timeout_s=0.5, retries=2, backoff_s=0.1)) == pytest.approx(1.8)
     assert seconds_until_given_up(RetryPolicy()) == pytest.approx(123.5)
     assert seconds_until_given_up(RetryPolicy(timeout_s=2.0, retries=0, backoff_s=9.0)) == pytest.approx(2.0)
+    assert seconds_until_given_up(RetryPolicy(timeout_s=2, retries=3, backoff_s=0.25)) == pytest.approx(9.75)

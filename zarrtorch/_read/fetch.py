@@ -45,6 +45,16 @@ class RetryPolicy:
         object.__setattr__(self, "retries", whole_number(self.retries, "RetryPolicy(retries=...)", least=0))
         object.__setattr__(self, "backoff_s", finite_number(self.backoff_s, "RetryPolicy(backoff_s=...)"))
 
+    def backoff_after(self, attempt: int) -> float:
+        """Seconds waited after failed attempt ``attempt`` (0: the first) before the next: doubled each time."""
+        return self.backoff_s * 2**attempt
+
+    def seconds_until_given_up(self) -> float:
+        """Seconds from a request's first attempt to its error when nothing ever answers: every attempt waits
+        its whole ``timeout_s``, with the back-offs between them (requests in flight wait side by side, so one
+        request's attempts are what an epoch waits before its ``ChunkReadError``)."""
+        return (self.retries + 1) * self.timeout_s + sum(self.backoff_after(k) for k in range(self.retries))
+
 
 class RetriesExhausted(RuntimeError):
     """Every attempt failed with a transient error; ``__cause__`` is the last one."""
@@ -82,7 +92,7 @@ def wait_before_retry(policy: RetryPolicy, attempt: int, exc: BaseException) -> 
     """Seconds before the next attempt: the policy's back-off, doubled per attempt, or the server's Retry-After
     where longer (a 429 or 503 that says how long: retries spent before the server's stated wait would fail an
     epoch the server would have finished), up to a minute or the request timeout."""
-    wait = policy.backoff_s * 2**attempt
+    wait = policy.backoff_after(attempt)
     after = retry_after_s(exc)
     return max(wait, min(after, max(60.0, policy.timeout_s))) if after is not None else wait
 

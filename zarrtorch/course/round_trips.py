@@ -22,9 +22,5 @@ def requests_in_flight_for(rows_per_s: float, round_trip_s: float, chunk_rows: i
 
 def seconds_until_given_up(policy) -> float:
     """Seconds from the start of an epoch to the ``ChunkReadError`` when the server never answers, for a
-    ``zarrtorch.RetryPolicy``: every attempt waits its whole ``timeout_s``, and the reader waits ``backoff_s x
-    2**k`` between attempts ``k + 1`` and ``k + 2``; the requests in flight wait at the same time, so one chunk's
-    attempts set it."""
-    attempts = policy.retries + 1
-    backoffs = sum(policy.backoff_s * 2**k for k in range(policy.retries))
-    return attempts * policy.timeout_s + backoffs
+    ``zarrtorch.RetryPolicy``: the policy's own :meth:`~zarrtorch.RetryPolicy.seconds_until_given_up`."""
+    return policy.seconds_until_given_up()
