@@ -13,6 +13,7 @@ import re
 import socket
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -377,7 +378,10 @@ def _serve_asyncio(root: Path, delay_s: float, processes: int = 1) -> dict[str, 
 
 class S3Server:
     """moto's S3-compatible server on 127.0.0.1 (needs ``moto[server]``); ``storage_options`` are what
-    zarrtorch, s3fs and obstore need to reach it. Credentials are moto's test ones."""
+    zarrtorch, s3fs and obstore need to reach it. Credentials are moto's test ones.
+
+    moto keeps its buckets in the process, not in the server: each start empties them, so a server
+    never serves what an earlier one in the same process held. One server at a time per process."""
 
     key, secret, region = "testing", "testing", "us-east-1"
 
@@ -404,6 +408,7 @@ class S3Server:
         self.port = free_port()
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30)
         return self
 
     def create_bucket(self, name: str) -> None:
@@ -418,11 +423,12 @@ class S3Server:
         ).create_bucket(Bucket=name)
 
     def upload(self, local: str | os.PathLike, url: str) -> None:
-        """Copy a local store (a directory) to ``s3://bucket/path``."""
+        """Copy a local store (a directory) to ``s3://bucket/path``: its contents become ``path``'s, even
+        where ``path`` already holds objects (fsspec would nest the directory inside an existing one)."""
         import s3fs
 
         fs = s3fs.S3FileSystem(**self.storage_options)
-        fs.put(str(local), url.removeprefix("s3://"), recursive=True)
+        fs.put(os.path.join(os.fspath(local), ""), url.removeprefix("s3://").rstrip("/") + "/", recursive=True)
 
     def stop(self) -> None:
         if self._server is not None:
