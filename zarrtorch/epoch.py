@@ -180,7 +180,8 @@ def _gather_rows(epoch: Share, out) -> Iterator[Batch]:
         first=None if skip else share.pieces + data.row_offset,
     )
     if reads_early(local.arrays, cache=data.keep_in_memory, lives_on=epoch.lives_on):
-        reader.after_last = partial(_read_next_epoch_early, job, local, reader, epoch.view, worker)
+        # the reader is passed when called, not held: a reader holding itself would outlive its loader
+        reader.after_last = partial(_read_next_epoch_early, job, local, epoch.view, worker)
     gather = RowGather(
         columns=data.columns,
         row_offset=data.row_offset,
@@ -220,7 +221,7 @@ def _gather_windows(epoch: Share, out) -> Iterator[Batch]:
     )
 
 
-def _read_next_epoch_early(job, local: ProcessState, reader: PieceReader, view: EpochView, worker: int, submit):
+def _read_next_epoch_early(job, local: ProcessState, view: EpochView, worker: int, reader: PieceReader, submit):
     """Start the next epoch's first reads in ``reader``'s threads as this one ends (:mod:`zarrtorch._read.early`)."""
     topology = Topology(view.rank, view.world_size, job.num_workers)
     following = job.spec.plan(view.epoch + 1, topology)

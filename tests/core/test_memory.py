@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -434,3 +435,44 @@ def test_loader_budget_knows_the_cgroup_memory_limit(tmp_path, monkeypatch):
         budget = loader_memory(loader)
         assert budget.memory_limit == limit and budget.total == need
         assert budget.within_memory_limit is (need <= MEMORY_LIMIT_SHARE * limit)
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_a_dropped_loader_frees_its_buffers_without_the_garbage_collector(tmp_path, windows):
+    """Lesson 01 on a hub was killed for memory (2 GiB limit): each chunk length's loader, dropped after its
+    epoch, kept its shuffle buffer and the next epoch's early reads alive in reference cycles (the reader held
+    a callback holding the reader; the early reads held the reader's bound method), freed only when the cyclic
+    garbage collector happened to run. Dropped, a loader and its dataset are freed by reference counting."""
+    import tracemalloc
+
+    from zarrtorch import Windows
+
+    path = tmp_path / "s.zarr"
+    prepare_zarr(
+        {"x": np.arange(640 * FEATURES, dtype=np.float32).reshape(640, FEATURES)},
+        path,
+        chunk_rows=CHUNK,
+        progress=False,
+    )
+    windows = Windows(history=1, lead=1) if windows else None
+    sum(1 for _ in ZarrDataLoader(ZarrIterableDataset(path, windows=windows), batch_size=16))  # lazy imports, caches
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        ds = ZarrIterableDataset(path, seed=3, windows=windows)
+        loader = ZarrDataLoader(ds, batch_size=16)
+        assert sum(1 for _ in loader) > 0  # an epoch to its end: the next one's reads start early
+        ref = weakref.ref(ds)
+        held = tracemalloc.get_traced_memory()[0] - before
+        del loader, ds
+        deadline = time.monotonic() + 30  # reads of the next epoch still running hold the reader until they end
+        while ref() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        freed = held - (tracemalloc.get_traced_memory()[0] - before)
+        assert ref() is None, "the dataset outlived its loader: a reference cycle holds it"
+        assert freed > 0.9 * held, f"{held - freed:,} of {held:,} bytes still held after the loader was dropped"
+    finally:
+        tracemalloc.stop()
+        gc.enable()

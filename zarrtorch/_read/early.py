@@ -23,7 +23,9 @@ arrays); anything else is dropped, so the batches are exactly those of a fresh s
 
 from __future__ import annotations
 
+import inspect
 import os
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -41,7 +43,11 @@ def flipped(slots: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 class EarlyReads:
     """``read(start, stop)`` of ``pieces`` in order, at most ``in_flight`` at a time (all of them if not
     given), handed to ``submit`` (the ending epoch's reading threads: no more threads, nor read buffers,
-    than it had). Belongs to the process that made it: a forked or unpickled copy is empty."""
+    than it had). Belongs to the process that made it: a forked or unpickled copy is empty.
+
+    A ``read`` that is a reader's method is held weakly: the reader holds these reads, and a cycle between them
+    would keep the reads' decoded chunks (and whatever holds the reader) alive after the loader is dropped,
+    until the cyclic garbage collector ran. Once the reader is gone, no further piece is read early."""
 
     def __init__(
         self,
@@ -50,7 +56,8 @@ class EarlyReads:
         pieces: np.ndarray,
         in_flight: int | None = None,
     ):
-        self._pid, self._submit, self._read, self._todo = os.getpid(), submit, read, np.asarray(pieces)
+        self._pid, self._submit, self._todo = os.getpid(), submit, np.asarray(pieces)
+        self._read = weakref.WeakMethod(read) if inspect.ismethod(read) else (lambda: read)
         self._reads: deque[tuple[tuple[int, int], Future]] = deque()
         self._submitted = 0
         self._staged: list[tuple[int, int]] = []  # pieces copied into ``_slots``, rows 0, 1, ... in order
@@ -62,9 +69,12 @@ class EarlyReads:
     def _submit_next(self) -> None:
         if self._submitted < len(self._todo):
             a, b = (int(v) for v in self._todo[self._submitted])
+            read = self._read()
             try:
-                self._reads.append(((a, b), self._submit(self._read, a, b)))
-            except RuntimeError:  # the threads were shut down (the epoch stopped): read no further
+                if read is None:
+                    raise RuntimeError("the reader is gone")
+                self._reads.append(((a, b), self._submit(read, a, b)))
+            except RuntimeError:  # the threads were shut down (the epoch stopped), or the reader: read no further
                 self._todo = self._todo[:0]
                 return
             self._submitted += 1

@@ -12,6 +12,7 @@ import concurrent.futures
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -63,8 +64,8 @@ class PieceReader:
     in :func:`reading_threads` threads; remote reads follow ``policy`` (:mod:`zarrtorch._read.fetch`);
     decoded chunks come from ``pools`` (:mod:`zarrtorch._util.pool`; the process's, kept across epochs).
     ``early``: reads of the first pieces started before (:mod:`zarrtorch._read.early`), used where they match;
-    ``after_last(submit)`` is called once the last piece has been handed out, with the reading threads'
-    ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
+    ``after_last(reader, submit)`` is called once the last piece has been handed out, with this reader and the
+    reading threads' ``submit`` (idle from then on: what it submits runs before they end); it returns the next epoch's
     :class:`~zarrtorch._read.early.EarlyReads`, kept as ``started_early``. ``check_missing``: a chunk with no stored
     object is an error (else the fill value, as zarr reads it). ``first``: the epoch's pieces, whose
     first reads start at once (:meth:`read_first`). ``pieces_per_read``: consecutive pieces one task of a reading
@@ -84,7 +85,7 @@ class PieceReader:
         policy: RetryPolicy | None = None,
         pools: Pools | None = None,
         early: EarlyReads | None = None,
-        after_last: Callable[[Callable], EarlyReads] | None = None,
+        after_last: Callable[[PieceReader, Callable], EarlyReads] | None = None,
         first: np.ndarray | None = None,
         secrets: tuple[str, ...] = (),
         in_flight: InFlight | None = None,
@@ -235,16 +236,26 @@ class PieceReader:
         fetch_ahead = self._fetch_ahead  # requested now, decoded in the decode threads as they arrive
         self._pool = pool = _reading_pool(self.threads if fetch_ahead else threads)  # the epoch's
 
+        submit_early = weakref.WeakMethod(self._submit_early)  # the early reads are held here: must not hold us
+
         def submit(read, a, b):
-            times = [time.monotonic(), None]
-            if fetch_ahead:
-                future = self._fetch_then_decode(pool.submit, [(a, b)], times, read)
-            else:
-                future = pool.submit(_timed, read, a, b, times)
-            self._early_times[future] = times  # the burst's round trips count too (inflight.py)
-            return future
+            method = submit_early()
+            if method is None:
+                raise RuntimeError("the reader is gone")
+            return method(pool, fetch_ahead, read, a, b)
 
         self.early = EarlyReads(submit, self.read_piece, pieces[: self.prefetch])
+
+    def _submit_early(
+        self, pool: ThreadPoolExecutor, fetch_ahead: bool, read: Callable, a: int, b: int
+    ) -> concurrent.futures.Future:
+        times = [time.monotonic(), None]
+        if fetch_ahead:
+            future = self._fetch_then_decode(pool.submit, [(a, b)], times, read)
+        else:
+            future = pool.submit(_timed, read, a, b, times)
+        self._early_times[future] = times  # the burst's round trips count too (inflight.py)
+        return future
 
     def iter_pieces(
         self, pieces: np.ndarray, ready: list | None = None, read: Callable[[int, int], object] | None = None
@@ -357,7 +368,7 @@ class PieceReader:
                 if not current:  # a whole read consumed (the last piece is about to be): read the next
                     read_ahead()
                 if not ready and not pending and not current and self.after_last is not None:  # the last one
-                    self.started_early = self.after_last(pool.submit)
+                    self.started_early = self.after_last(self, pool.submit)
                     handed_over = True
                 yield data
         finally:
