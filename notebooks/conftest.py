@@ -10,3 +10,7 @@ def pytest_collectstart(collector):
             "stderr",
             "application/vnd.jupyter.widget-view+json",
         )
+
+
+# every exercise's solution runs in the lesson's kernel right after its check (zarrtorch/course/nbval_solutions.py)
+from zarrtorch.course.nbval_solutions import pytest_collection_modifyitems  # noqa: E402, F401

@@ -1,14 +1,17 @@
-"""Every exercise's solution is right (issue 45): each lesson, run at ``tiny`` with its exercise cells replaced by
-their solutions (``notebooks/solutions/NN_exk.py``, which a learner loads with ``%load``), makes every check cell
-print ``Exercise k: correct``; and every file in ``notebooks/solutions/`` belongs to an exercise.
-
-A lesson runs only up to its last check cell (the cells after it check nothing of the exercises). The made-up
-lesson of ``made_up_lesson.py`` shows that the run passes right solutions and fails a wrong one.
+"""Every exercise's solution is right (issue 45). CI's nbval run of each lesson at ``tiny`` runs, right after the
+k-th check cell, the solution ``notebooks/solutions/NN_exk.py`` (which a learner loads with ``%load``) and the
+check again, which must print ``Exercise k: correct`` (``zarrtorch/course/nbval_solutions.py``, the hook of
+``notebooks/conftest.py``). Here: that the hook gives every lesson's every exercise those two items; that it
+passes right solutions and fails a wrong or missing one (a made-up lesson, ``made_up_lesson.py``, run by nbval
+in a subprocess); and that every file in ``notebooks/solutions/`` belongs to an exercise.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import made_up_lesson
@@ -16,30 +19,17 @@ import nbformat
 import pytest
 from test_notebook_structure import LESSONS
 
-from zarrtorch.course.lessons import exercise_cells, run_notebook, solution_path, with_solutions
+from zarrtorch.course.lessons import exercise_cells, solution_path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "notebooks" / "solutions"
 
 
-def _tagged(nb, tag: str) -> list[int]:
-    return [i for i, c in enumerate(nb.cells) if tag in c.get("metadata", {}).get("tags", [])]
-
-
-def _text(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
-
-
-def run_with_solutions(path: Path) -> list[str]:
-    """Execute the notebook at ``path`` at ``tiny``, its exercise cells holding their solutions, up to its last
-    check cell; return what each check cell printed, in order (a failed check raises, with its message)."""
-    nb = nbformat.read(path, as_version=4)
-    solved = with_solutions(nb, path)
-    checks = _tagged(solved, "check")
-    assert checks, f"{path.name} has no check cell"
-    solved.cells = solved.cells[: checks[-1] + 1]
-    run_notebook(solved, path, timeout=900)
-    return [_text(solved.cells[i]) for i in checks]
+def nbval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """pytest with nbval at ``tiny`` in a fresh process (its kernel inherits the size and the data's folder)."""
+    env = os.environ | {"ZARRTORCH_SIZE": "tiny"}
+    command = [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "no:randomly", "-q", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def orphans(notebooks: Path) -> list[str]:
@@ -51,20 +41,16 @@ def orphans(notebooks: Path) -> list[str]:
     return sorted(p.name for p in (notebooks / "solutions").glob("*.py") if p.name not in owned)
 
 
-@pytest.fixture
-def tiny(monkeypatch):
-    """The kernel a notebook runs in inherits this process's environment: the tiny size, the data's folder."""
-    monkeypatch.setenv("ZARRTORCH_SIZE", "tiny")
-    if "ZARRTORCH_DATA_DIR" in os.environ:
-        monkeypatch.setenv("ZARRTORCH_DATA_DIR", os.environ["ZARRTORCH_DATA_DIR"])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
-def test_every_check_says_correct_with_the_solutions_loaded(path, tiny):
-    printed = run_with_solutions(path)
-    for k, text in enumerate(printed, start=1):
-        assert f"Exercise {k}: correct" in text.splitlines(), f"{path.name}, exercise {k}'s check printed {text!r}"
+def test_the_nbval_run_checks_every_exercise_of_every_lesson_with_its_solution():
+    """Collected as CI collects them: after each lesson's k-th check cell, its solution then the check again."""
+    done = nbval("--collect-only", *(str(p.relative_to(ROOT)) for p in LESSONS), cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    for path in LESSONS:
+        n = len(exercise_cells(nbformat.read(path, as_version=4)))
+        items = re.findall(rf"^notebooks/{re.escape(path.name)}::(Cell \d+.*)$", done.stdout, re.M)
+        solved = [item for item in items if re.fullmatch(r"Cell \d+ (solution|solved) \d+", item)]
+        expected = [f"{what} {k}" for k in range(1, n + 1) for what in ("solution", "solved")]
+        assert [item.split(" ", 2)[2] for item in solved] == expected, f"{path.name}: {solved}"
 
 
 def test_every_solution_file_belongs_to_an_exercise():
@@ -73,19 +59,23 @@ def test_every_solution_file_belongs_to_an_exercise():
 
 
 @pytest.mark.slow
-def test_the_solutions_run_passes_right_solutions_and_fails_a_wrong_one(tmp_path, tiny):
-    """The made-up lesson: its solutions make both checks print 'correct'; a wrong solution stops the run at its
-    check, with the check's message; the learner's version prints 'not answered yet'."""
+def test_right_solutions_pass_and_a_wrong_or_missing_one_fails(tmp_path):
+    """The made-up lesson under nbval with the hook: the learner's version (every check 'not answered yet')
+    compares equal and both solutions say correct; a wrong solution fails at its check with the check's
+    message; a missing one fails naming the file to write."""
     path = made_up_lesson.write(tmp_path)
-    assert run_with_solutions(path) == ["Exercise 1: correct\n", "Exercise 2: correct\n"]
-    learner = nbformat.read(path, as_version=4)
-    run_notebook(learner, path, timeout=120)
-    assert [_text(learner.cells[i]) for i in _tagged(learner, "check")] == [
-        made_up_lesson.NOT_ANSWERED.format(k=k) + "\n" for k in (1, 2)
-    ]
+    plugin = ("-p", "zarrtorch.course.nbval_solutions")
+    right = nbval(*plugin, path.name, cwd=tmp_path)
+    assert right.returncode == 0 and "passed" in right.stdout, right.stdout[-3000:]
+    code_cells = sum(c["cell_type"] == "code" for c in made_up_lesson.cells())
+    assert right.stdout.splitlines()[0].count(".") == code_cells + 2 * len(made_up_lesson.EXERCISES)
     (tmp_path / "solutions" / "01_ex1.py").write_text("my_prediction = 3\n")
-    with pytest.raises(Exception, match="3 rows"):
-        run_with_solutions(path)
+    wrong = nbval(*plugin, path.name, cwd=tmp_path)
+    assert wrong.returncode != 0 and "3 rows? count them" in wrong.stdout, wrong.stdout[-3000:]
+    assert re.search(r"FAILED 01_made_up.ipynb::Cell \d+ solved 1", wrong.stdout)
+    (tmp_path / "solutions" / "01_ex1.py").unlink()
+    missing = nbval(*plugin, path.name, cwd=tmp_path)
+    assert missing.returncode != 0 and "exercise 1 has no solution: write 01_ex1.py" in missing.stdout
 
 
 def test_an_orphan_solution_is_found(tmp_path):

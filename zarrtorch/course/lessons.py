@@ -4,7 +4,7 @@ One source of truth for the README's schedule, lesson 00's and the deck's ("The 
 ``tests/course/test_schedule.py`` compares with :data:`DAY`; for ``make course``'s table of words and run time per
 lesson (:func:`markdown_words`, :func:`run_notebook`); and for the solutions of the exercises, which live in
 ``notebooks/solutions/`` (not beside their questions on the repository's web page) and which
-``tests/course/test_solutions.py`` runs in their notebooks (:func:`with_solutions`).
+CI's nbval run executes in their notebooks (:mod:`zarrtorch.course.nbval_solutions`).
 """
 
 from __future__ import annotations
@@ -108,16 +108,6 @@ def exercise_cells(nb) -> list[int]:
 def solution_path(notebook: Path, k: int) -> Path:
     """Where exercise ``k`` (from 1) of ``notebook`` keeps its solution."""
     return Path(notebook).parent / "solutions" / f"{Path(notebook).name[:2]}_ex{k}.py"
-
-
-def with_solutions(nb, notebook: Path):
-    """A copy of ``nb`` whose exercise cells hold their solutions."""
-    import copy
-
-    solved = copy.deepcopy(nb)
-    for k, index in enumerate(exercise_cells(solved), start=1):
-        solved.cells[index].source = solution_path(notebook, k).read_text(encoding="utf-8")
-    return solved
 
 
 # -- running a notebook ------------------------------------------------------------------------------------
