@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from zarrtorch.course.measure import apart, batch_len, measure_loader, mib
+from zarrtorch.course.measure import ChunkReads, apart, batch_len, measure_loader, mib
 
 
 def test_batch_len():
@@ -161,3 +161,33 @@ def test_the_workers_command_prints_a_line_per_step_and_number_of_workers(tmp_pa
         ["python", "step,", "0", "workers"],
         ["python", "step,", "1", "workers"],
     ]
+
+
+def _store_of_two_arrays(path):
+    """40 rows in chunks of 8: ``x`` (40 x 3) and ``y`` (40,), written with zarr's defaults (Zarr v3 keys)."""
+    import zarr
+
+    group = zarr.open_group(str(path), mode="w")
+    group.create_array("x", shape=(40, 3), chunks=(8, 3), dtype="float32")[:] = np.arange(120).reshape(40, 3)
+    group.create_array("y", shape=(40,), chunks=(8,), dtype="int64")[:] = np.arange(40)
+    return path
+
+
+def test_chunk_reads_counts_chunks_read_not_metadata(tmp_path):
+    reads = ChunkReads(_store_of_two_arrays(tmp_path / "two.zarr"))
+    x, y = reads.group["x"], reads.group["y"]
+    assert reads.take() == 0  # opening the group and its arrays reads metadata only
+    assert x[5].tolist() == [15, 16, 17]
+    assert reads.take() == 1  # one row: its whole chunk
+    x[8:16]
+    y[8:16]
+    assert reads.take() == 2  # a whole chunk of each array: one read each
+    x[4:12]
+    assert reads.take() == 2  # rows across two chunks
+    assert reads.take() == 0  # take() counts afresh
+
+
+def test_chunk_reads_opens_the_store_read_only(tmp_path):
+    reads = ChunkReads(_store_of_two_arrays(tmp_path / "two.zarr"))
+    with pytest.raises(Exception, match="read.only|read-only"):
+        reads.group["y"][0] = -1

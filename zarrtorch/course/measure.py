@@ -28,19 +28,27 @@ reports the share of the time spent waiting in ``next()``; the steps stand in fo
 GIL and keeps a core busy, :func:`python_step` holds the GIL. From the command line, on a node::
 
     python -m zarrtorch.course.measure STORE --workers 0 2 --steps sleep torch python
+
+The work a loader does, counted rather than timed (lesson 04): :class:`ChunkReads` opens a store so that every
+chunk zarr reads from it is counted, the same on every machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
+
+import zarr
 
 from zarrtorch.course.memory import MemorySampler
 
 __all__ = [
+    "ChunkReads",
     "measure_loader",
     "batch_len",
     "mib",
@@ -51,6 +59,46 @@ __all__ = [
     "python_step",
     "STEPS",
 ]
+
+
+class ChunkReads:
+    """A local store opened read-only so that every chunk zarr reads from it is counted: the work of a read,
+    which does not change with the machine, where a rate does.
+
+    In Zarr v3 each chunk is one object of the store (one file on a local disk), keyed by the array's name,
+    ``c`` and the chunk's position on each axis (``fields/c/12/0/0/0``: chunk 12 of ``fields`` along the first
+    axis). Every key zarr asks for counts, except metadata (``zarr.json``, and Zarr v2's ``.zarray``...).
+
+        reads = ChunkReads(path)
+        reads.group["fields"][5]  # one row
+        reads.take()  # 1: the row's whole chunk was read
+    """
+
+    def __init__(self, path: str | Path):
+        self._store = _CountingStore(zarr.storage.LocalStore(Path(path), read_only=True))
+        self.group = zarr.open_group(self._store, mode="r")
+
+    def take(self) -> int:
+        """Chunks read since the store was opened or since the last call; counting then starts afresh."""
+        keys = self._store.keys_read
+        n = sum(count for key, count in keys.items() if key.rsplit("/", 1)[-1] not in _METADATA)
+        keys.clear()
+        return n
+
+
+_METADATA = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+
+
+class _CountingStore(zarr.storage.WrapperStore):
+    """The wrapped store, counting the keys read through it (zarr calls ``get`` once per object it reads)."""
+
+    def __init__(self, store):
+        super().__init__(store)
+        self.keys_read: collections.Counter[str] = collections.Counter()
+
+    async def get(self, key, prototype, byte_range=None):
+        self.keys_read[key] += 1
+        return await super().get(key, prototype, byte_range)
 
 
 def mib(n_bytes: float) -> float:
