@@ -1,4 +1,4 @@
-# Shorter blocks give every reader more of them: block_chunks sets how many chunks a block holds. 32 blocks in
-# the training period's starts need blocks of at most advice.samples // 32 rows; the halo ceiling needs a block
-# of at least 4 times the chunks the halo reaches into. 8 chunks leave room for both at every size.
+# The halo reaches into at least one chunk, and its chunks may be at most a quarter of a block: 4 chunks at least.
+my_fewest_block_chunks = 4
+# Blocks of 8 chunks: short enough for 32 of them in the training period, twice the fewest the halo allows.
 my_windows = zt.Windows(history=2, lead=4, static=("orography",), block_chunks=8)
