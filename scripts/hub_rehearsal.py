@@ -418,9 +418,13 @@ def data_problem(folder: Path) -> str | None:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file and folder under ``folder``: its relative path -> (size, modification time in ns)."""
+    """Every file and folder under ``folder``: its relative path -> (size, modification time in ns). The
+    top-level ``scratch`` folder is left out: it is where a lesson writes on a single-user machine (the kernels
+    here write to their own, ``ZARRTORCH_SCRATCH_DIR``), not the data the kernels share."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(folder):
+        if os.path.samefile(dirpath, folder) and "scratch" in dirnames:
+            dirnames.remove("scratch")
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)

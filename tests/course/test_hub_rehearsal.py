@@ -133,6 +133,17 @@ def test_the_data_check_finds_a_file_added_removed_or_rewritten(tmp_path):
     assert hub.changes(before, hub.snapshot(tmp_path)) == ["added c", "removed b", "modified a"]
 
 
+def test_the_data_check_leaves_out_the_single_user_scratch_folder(tmp_path):
+    """The rehearsal of 2026-11-28 failed on "modified scratch": another user of the machine ran a lesson on
+    the same data folder, whose scratch/ is a single-user machine's writing place; the kernels write their own."""
+    (tmp_path / "train.zarr").mkdir()
+    (tmp_path / "scratch").mkdir()
+    before = hub.snapshot(tmp_path)
+    (tmp_path / "scratch" / "lesson01").mkdir()
+    (tmp_path / "train.zarr" / "x").write_text("1")
+    assert hub.changes(before, hub.snapshot(tmp_path)) == ["added train.zarr/x", "modified train.zarr"]
+
+
 def test_processes_are_named_from_their_command_lines():
     py = "/venv/bin/python"
     assert hub.process_role([py, "-m", "ipykernel_launcher", "-f", "k.json"]) == "forked worker"
