@@ -29,7 +29,7 @@ import functools
 from pathlib import Path
 
 import beluga
-import layouts
+import beluga_layouts as layouts
 import numpy as np
 import torch
 import zarr

@@ -4,7 +4,7 @@ A peer script defines a :class:`Peer` (how its library opens, iterates, saves an
 from that library's documentation) and calls :func:`main`. One process does one job: ``convert`` (the
 peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
 to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes) or ``layout``
-(rows or windows/s over one of ``layouts.py``'s stores), and prints
+(rows or windows/s over one of ``beluga_layouts.py``'s stores), and prints
 one ``PEER-RESULT {json}`` line. Only numpy, torch and the standard library are assumed here; memory is read
 with the project's own sampler (``zarrtorch/course/memory.py``, stdlib only), loaded by path so that the
 peer's environment needs no zarrtorch.
@@ -83,7 +83,7 @@ class Peer:
         raise NoAPI
 
     def open_layout(self, ctx: Ctx, *, kind: str, frames: int, workers: int):
-        """A loader over the layout store ``ctx.store`` (``layouts.py``: ``kind`` is ``frame``, ``sharded``,
+        """A loader over the layout store ``ctx.store`` (``beluga_layouts.py``: ``kind`` is ``frame``, ``sharded``,
         ``wb2`` or ``course``, the peers' store itself), each sample a window of ``frames`` consecutive rows
         (1: single rows), shuffled, rank 0 of 1."""
         raise NoAPI
@@ -271,7 +271,7 @@ def main(peer: Peer) -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--world", type=int, default=1, help="throughput: rank 0 of this many simulated ranks")
     p.add_argument("--max-s", type=float, default=None, help="throughput, layout: stop an epoch after this long")
-    p.add_argument("--kind", default="course", help="layout: the store's layout (layouts.py)")
+    p.add_argument("--kind", default="course", help="layout: the store's layout (beluga_layouts.py)")
     p.add_argument("--frames", type=int, default=1, help="layout: rows per sample (1: single rows)")
     a = p.parse_args()
     ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)

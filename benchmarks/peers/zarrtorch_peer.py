@@ -3,7 +3,7 @@
 (the peer "zarrtorch, uncompressed copy"): the same, on a copy of the store written by ``prepare_zarr`` without a
 codec, beside the uncompressed copies LitData and MosaicML Streaming read.
 
-The ``layout`` job reads ``layouts.py``'s stores with default settings: rows, or windows of 2 input and
+The ``layout`` job reads ``beluga_layouts.py``'s stores with default settings: rows, or windows of 2 input and
 ``frames - 2`` target steps (``Windows(history=2, lead=frames - 2)``).
 
 Recipe: this repository, README.md and benchmarks/harness.py (``zarrtorch_loader``).
@@ -11,7 +11,7 @@ Recipe: this repository, README.md and benchmarks/harness.py (``zarrtorch_loader
 
 import sys
 
-import layouts
+import beluga_layouts as layouts
 from common import Ctx, LoaderStatePeer, NoAPI, main
 
 from zarrtorch import ReadOptions, Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
