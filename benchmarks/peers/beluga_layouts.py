@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,13 @@ def _copy_rows(source: zarr.Array, target: zarr.Array, step: int) -> None:
         target[start : start + step] = source[start : start + step]
 
 
+def _consolidate(path: str | Path) -> None:
+    """Consolidated metadata (beluga's group reader wants it; zarr-python warns that v3 does not define it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))
+
+
 def _fresh(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +86,7 @@ def write_frame(source: zarr.Array, path: str | Path) -> Path:
         fill_value=0.0,
     )
     _copy_rows(source, data, source.chunks[0])
-    zarr.consolidate_metadata(str(path))
+    _consolidate(path)
     return Path(path)
 
 
@@ -99,7 +107,7 @@ def write_sharded(source: zarr.Array, path: str | Path, shard_rows: int = 32) ->
     )
     step = max(shard_rows, source.chunks[0] // shard_rows * shard_rows)  # whole shards per write
     _copy_rows(source, data, step)
-    zarr.consolidate_metadata(str(path))
+    _consolidate(path)
     return Path(path)
 
 
@@ -154,7 +162,7 @@ def write_wb2(source: zarr.Array, path: str | Path) -> Path:
         block = source[start : start + step]
         for array, c, levels in arrays.values():
             array[start : start + step] = block[:, c : c + levels] if levels else block[:, c]
-    zarr.consolidate_metadata(str(path))
+    _consolidate(path)
     return Path(path)
 
 

@@ -110,13 +110,13 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=2048, help="rows of the store (64 KiB each; whole chunks)")
+    p.add_argument("--rows", type=int, default=8192, help="rows of the store (64 KiB each; whole chunks)")
     p.add_argument("--chunk-rows", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 2])
     p.add_argument("--only", default="", help="comma-separated names (as in the table, case-insensitive prefix)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the peers' environments (a failed one too)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per process")
     p.add_argument("--data-dir", default=str(ROOT / "data" / "bench"))
     p.add_argument(
         "--layouts",
@@ -124,7 +124,7 @@ def main() -> None:
         default="auto",
         help="zarrtorch and zarr-beluga on the layouts beluga reads (auto: when zarr-beluga is among the loaders)",
     )
-    p.add_argument("--layout-cap", type=float, default=30, help="layouts: seconds after which an epoch is cut")
+    p.add_argument("--layout-cap", type=float, default=20, help="layouts: seconds after which an epoch is cut")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
