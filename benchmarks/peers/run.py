@@ -125,6 +125,12 @@ def main() -> None:
         help="zarrtorch and zarr-beluga on the layouts beluga reads (auto: when zarr-beluga is among the loaders)",
     )
     p.add_argument("--layout-cap", type=float, default=20, help="layouts: seconds after which an epoch is cut")
+    p.add_argument(
+        "--remote-ms",
+        type=lambda s: [float(v) for v in s.split(",") if v],
+        default=[20.0],
+        help="layouts: also read beluga's stores over HTTP with this delay per request (ms; empty: not at all)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
@@ -191,27 +197,49 @@ def run_layouts(store: dict, a, log) -> dict:
     out |= {"window_frames": WINDOW_FRAMES, "window_batch": WINDOW_BATCH, "row_batch": a.batch_size}
     if not env["ok"]:
         out["beluga_error"] = env["reason"]
+    context = {"python": pythons, "store": store, "a": a, "log": log}
     for kind, _ in LAYOUTS:
         harness.prepare_cache(stores[kind]["path"], "warm")
         for frames, batch in ((WINDOW_FRAMES, WINDOW_BATCH), (1, a.batch_size)):
             for loader, script, workers, batch_size in layout_jobs(frames, batch):
-                if pythons[script] is None:
-                    continue
-                runs = [kind]
-                while runs:
-                    run_kind = runs.pop()
-                    print(f"  layouts: {loader} on {run_kind}, frames {frames}, {workers} workers, batch {batch_size}")
-                    args = ["layout", "--kind", run_kind, "--frames", str(frames), "--workers", str(workers)]
-                    args += ["--store", stores[kind]["path"], "--work", str(work_dir(script, None, stores[kind]))]
-                    args += ["--rows", str(store["rows"]), "--chunk-rows", "1", "--batch-size", str(batch_size)]
-                    args += ["--max-s", str(a.layout_cap)]
-                    result = job(pythons[script], script, args, a.timeout, log)
-                    out["runs"].append(
-                        {"store": kind, "setting": run_kind.partition("+")[2], "loader": loader, "frames": frames}
-                        | {"workers": workers, "batch": batch_size, "result": result}
-                    )
-                    if loader == "zarrtorch" and "allow_shards" in str(result.get("refused", "")):
-                        runs.append(f"{kind}+allow_shards")
+                if pythons[script] is not None:
+                    job_of = (loader, script, workers, batch_size)
+                    out["runs"] += layout_runs(job_of, kind, kind, stores[kind]["path"], frames, context)
+    for delay in a.remote_ms:  # over HTTP: the stores' folder served with a delay per request, windows only
+        from zarrtorch.course.servers import HttpStoreProcess
+
+        with HttpStoreProcess(a.data_dir, delay_ms=delay, asyncio=True) as server:
+            out.setdefault("remote", {})[f"{delay:g} ms"] = {"server": "zarrtorch.course.servers.HttpStoreProcess"}
+            for kind in ("frame", "sharded", "wb2"):
+                url = f"{server.url}/{Path(stores[kind]['path']).name}"
+                for loader, script, workers, batch_size in layout_jobs(WINDOW_FRAMES, WINDOW_BATCH):
+                    if pythons[script] is not None and batch_size:  # beluga's samples one by one: on disk only
+                        label, job_of = f"{kind} over HTTP, {delay:g} ms", (loader, script, workers, batch_size)
+                        out["runs"] += layout_runs(job_of, kind, label, url, WINDOW_FRAMES, context)
+    return out
+
+
+def layout_runs(job_of: tuple[str, str, int, int], kind: str, label: str, path: str, frames: int, run: dict) -> list:
+    """The runs of one loader (``job_of``: a :func:`layout_jobs` entry) on one layout store (``path``: a folder or
+    a URL; ``label`` names it in the table), as records for the JSON; a refusal of shards by zarrtorch is followed
+    by a run with the setting it names. ``run``: ``python`` (per script), ``store``, ``a``, ``log``."""
+    loader, script, workers, batch_size = job_of
+    store, a = run["store"], run["a"]
+    out, kinds = [], [kind]
+    while kinds:
+        run_kind = kinds.pop()
+        print(f"  layouts: {loader} on {label}, frames {frames}, {workers} workers, batch {batch_size}", flush=True)
+        work = ROOT / ".peers" / script.removesuffix(".py") / "work" / f"{Path(store['path']).stem}_{kind}"
+        args = ["layout", "--kind", run_kind, "--frames", str(frames), "--workers", str(workers)]
+        args += ["--store", path, "--work", str(work), "--rows", str(store["rows"]), "--chunk-rows", "1"]
+        args += ["--batch-size", str(batch_size), "--max-s", str(a.layout_cap)]
+        result = job(run["python"][script], script, args, a.timeout, run["log"])
+        out.append(
+            {"store": label, "setting": run_kind.partition("+")[2], "loader": loader, "frames": frames}
+            | {"workers": workers, "batch": batch_size, "result": result}
+        )
+        if loader == "zarrtorch" and "allow_shards" in str(result.get("refused", "")):
+            kinds.append(f"{kind}+allow_shards")
     return out
 
 

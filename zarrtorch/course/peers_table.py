@@ -558,6 +558,12 @@ def _page_layouts(results: dict) -> str:
     view (`benchmarks/peers/beluga_layouts.py`, `write_view`: beluga needs other dimension names), its 128-row
     chunks untouched. Epochs longer than {results["settings"].get("layout_cap", 30):.0f} s are cut and their
     rate is that of the part read."""
+    remote = layouts.get("remote") or {}
+    if remote:
+        intro += f""" Then the same stores over HTTP (`zarrtorch.course.servers.HttpStoreProcess`: aiohttp in a process
+        of its own on this machine, answering each request after a delay of {" and ".join(remote)}), windows only,
+        beluga in batches: beluga opens the URL as its package opens one (`objstore-rt` with `allow_http`),
+        zarrtorch with default settings."""
     lines = [
         "## zarr-beluga's layouts",
         "",
@@ -577,9 +583,8 @@ def _page_layouts(results: dict) -> str:
             )
         else:
             ours = f"zarrtorch {_rate(s['zarrtorch'])}/s" + (" (epochs cut)" if s["zarrtorch_cut"] else "")
-        beluga = f"beluga {_rate(s['beluga'])}/s in batches, {_rate(s['beluga_samples'])}/s one by one" + (
-            " (epochs cut)" if s["beluga_cut"] else ""
-        )
+        one_by_one = f", {_rate(s['beluga_samples'])}/s one by one" if s["beluga_samples"] else ""
+        beluga = f"beluga {_rate(s['beluga'])}/s in batches{one_by_one}" + (" (epochs cut)" if s["beluga_cut"] else "")
         ratio = f": **{s['x']:.2f}x** beluga's best in batches" if s["x"] else ""
         lines.append(f"- {s['store']}, {sample}: {ours}{ratio}; {beluga}.")
     return "\n".join(lines) + "\n"
