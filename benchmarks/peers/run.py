@@ -5,7 +5,10 @@ the project's, every other peer in one built under ``.peers/``. Per loader: its 
 own format; timed once per store, cached), rank 0 of 1 and of 2 simulated ranks with 0 and 2 workers for
 epochs 1 and 2 (rows/s, time to first batch, held memory), then the guarantees with 2 workers on 2 simulated
 ranks (``common.py``).
-Prints the table, writes the JSON (``--out``) and, with ``--md``, the markdown page.
+Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
+on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
+disk and over HTTP with a delay per request.
+Prints the tables, writes the JSON (``--out``) and, with ``--md``, the markdown page.
 """
 
 from __future__ import annotations
