@@ -119,6 +119,12 @@ def keeps_all(results: dict) -> list[str]:
     return [name for name, v in verdicts(results).items() if all(kept(x) for x in v.values())]
 
 
+def short_name(loader: str) -> str:
+    """A loader's name on the figure: its first word, and ``uncompressed`` for zarrtorch's uncompressed copy."""
+    first = loader.split(" ")[0].rstrip(",")
+    return f"{first} uncompressed" if "uncompressed" in loader else first
+
+
 def figure(results: dict, ax=None, label_size: float = 8):
     """Rows/s (epochs 1 and 2 together) against held MiB, both on log scales, one point per loader and worker
     count with one rank (every row): filled where the loader kept every guarantee, hollow where it failed one;
@@ -145,7 +151,7 @@ def figure(results: dict, ax=None, label_size: float = 8):
             linewidths=2,
             zorder=3,
         )
-        label = f"{r['loader'].split(' ')[0]} ({r['workers']})"
+        label = f"{short_name(r['loader'])} ({r['workers']})"
         ax.annotate(
             label, (r["rows_per_s"], r["held_mib"]), textcoords="offset points", xytext=(7, 4), fontsize=label_size
         )
@@ -184,7 +190,7 @@ def figure(results: dict, ax=None, label_size: float = 8):
         ax.scatter([], [], marker="s", facecolors="0.3", edgecolors="0.3", label="every guarantee, with workers"),
         ax.scatter([], [], marker="o", facecolors="white", edgecolors="0.3", label="fails one or more"),
     ]
-    ax.legend(handles=handles, fontsize=label_size, loc="lower left")
+    ax.legend(handles=handles, fontsize=label_size, loc="best")
     return ax
 
 
