@@ -3,7 +3,8 @@
 A peer script defines a :class:`Peer` (how its library opens, iterates, saves and restores a loader, written
 from that library's documentation) and calls :func:`main`. One process does one job: ``convert`` (the
 peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
-to first batch, held memory) or ``guarantees`` (2 simulated ranks run in turn, and three resumes), and prints
+to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes) or ``layout``
+(rows or windows/s over one of ``beluga_layouts.py``'s stores), and prints
 one ``PEER-RESULT {json}`` line. Only numpy, torch and the standard library are assumed here; memory is read
 with the project's own sampler (``zarrtorch/course/memory.py``, stdlib only), loaded by path so that the
 peer's environment needs no zarrtorch.
@@ -81,6 +82,16 @@ class Peer:
         """A new loader that continues from ``state``; :meth:`epoch` is then called with the same epoch."""
         raise NoAPI
 
+    def open_layout(self, ctx: Ctx, *, kind: str, frames: int, workers: int):
+        """A loader over the layout store ``ctx.store`` (``beluga_layouts.py``: ``kind`` is ``frame``, ``sharded``,
+        ``wb2`` or ``course``, the peers' store itself), each sample a window of ``frames`` consecutive rows
+        (1: single rows), shuffled, rank 0 of 1."""
+        raise NoAPI
+
+    def samples_in(self, batch) -> int:
+        """How many samples (rows or windows) a batch of :meth:`open_layout`'s loader holds."""
+        return len(self.rows_of(batch))
+
 
 class LoaderStatePeer(Peer):
     """A peer whose loader saves and restores its position itself (``state_dict`` / ``load_state_dict``)."""
@@ -104,23 +115,30 @@ def collect(peer: Peer, iterator, limit: int | None = None) -> list[list[int]]:
     return out
 
 
-def timed_epoch(peer: Peer, loader, epoch: int, sampler) -> dict:
-    """Rows/s from ``iter()`` to the last batch, time to first batch, memory held (as ``make bench``)."""
+def timed_epoch(peer: Peer, loader, epoch: int, sampler, count=None, max_s: float | None = None) -> dict:
+    """Rows/s from ``iter()`` to the last batch, time to first batch, memory held (as ``make bench``).
+    ``count``: samples in a batch (default: its rows); ``max_s``: stop after this many seconds (a loader too slow
+    for a whole epoch within the run; ``capped`` says so, and the rate is that of the part read)."""
+    count = count or (lambda batch: len(peer.rows_of(batch)))
     sampler.reset()
     sampler.sample(with_uss=False)
     t0 = time.perf_counter()
     rows = batches = 0
     ttfb = None
+    capped = False
     for batch in peer.epoch(loader, epoch):
         if ttfb is None:
             ttfb = time.perf_counter() - t0
             sampler.sample()  # see the workers even if the epoch ends before the sampler's next look
-        rows += len(peer.rows_of(batch))
+        rows += count(batch)
         batches += 1
         del batch
+        if max_s is not None and time.perf_counter() - t0 > max_s:
+            capped = True
+            break
     seconds = time.perf_counter() - t0
     sampler.sample()
-    return {
+    out = {
         "epoch": epoch + 1,
         "rows": rows,
         "batches": batches,
@@ -130,17 +148,35 @@ def timed_epoch(peer: Peer, loader, epoch: int, sampler) -> dict:
         "held_mib": sampler.held / MiB,
         "rss_main_peak_mib": sampler.peak_rss_main / MiB,
     }
+    return out | ({"capped_after_s": max_s} if capped else {})
 
 
-def throughput(peer: Peer, ctx: Ctx, workers: int, world: int = 1) -> dict:
+def throughput(peer: Peer, ctx: Ctx, workers: int, world: int = 1, max_s: float | None = None) -> dict:
     """Rank 0 of ``world`` (its share of the rows), epochs 1 and 2."""
     with memory.MemorySampler(every_s=0.01, uss_every_s=0.1) as sampler:
         t0 = time.perf_counter()
         loader = peer.open(ctx, rank=0, world=world, workers=workers)
         open_s = time.perf_counter() - t0
-        epochs = [timed_epoch(peer, loader, e, sampler) for e in range(2)]
+        epochs = [timed_epoch(peer, loader, e, sampler, max_s=max_s) for e in range(2)]
         del loader
     return {"workers": workers, "world": world, "open_s": open_s, "epochs": epochs}
+
+
+def layout_throughput(peer: Peer, ctx: Ctx, kind: str, frames: int, workers: int, max_s: float | None) -> dict:
+    """Samples/s over a layout store (:meth:`Peer.open_layout`), rank 0 of 1, epochs 1 and 2; a loader that
+    refuses the store is reported with its error (``refused``), as a guarantee check reports a refused resume."""
+    with memory.MemorySampler(every_s=0.01, uss_every_s=0.1) as sampler:
+        t0 = time.perf_counter()
+        try:
+            loader = peer.open_layout(ctx, kind=kind, frames=frames, workers=workers)
+        except NoAPI:
+            return {"refused": "no API"}
+        except Exception as e:  # the loader refuses this layout: say what it said
+            return {"refused": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
+        open_s = time.perf_counter() - t0
+        epochs = [timed_epoch(peer, loader, e, sampler, count=peer.samples_in, max_s=max_s) for e in range(2)]
+        del loader
+    return {"kind": kind, "frames": frames, "workers": workers, "open_s": open_s, "epochs": epochs}
 
 
 def _verdict(fn) -> str:
@@ -226,7 +262,7 @@ def convert(peer: Peer, ctx: Ctx) -> dict:
 
 def main(peer: Peer) -> None:
     p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {peer.name}")
-    p.add_argument("job", choices=["convert", "throughput", "guarantees"])
+    p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout"])
     p.add_argument("--store", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--rows", type=int, required=True)
@@ -234,6 +270,9 @@ def main(peer: Peer) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--world", type=int, default=1, help="throughput: rank 0 of this many simulated ranks")
+    p.add_argument("--max-s", type=float, default=None, help="throughput, layout: stop an epoch after this long")
+    p.add_argument("--kind", default="course", help="layout: the store's layout (beluga_layouts.py)")
+    p.add_argument("--frames", type=int, default=1, help="layout: rows per sample (1: single rows)")
     a = p.parse_args()
     ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
     import multiprocessing
@@ -246,7 +285,9 @@ def main(peer: Peer) -> None:
     if a.job == "convert":
         result = convert(peer, ctx)
     elif a.job == "throughput":
-        result = throughput(peer, ctx, a.workers, a.world)
+        result = throughput(peer, ctx, a.workers, a.world, a.max_s)
+    elif a.job == "layout":
+        result = layout_throughput(peer, ctx, a.kind, a.frames, a.workers, a.max_s)
     else:
         result = guarantees(peer, ctx, a.workers)
     print("PEER-RESULT " + json.dumps(result), flush=True)

@@ -31,6 +31,8 @@ PACKAGES: dict[str, list[str]] = {
     "mosaicml": ["mosaicml-streaming==0.13.0", ZARR],
     # anemoi builds its own dataset from NetCDF files; its create step needs earthkit-data's NetCDF reader
     "anemoi": ["anemoi-datasets[create]==0.5.47", "netCDF4", "xarray"],
+    # beluga writes and reads its stores itself (numpy-only wheel); zarr only for reading the row numbers back
+    "beluga": ["zarr-beluga==0.3.0", ZARR],
 }
 
 # name -> the module the peer's script imports: checked after the install (a wheel that installs may still not load)
@@ -41,6 +43,7 @@ IMPORTS = {
     "grain": "grain",
     "mosaicml": "torchvision_stub; torchvision_stub.install(); import streaming",  # see torchvision_stub.py
     "anemoi": "anemoi.datasets",
+    "beluga": "beluga",
 }
 
 

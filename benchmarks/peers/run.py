@@ -5,7 +5,10 @@ the project's, every other peer in one built under ``.peers/``. Per loader: its 
 own format; timed once per store, cached), rank 0 of 1 and of 2 simulated ranks with 0 and 2 workers for
 epochs 1 and 2 (rows/s, time to first batch, held memory), then the guarantees with 2 workers on 2 simulated
 ranks (``common.py``).
-Prints the table, writes the JSON (``--out``) and, with ``--md``, the markdown page.
+Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
+on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
+disk and over HTTP with a delay per request.
+Prints the tables, writes the JSON (``--out``) and, with ``--md``, the markdown page.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 import envs  # noqa: E402
+import harness  # noqa: E402
 import table  # noqa: E402
 
-# (name in the table, script, environment: None = the project's own, converts to its own format)
+# (name in the table, script [and its flag], environment: None = the project's own, converts to its own format)
 PEERS = [
     ("zarrtorch", "zarrtorch_peer.py", None, False),
+    ("zarrtorch, uncompressed copy", "zarrtorch_peer.py --uncompressed", None, True),
     ("zarr-torch-dataset 0.0.9", "zarrdataset_peer.py", None, False),
     ("torchdata StatefulDataLoader", "torchdata_peer.py", "torchdata", False),
     ("xbatcher", "xbatcher_peer.py", "xbatcher", False),
@@ -37,14 +42,25 @@ PEERS = [
     ("Grain", "grain_peer.py", "grain", False),
     ("MosaicML Streaming", "mosaicml_peer.py", "mosaicml", True),
     ("anemoi-datasets", "anemoi_peer.py", "anemoi", True),
+    ("zarr-beluga 0.3.0", "beluga_peer.py", "beluga", True),
 ]
+BELUGA = "zarr-beluga 0.3.0"
+# the layouts part: (store kind in beluga_layouts.py, its description); "course" is the peers' store itself
+LAYOUTS = [
+    ("course", "the peers' store: Zarr v3, zstd level 3, chunks of 128 rows"),
+    ("frame", "beluga's frame layout: Zarr v3, Blosc lz4 + shuffle, one row per chunk"),
+    ("sharded", "Zarr v3 shards of 32 rows, inner chunks of one row, zstd level 3"),
+    ("wb2", "WeatherBench2-style Zarr v2 group, 10 arrays (2 with 4 levels), Blosc lz4 + shuffle, one row per chunk"),
+]
+WINDOW_FRAMES, WINDOW_BATCH = 6, 32  # 2 input + 4 target steps, as benchmarks/windows.py
 # a peer whose environment builds but that has no script here, and why (none today)
 NOT_RUN: dict[str, str] = {}
 
 
 def job(python: str, script: str, args: list[str], timeout: float, log) -> dict:
     """One fresh process; its ``PEER-RESULT`` line, or ``{"error": ...}`` with the last line it printed."""
-    cmd = [python, str(HERE / script), *args]
+    script, *flags = script.split()
+    cmd = [python, str(HERE / script), *flags, *args]
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     env = os.environ | {"PYTHONWARNINGS": "ignore", "TF_CPP_MIN_LOG_LEVEL": "3", "PEERS_PROJECT_PYTHON": sys.executable}
@@ -60,6 +76,12 @@ def job(python: str, script: str, args: list[str], timeout: float, log) -> dict:
     return {"error": f"exit {done.returncode}: {last[:200]}"}
 
 
+def work_dir(script: str, env_name: str | None, store: dict) -> Path:
+    """Where a peer keeps its copy of ``store`` and its scratch state: one folder per script and flag."""
+    slug = env_name or script.replace(".py", "").replace(" --", "-")
+    return ROOT / ".peers" / slug / "work" / Path(store["path"]).stem
+
+
 def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
     out: dict = {"name": name, "status": "ok"}
     python = sys.executable
@@ -71,7 +93,7 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
         if not env["ok"]:
             return out | {"status": "not installable", "reason": f"not installable: {env['reason']}"}
         python = env["python"]
-    work = ROOT / ".peers" / (env_name or script.removesuffix(".py")) / "work" / Path(store["path"]).stem
+    work = work_dir(script, env_name, store)
     common = ["--store", store["path"], "--work", str(work), "--rows", str(a.rows), "--chunk-rows", str(a.chunk_rows)]
     common += ["--batch-size", str(a.batch_size)]
     if converts:
@@ -91,14 +113,27 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=2048, help="rows of the store (64 KiB each; whole chunks)")
+    p.add_argument("--rows", type=int, default=8192, help="rows of the store (64 KiB each; whole chunks)")
     p.add_argument("--chunk-rows", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 2])
     p.add_argument("--only", default="", help="comma-separated names (as in the table, case-insensitive prefix)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the peers' environments (a failed one too)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per process")
     p.add_argument("--data-dir", default=str(ROOT / "data" / "bench"))
+    p.add_argument(
+        "--layouts",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="zarrtorch and zarr-beluga on the layouts beluga reads (auto: when zarr-beluga is among the loaders)",
+    )
+    p.add_argument("--layout-cap", type=float, default=20, help="layouts: seconds after which an epoch is cut")
+    p.add_argument(
+        "--remote-ms",
+        type=lambda s: [float(v) for v in s.split(",") if v],
+        default=[20.0],
+        help="layouts: also read beluga's stores over HTTP with this delay per request (ms; empty: not at all)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
@@ -107,7 +142,6 @@ def main() -> None:
     )
     a = p.parse_args()
     t0 = time.perf_counter()
-    import harness
     from store import ensure_peer_store
 
     store = ensure_peer_store(a.data_dir, a.rows, a.chunk_rows)
@@ -124,6 +158,9 @@ def main() -> None:
                 continue
             print(name, flush=True)
             results["peers"].append(run_peer(name, script, env_name, converts, store, a, log))
+        beluga_wanted = not wanted or any(BELUGA.lower().startswith(w) for w in wanted)
+        if a.layouts == "yes" or (a.layouts == "auto" and beluga_wanted):
+            results["layouts"] = run_layouts(store, a, log)
     results["wall_s"] = time.perf_counter() - t0
     results["machine"] = (
         f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
@@ -131,6 +168,8 @@ def main() -> None:
     results["date"] = datetime.datetime.now().isoformat(timespec="minutes")
     Path(a.out).write_text(json.dumps(results, indent=1))
     text = table.markdown(results)
+    if results.get("layouts"):
+        text += "\n\n" + table.layouts_markdown(results["layouts"])
     print(text)
     print(
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
@@ -139,6 +178,72 @@ def main() -> None:
     if a.md:  # the page and its numbers, committed: docs/peers.md is generated from the JSON
         Path(a.md).write_text(page(results, text, a))
         Path(a.md).with_suffix(".json").write_text(json.dumps(results, indent=1))
+
+
+def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]:
+    """``(loader, script, workers, batch size)`` per layout run: beluga batched with 0 and 2 workers and its
+    samples one by one (batch size 0); zarrtorch with 0 and 2 workers."""
+    beluga = [(BELUGA, "beluga_peer.py", w, batch_size) for w in (0, 2)] + [(BELUGA, "beluga_peer.py", 0, 0)]
+    return beluga + [("zarrtorch", "zarrtorch_peer.py", w, batch_size) for w in (0, 2)]
+
+
+def run_layouts(store: dict, a, log) -> dict:
+    """zarrtorch and zarr-beluga on the peers' store and on its copies in beluga's layouts (``beluga_layouts.py``),
+    windows of 2 + 4 steps and single rows, one fresh process each; a loader that refuses a store is reported
+    with its error, and zarrtorch's refusal of shards is followed by a run with the setting it names."""
+    from store import ensure_layout_stores
+
+    env = envs.ensure_env("beluga", rebuild=False)
+    pythons = {"beluga_peer.py": env.get("python"), "zarrtorch_peer.py": sys.executable}
+    stores = {"course": store} | ensure_layout_stores(store, a.data_dir)
+    out: dict = {"stores": {k: stores[k] for k, _ in LAYOUTS}, "described": dict(LAYOUTS), "runs": []}
+    out |= {"window_frames": WINDOW_FRAMES, "window_batch": WINDOW_BATCH, "row_batch": a.batch_size}
+    if not env["ok"]:
+        out["beluga_error"] = env["reason"]
+    context = {"python": pythons, "store": store, "a": a, "log": log}
+    for kind, _ in LAYOUTS:
+        harness.prepare_cache(stores[kind]["path"], "warm")
+        for frames, batch in ((WINDOW_FRAMES, WINDOW_BATCH), (1, a.batch_size)):
+            for loader, script, workers, batch_size in layout_jobs(frames, batch):
+                if pythons[script] is not None:
+                    job_of = (loader, script, workers, batch_size)
+                    out["runs"] += layout_runs(job_of, kind, kind, stores[kind]["path"], frames, context)
+    for delay in a.remote_ms:  # over HTTP: the stores' folder served with a delay per request, windows only
+        from zarrtorch.course.servers import HttpStoreProcess
+
+        with HttpStoreProcess(a.data_dir, delay_ms=delay, asyncio=True) as server:
+            out.setdefault("remote", {})[f"{delay:g} ms"] = {"server": "zarrtorch.course.servers.HttpStoreProcess"}
+            for kind in ("frame", "sharded", "wb2"):
+                url = f"{server.url}/{Path(stores[kind]['path']).name}"
+                for loader, script, workers, batch_size in layout_jobs(WINDOW_FRAMES, WINDOW_BATCH):
+                    if pythons[script] is not None and batch_size:  # beluga's samples one by one: on disk only
+                        label, job_of = f"{kind} over HTTP, {delay:g} ms", (loader, script, workers, batch_size)
+                        out["runs"] += layout_runs(job_of, kind, label, url, WINDOW_FRAMES, context)
+    return out
+
+
+def layout_runs(job_of: tuple[str, str, int, int], kind: str, label: str, path: str, frames: int, run: dict) -> list:
+    """The runs of one loader (``job_of``: a :func:`layout_jobs` entry) on one layout store (``path``: a folder or
+    a URL; ``label`` names it in the table), as records for the JSON; a refusal of shards by zarrtorch is followed
+    by a run with the setting it names. ``run``: ``python`` (per script), ``store``, ``a``, ``log``."""
+    loader, script, workers, batch_size = job_of
+    store, a = run["store"], run["a"]
+    out, kinds = [], [kind]
+    while kinds:
+        run_kind = kinds.pop()
+        print(f"  layouts: {loader} on {label}, frames {frames}, {workers} workers, batch {batch_size}", flush=True)
+        work = ROOT / ".peers" / script.removesuffix(".py") / "work" / f"{Path(store['path']).stem}_{kind}"
+        args = ["layout", "--kind", run_kind, "--frames", str(frames), "--workers", str(workers)]
+        args += ["--store", path, "--work", str(work), "--rows", str(store["rows"]), "--chunk-rows", "1"]
+        args += ["--batch-size", str(batch_size), "--max-s", str(a.layout_cap)]
+        result = job(run["python"][script], script, args, a.timeout, run["log"])
+        out.append(
+            {"store": label, "setting": run_kind.partition("+")[2], "loader": loader, "frames": frames}
+            | {"workers": workers, "batch": batch_size, "result": result}
+        )
+        if loader == "zarrtorch" and "allow_shards" in str(result.get("refused", "")):
+            kinds.append(f"{kind}+allow_shards")
+    return out
 
 
 def page(results: dict, text: str, a) -> str:

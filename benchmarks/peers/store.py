@@ -63,3 +63,34 @@ def ensure_peer_store(data_dir: str | Path, rows: int, chunk_rows: int, seed: in
     info["generation_s"] = round(time.perf_counter() - t0, 2)
     marker.write_text(json.dumps(info, indent=1))
     return {**info, "path": str(path)}
+
+
+LAYOUT_VERSION = 1  # bump when beluga_layouts.py writes other stores: older copies are then rewritten
+
+
+def ensure_layout_stores(store: dict, data_dir: str | Path) -> dict[str, dict]:
+    """The peers' store's ``x`` copied into each of beluga's layouts (``beluga_layouts.py``: ``frame``, ``sharded``,
+    ``wb2``), as ``<data_dir>/<store>_<kind>.zarr``, unless a sidecar says that copy is complete; returns
+    ``{kind: {"path", "stored_bytes", "generation_s"}}``."""
+    import beluga_layouts as layouts
+
+    writers = {"frame": layouts.write_frame, "sharded": layouts.write_sharded, "wb2": layouts.write_wb2}
+    source = zarr.open_group(store["path"], mode="r")["x"]
+    want = {"source": Path(store["path"]).name, "rows": store["rows"], "layout_version": LAYOUT_VERSION}
+    out = {}
+    for kind, write in writers.items():
+        path = Path(data_dir).resolve() / f"{Path(store['path']).stem}_{kind}.zarr"
+        marker = path.with_suffix(".json")
+        with contextlib.suppress(Exception):
+            info = json.loads(marker.read_text())
+            if all(info.get(k) == v for k, v in want.items()) and path.exists():
+                out[kind] = {**info, "path": str(path)}
+                continue
+        marker.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        write(source, path)
+        stored = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        info = {**want, "kind": kind, "stored_bytes": stored, "generation_s": round(time.perf_counter() - t0, 2)}
+        marker.write_text(json.dumps(info, indent=1))
+        out[kind] = {**info, "path": str(path)}
+    return out

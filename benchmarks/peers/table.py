@@ -87,3 +87,60 @@ def markdown(results: dict) -> str:
                     cells += [_cell(g.get(key_, "")) if shown else "" for _, key_ in GUARANTEES]
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+LAYOUT_HEAD = ["store", "sample", "loader", "workers", "per s ep1", "per s ep2", "per s", "x beluga", "note"]
+
+
+def _layout_loader(run: dict) -> str:
+    name = run["loader"]
+    if run.get("setting"):
+        name += f", {run['setting']}=True"
+    if run.get("batch") == 0:
+        name += ", samples one by one (no batches)"
+    return name
+
+
+def layout_rate(run: dict) -> float | None:
+    """Samples/s over epochs 1 and 2 together, as :func:`rate` for the peers."""
+    return rate(run.get("result"))
+
+
+def beluga_best(layouts: dict, store: str, frames: int) -> float | None:
+    """zarr-beluga's best batched samples/s on ``store`` for samples of ``frames`` rows (over its worker counts)."""
+    rates = [
+        layout_rate(r)
+        for r in layouts["runs"]
+        if r["store"] == store and r["frames"] == frames and r["loader"].startswith("zarr-beluga") and r.get("batch")
+    ]
+    return max((r for r in rates if r), default=None)
+
+
+def layouts_markdown(layouts: dict) -> str:
+    """The layouts part of a run (``run.py``'s ``run_layouts``): one line per store, sample kind (a window of
+    ``window_frames`` rows or a single row), loader and worker count; samples/s in epochs 1 and 2 and over both;
+    ``x beluga``: over zarr-beluga's best batched figure for that store and sample kind in the same run. A loader
+    that refused the store, or whose epochs were cut (too slow for whole epochs), says so in ``note``."""
+    lines = ["| " + " | ".join(LAYOUT_HEAD) + " |", "|" + "---|" * len(LAYOUT_HEAD)]
+    for r in layouts["runs"]:
+        frames = r["frames"]
+        sample = f"window of {frames}" if frames > 1 else "row"
+        start = [r["store"], sample, _layout_loader(r), str(r["workers"])]
+        result = r.get("result") or {}
+        if "error" in result or "refused" in result:
+            why = result.get("refused")
+            note = ("refused: " + why if why != "no API" else "no API") if why else "failed: " + result["error"]
+            lines.append("| " + " | ".join(start + ["", "", "", "", _cell(note)]) + " |")
+            continue
+        eps, r_all = result["epochs"], layout_rate(r)
+        best = beluga_best(layouts, r["store"], frames)
+        cut = [e for e in eps if e.get("capped_after_s")]
+        note = (
+            f"epochs cut after {cut[0]['capped_after_s']:.0f} s ({', '.join(str(e['rows']) for e in eps)} read)"
+            if cut
+            else ""
+        )
+        cells = start + [_num(eps[0]["rows_per_s"]), _num(eps[1]["rows_per_s"]), _num(r_all)]
+        cells += [_num(r_all / best, 2) if r_all and best else "", note]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

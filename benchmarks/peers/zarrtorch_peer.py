@@ -1,20 +1,29 @@
 """zarrtorch itself, as ``make bench`` runs it: ``ZarrDataLoader(ZarrIterableDataset(store))``, shuffled, seed 0,
-``drop_last=True``, persistent workers; simulated ranks through ``rank=``/``world_size=``.
+``drop_last=True``, persistent workers; simulated ranks through ``rank=``/``world_size=``. ``--uncompressed``
+(the peer "zarrtorch, uncompressed copy"): the same, on a copy of the store written by ``prepare_zarr`` without a
+codec, beside the uncompressed copies LitData and MosaicML Streaming read.
+
+The ``layout`` job reads ``beluga_layouts.py``'s stores with default settings: rows, or windows of 2 input and
+``frames - 2`` target steps (``Windows(history=2, lead=frames - 2)``).
 
 Recipe: this repository, README.md and benchmarks/harness.py (``zarrtorch_loader``).
 """
 
-from common import Ctx, LoaderStatePeer, main
+import sys
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset
+import beluga_layouts as layouts
+from common import Ctx, LoaderStatePeer, NoAPI, main
+
+from zarrtorch import ReadOptions, Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+
+LAYOUT_VARIABLES = {"course": ["x"], "frame": [layouts.DATA], "sharded": [layouts.DATA], "wb2": layouts.wb2_variables()}
 
 
 class Zarrtorch(LoaderStatePeer):
     name = "zarrtorch"
     recipe = "this repository: benchmarks/harness.py zarrtorch_loader"
 
-    def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
-        ds = ZarrIterableDataset(ctx.store, shuffle=True, seed=ctx.seed)
+    def _loader(self, ds, ctx: Ctx, *, rank: int, world: int, workers: int):
         persistent = {"persistent_workers": True} if workers else {}
         return ZarrDataLoader(
             ds,
@@ -26,10 +35,50 @@ class Zarrtorch(LoaderStatePeer):
             **persistent,
         )
 
+    def source(self, ctx: Ctx) -> str:
+        return ctx.store
+
+    def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
+        ds = ZarrIterableDataset(self.source(ctx), shuffle=True, seed=ctx.seed)
+        return self._loader(ds, ctx, rank=rank, world=world, workers=workers)
+
     def epoch(self, loader, epoch: int):
         loader.set_epoch(epoch)
         return iter(loader)
 
+    def open_layout(self, ctx: Ctx, *, kind: str, frames: int, workers: int):
+        if ctx.batch_size == 0:
+            raise NoAPI  # zarrtorch hands out batches only
+        kind, _, setting = kind.partition("+")  # "sharded+allow_shards": the setting the default refusal names
+        read = ReadOptions(allow_shards=True) if setting == "allow_shards" else None
+        windows = Windows(history=2, lead=frames - 2) if frames > 1 else None
+        ds = ZarrIterableDataset(
+            ctx.store, variables=LAYOUT_VARIABLES[kind], shuffle=True, seed=ctx.seed, windows=windows, read=read
+        )
+        return self._loader(ds, ctx, rank=0, world=1, workers=workers)
+
+    def samples_in(self, batch) -> int:
+        return len(next(iter(batch.values())))
+
+
+class ZarrtorchUncompressed(Zarrtorch):
+    name = "zarrtorch, uncompressed copy"
+    recipe = "this repository: prepare_zarr(..., codec=None), then as zarrtorch"
+    converts = True
+
+    def convert(self, ctx: Ctx) -> None:
+        import zarr
+
+        group = zarr.open_group(ctx.store, mode="r")
+        arrays = {name: group[name] for name in ("x", "idx")}
+        prepare_zarr(arrays, ctx.converted, chunk_rows=ctx.chunk_rows, codec=None, overwrite=True, progress=False)
+
+    def source(self, ctx: Ctx) -> str:
+        return str(ctx.converted)
+
 
 if __name__ == "__main__":
-    main(Zarrtorch())
+    uncompressed = "--uncompressed" in sys.argv
+    if uncompressed:
+        sys.argv.remove("--uncompressed")
+    main(ZarrtorchUncompressed() if uncompressed else Zarrtorch())

@@ -4,7 +4,10 @@ and the table's row for a peer that could not be installed (``benchmarks/peers/`
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
+
+import pytest
 
 PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
 
@@ -12,6 +15,7 @@ PEERS = Path(__file__).resolve().parents[2] / "benchmarks" / "peers"
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there (common.py's Ctx)
     spec.loader.exec_module(module)
     return module
 
@@ -107,3 +111,202 @@ def test_torchvision_stand_ins_only_where_torchvision_does_not_import():
         for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+def _layout_results() -> dict:
+    """Made-up layouts part: beluga batched and one by one, zarrtorch with a refusal and the setting it names,
+    and a run whose epochs were cut."""
+
+    def run(per_s, cut=None):
+        epoch = {"rows": 100, "seconds": 100 / per_s, "rows_per_s": per_s, "ttfb_s": 0.1, "held_mib": 1.0}
+        return {"epochs": [epoch | ({"capped_after_s": cut} if cut else {})] * 2}
+
+    refusal = {"refused": "LayoutError: array 'data' is sharded ... pass allow_shards=True"}
+    runs = [
+        ("frame", "", "zarr-beluga 0.3.0", 0, 32, run(100.0)),
+        ("frame", "", "zarr-beluga 0.3.0", 2, 32, run(200.0)),
+        ("frame", "", "zarr-beluga 0.3.0", 0, 0, run(400.0)),
+        ("frame", "", "zarrtorch", 0, 32, run(300.0)),
+        ("sharded", "", "zarrtorch", 0, 32, refusal),
+        ("sharded", "allow_shards", "zarrtorch", 0, 32, run(50.0)),
+        ("sharded", "", "zarr-beluga 0.3.0", 0, 32, run(100.0)),
+        ("course", "", "zarr-beluga 0.3.0", 0, 32, run(5.0, cut=20)),
+    ]
+    return {
+        "window_frames": 6,
+        "runs": [
+            {"store": s, "setting": setting, "loader": loader, "frames": 6, "workers": w, "batch": b, "result": r}
+            for s, setting, loader, w, b, r in runs
+        ],
+    }
+
+
+def test_layouts_table_shows_refusals_cut_epochs_and_ratios_to_beluga_s_best():
+    lines = table.layouts_markdown(_layout_results()).splitlines()
+    assert lines[0].startswith("| store | sample | loader | workers |")
+    rows = {(c[0], c[2], c[3]): c for c in (line.strip("| ").split(" | ") for line in lines[2:])}
+    assert rows["frame", "zarrtorch", "0"][6:8] == ["300", "1.50"]  # against beluga's best batched: 200 (2 workers)
+    assert rows["frame", "zarr-beluga 0.3.0, samples one by one (no batches)", "0"][7] == "2.00"
+    refused = rows["sharded", "zarrtorch", "0"]
+    assert refused[4:8] == ["", "", "", ""] and refused[8].startswith("refused: LayoutError")
+    assert rows["sharded", "zarrtorch, allow_shards=True", "0"][6:8] == ["50", "0.50"]
+    assert rows["course", "zarr-beluga 0.3.0", "0"][8] == "epochs cut after 20 s (100, 100 read)"
+
+
+def test_timed_epoch_stops_a_loader_too_slow_for_a_whole_epoch_and_says_so(monkeypatch):
+    """The layouts part runs zarr-beluga on the peers' store as it is, where it decodes a 128-row chunk for each
+    row it delivers (tens of rows/s): an epoch is cut after ``max_s`` and marked, its rate that of the part read."""
+    import time
+
+    monkeypatch.syspath_prepend(str(PEERS))  # common.py imports checks.py beside it
+    common = _load("common")
+
+    class Slow(common.Peer):
+        def epoch(self, loader, epoch):
+            for b in range(100):
+                time.sleep(0.01)
+                yield [b]
+
+        def rows_of(self, batch):
+            return batch
+
+    class Sampler:
+        held = peak_rss_main = 0
+
+        def reset(self):
+            pass
+
+        def sample(self, with_uss=True):
+            pass
+
+    cut = common.timed_epoch(Slow(), None, 0, Sampler(), max_s=0.05)
+    whole = common.timed_epoch(Slow(), None, 0, Sampler())
+    assert cut["capped_after_s"] == 0.05 and 1 <= cut["rows"] < 100
+    assert whole["rows"] == 100 and "capped_after_s" not in whole
+
+
+def test_the_layout_stores_hold_the_peers_rows_in_beluga_s_layouts(tmp_path):
+    """beluga_layouts.py writes the same values in each layout beluga reads, with the metadata beluga's readers
+    need (an array ``data`` of named dimensions; a v2 group of variables with coordinates), and zarrtorch reads
+    each one back as written (windows of 2 + 4 steps carry the rows they start at)."""
+    import json
+
+    import numpy as np
+    import zarr
+
+    from zarrtorch import ReadOptions, Windows, ZarrDataLoader, ZarrIterableDataset
+
+    layouts = _load("beluga_layouts")
+    rows = 64
+    values = np.random.default_rng(0).standard_normal((rows, 16, 4, 8), dtype=np.float32)
+    source = zarr.create_array(str(tmp_path / "src.zarr"), shape=values.shape, chunks=(16, 16, 4, 8), dtype="f4")
+    source[:] = values
+
+    frame = layouts.write_frame(source, tmp_path / "frame.zarr")
+    meta = json.loads((frame / "data" / "zarr.json").read_text())
+    assert meta["dimension_names"] == ["time", "channel", "latitude", "longitude"]
+    assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [1, 16, 4, 8]
+    blosc = meta["codecs"][1]
+    assert blosc["name"] == "blosc" and blosc["configuration"] | {"blocksize": 0} == {
+        "cname": "lz4",
+        "clevel": 1,
+        "shuffle": "shuffle",
+        "typesize": 4,
+        "blocksize": 0,
+    }
+    sharded = layouts.write_sharded(source, tmp_path / "sharded.zarr", shard_rows=8)
+    shard = json.loads((sharded / "data" / "zarr.json").read_text())["codecs"][0]
+    assert shard["name"] == "sharding_indexed" and shard["configuration"]["chunk_shape"] == [1, 16, 4, 8]
+    wb2 = layouts.write_wb2(source, tmp_path / "wb2.zarr")
+    group = zarr.open_group(str(wb2), mode="r", zarr_format=2)
+    assert (wb2 / ".zmetadata").exists() and group["time"].attrs["units"].startswith("hours since")
+    assert group["temperature"].attrs["_ARRAY_DIMENSIONS"] == ["time", "level", "latitude", "longitude"]
+    np.testing.assert_array_equal(group["temperature"][:], values[:, 0:4])
+    np.testing.assert_array_equal(group["sea_surface_temperature"][:], values[:, 15])
+
+    for path, variables, read in (
+        (frame, ["data"], None),
+        (sharded, ["data"], ReadOptions(allow_shards=True)),
+    ):
+        np.testing.assert_array_equal(zarr.open_group(str(path), mode="r")["data"][:], values)
+        ds = ZarrIterableDataset(
+            str(path), variables=variables, windows=Windows(history=2, lead=4), read=read, return_index=True
+        )
+        for batch in ZarrDataLoader(ds, batch_size=8):
+            for start, window in zip(batch["index"].tolist(), batch["data"].numpy(), strict=True):
+                np.testing.assert_array_equal(window, values[start : start + 2])
+    ds = ZarrIterableDataset(str(wb2), variables=layouts.wb2_variables(), return_index=True)
+    batch = next(iter(ZarrDataLoader(ds, batch_size=8)))
+    np.testing.assert_array_equal(batch["geopotential"].numpy(), values[batch["index"].numpy(), 4:8])
+
+
+def test_the_view_reads_the_peers_store_chunks_through_beluga_s_dimension_names(tmp_path):
+    """write_view copies no data: the view's array is the store's, renamed dimensions, its chunks linked."""
+    import json
+
+    import numpy as np
+    import zarr
+
+    layouts = _load("beluga_layouts")
+    group = zarr.open_group(str(tmp_path / "store.zarr"), mode="w")
+    x = group.create_array(
+        "x", shape=(8, 2, 3, 4), chunks=(4, 2, 3, 4), dtype="f4", dimension_names=["row", "channel", "lat", "lon"]
+    )
+    x[:] = np.arange(x.size, dtype="f4").reshape(x.shape)
+    view = layouts.write_view(tmp_path / "store.zarr", "x", tmp_path / "view.zarr")
+    assert (view / "x" / "c").is_symlink()
+    assert json.loads((view / "x" / "zarr.json").read_text())["dimension_names"] == ["time", "level", "lat", "lon"]
+    np.testing.assert_array_equal(zarr.open_group(str(view), mode="r")["x"][:], x[:])
+
+
+BELUGA_PYTHON = PEERS.parents[1] / ".peers" / "beluga" / "venv" / "bin" / "python"
+
+
+def _job(python, script: str, *args: str) -> dict:
+    """One job of a peer script in its environment: its PEER-RESULT."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [str(python), str(PEERS / script), *args], capture_output=True, text=True, cwd=PEERS, timeout=600
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PEER-RESULT ")]
+    assert lines, done.stderr[-2000:]
+    return json.loads(lines[-1][len("PEER-RESULT ") :])
+
+
+@pytest.mark.skipif(
+    not BELUGA_PYTHON.exists(),
+    reason="zarr-beluga's environment is not built (python benchmarks/peers/envs.py beluga, or make bench-peers)",
+)
+def test_beluga_runs_for_real_on_its_copy_and_on_every_layout_store(tmp_path, monkeypatch):
+    """zarr-beluga 0.3.0 in its own environment: it converts the peers' store to its frame layout, keeps the
+    rows-once, equal-batches and reshuffle guarantees on 2 ranks x 2 workers there (every delivered sample is
+    matched to its row by value) and offers no state to resume from; it reads every layout store, the peers'
+    store through the view included; and beluga_layouts.write_frame writes the codecs its own writer writes."""
+    import json
+    import subprocess
+
+    monkeypatch.syspath_prepend(str(PEERS.parent))
+    monkeypatch.syspath_prepend(str(PEERS))
+    store_module = _load("store")
+    store = store_module.ensure_peer_store(tmp_path / "data", 256, 64)
+    stores = store_module.ensure_layout_stores(store, tmp_path / "data")
+    common = ["--rows", "256", "--chunk-rows", "64", "--batch-size", "8"]
+    peer = ["--store", store["path"], "--work", str(tmp_path / "work"), *common]
+    assert _job(BELUGA_PYTHON, "beluga_peer.py", "convert", *peer)["disk_bytes"] > 0
+    g = _job(BELUGA_PYTHON, "beluga_peer.py", "guarantees", "--workers", "2", *peer)
+    assert [g["every_row_once"], g["equal_batches"], g["reshuffled"]] == ["yes", "yes", "yes"]
+    assert [g["resume_exact"], g["resume_other_world"], g["resume_other_workers"]] == ["no API"] * 3
+    for kind, path in [("course", store["path"])] + [(k, s["path"]) for k, s in stores.items()]:
+        args = ["--kind", kind, "--frames", "6", "--store", path, "--work", str(tmp_path / kind), *common]
+        result = _job(BELUGA_PYTHON, "beluga_peer.py", "layout", *args, "--max-s", "60")
+        assert [e["rows"] for e in result["epochs"]] == [(256 - 5) // 8 * 8] * 2, (kind, result)
+
+    script = (
+        "import beluga, json, sys; beluga.write_synth_zarr(sys.argv[1], root='f.zarr', times=2, layout='frame');"
+        "print(json.dumps(json.load(open(sys.argv[1] + '/f.zarr/data/zarr.json'))['codecs']))"
+    )
+    theirs = subprocess.run([str(BELUGA_PYTHON), "-c", script, str(tmp_path)], capture_output=True, text=True)
+    ours = json.loads((Path(stores["frame"]["path"]) / "data" / "zarr.json").read_text())["codecs"]
+    assert ours == json.loads(theirs.stdout), theirs.stderr

@@ -138,3 +138,77 @@ def test_docs_peers_md_is_what_the_generator_writes_from_the_committed_json(tmp_
     figure = repo_root() / peers_table.FIGURE
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size < 200_000
     assert f"]({figure.name})" in committed
+
+
+def _with_layouts() -> dict:
+    """Made-up results with a beluga peer, an uncompressed zarrtorch copy, LitData, and a layouts part."""
+    results = _run_results()
+    every = {key: "yes" for _, key in peers_table.guarantee_columns()}
+    no_resume = {"resume_exact": "no API", "resume_other_world": "no API", "resume_other_workers": "no API"}
+    results["peers"] += [
+        {
+            "name": "zarr-beluga 0.3.0",
+            "status": "ok",
+            "throughput": {"0": _run(300.0, 4)},
+            "guarantees": {"workers": 2, **every, **no_resume},
+        },
+        {"name": "zarrtorch, uncompressed copy", "status": "ok", "throughput": {"0": _run(150.0, 9)}},
+        {"name": "LitData", "status": "ok", "throughput": {"0": _run(100.0, 3)}},
+    ]
+
+    def run(store, loader, per_s, *, setting="", batch=32, workers=0, refused=None, cut=None):
+        result = {"refused": refused} if refused else _run(per_s, 1)
+        if cut:
+            result["epochs"] = [dict(e, capped_after_s=cut) for e in result["epochs"]]
+        return {
+            "store": store,
+            "setting": setting,
+            "loader": loader,
+            "frames": 6,
+            "workers": workers,
+            "batch": batch,
+        } | {"result": result}
+
+    beluga = "zarr-beluga 0.3.0"
+    results["layouts"] = {
+        "stores": {"course": {"stored_bytes": 2**20}, "sharded": {"stored_bytes": 2**21}},
+        "described": {"course": "the peers' store", "sharded": "Zarr v3 shards"},
+        "window_frames": 6,
+        "window_batch": 32,
+        "row_batch": 64,
+        "runs": [
+            run("course", beluga, 5.0, cut=20),
+            run("course", beluga, 6.0, batch=0, cut=20),
+            run("course", "zarrtorch", 500.0),
+            run("course", "zarrtorch", 800.0, workers=2),
+            run("sharded", beluga, 400.0),
+            run("sharded", "zarrtorch", None, refused="LayoutError: sharded ... pass allow_shards=True"),
+            run("sharded", "zarrtorch", 200.0, setting="allow_shards"),
+        ],
+    }
+    results["settings"]["layout_cap"] = 20
+    return results
+
+
+def test_the_layouts_summary_compares_each_loader_s_best_and_names_refusals_and_cut_epochs():
+    course, sharded = peers_table.layout_summary(_with_layouts())
+    assert (course["beluga"], course["beluga_samples"], course["zarrtorch"]) == (5.0, 6.0, 800.0)
+    assert course["x"] == 160.0 and course["beluga_cut"] and not course["zarrtorch_cut"]
+    assert sharded["zarrtorch"] is None and sharded["x"] is None and sharded["zarrtorch_with_setting"] == 200.0
+    assert sharded["zarrtorch_refused"].startswith("LayoutError")
+
+
+def test_the_page_shows_beluga_s_verdicts_its_layouts_and_uncompressed_against_uncompressed():
+    text = peers_table.page(_with_layouts())
+    words = _words(text)
+    assert "- zarr-beluga 0.3.0 fails 3: mid-epoch resume exact: no API;" in text
+    assert (
+        "## zarr-beluga's layouts" in text
+        and peers_table.table_module().layouts_markdown(_with_layouts()["layouts"]) in text
+    )
+    course = "- course, windows of 6: zarrtorch 800/s: **160.00x** beluga's best in batches; beluga 5/s in batches"
+    assert course + ", 6/s one by one (epochs cut)." in text
+    assert "- sharded, windows of 6: zarrtorch refuses it by default (with the setting its error names, 200/s)" in text
+    assert "Epochs longer than 20 s are cut" in words
+    assert "0 workers: 150 rows/s against LitData 100 (1.50x)" in text
+    assert "## zarr-beluga's layouts" not in peers_table.page(_run_results())  # a run without the part

@@ -119,6 +119,12 @@ def keeps_all(results: dict) -> list[str]:
     return [name for name, v in verdicts(results).items() if all(kept(x) for x in v.values())]
 
 
+def short_name(loader: str) -> str:
+    """A loader's name on the figure: its first word, and ``uncompressed`` for zarrtorch's uncompressed copy."""
+    first = loader.split(" ")[0].rstrip(",")
+    return f"{first} uncompressed" if "uncompressed" in loader else first
+
+
 def figure(results: dict, ax=None, label_size: float = 8):
     """Rows/s (epochs 1 and 2 together) against held MiB, both on log scales, one point per loader and worker
     count with one rank (every row): filled where the loader kept every guarantee, hollow where it failed one;
@@ -145,7 +151,7 @@ def figure(results: dict, ax=None, label_size: float = 8):
             linewidths=2,
             zorder=3,
         )
-        label = f"{r['loader'].split(' ')[0]} ({r['workers']})"
+        label = f"{short_name(r['loader'])} ({r['workers']})"
         ax.annotate(
             label, (r["rows_per_s"], r["held_mib"]), textcoords="offset points", xytext=(7, 4), fontsize=label_size
         )
@@ -184,7 +190,7 @@ def figure(results: dict, ax=None, label_size: float = 8):
         ax.scatter([], [], marker="s", facecolors="0.3", edgecolors="0.3", label="every guarantee, with workers"),
         ax.scatter([], [], marker="o", facecolors="white", edgecolors="0.3", label="fails one or more"),
     ]
-    ax.legend(handles=handles, fontsize=label_size, loc="lower left")
+    ax.legend(handles=handles, fontsize=label_size, loc="best")
     return ax
 
 
@@ -258,10 +264,11 @@ def page(results: dict) -> str:
         _page_columns(),
         _page_limits(results),
         _page_findings(results),
+        _page_layouts(results),
         _page_figure(),
         _page_reproduce(),
     ]
-    return "\n".join(parts)
+    return "\n".join(part for part in parts if part)
 
 
 def _paragraph(text: str, width: int = 112) -> str:
@@ -399,6 +406,9 @@ def _page_findings(results: dict) -> str:
             + "; ".join(f"{r['loader']} with {r['workers']} workers ({r['x_zarrtorch']:.2f}x)" for r in ahead)
             + "."
         )
+    uncompressed = _uncompressed_line(one_rank)
+    if uncompressed:
+        lines.append(uncompressed)
     copies = {p["name"]: p["conversion"] for p in results["peers"] if (p.get("conversion") or {}).get("disk_bytes")}
     if copies:
         stored = results["store"]["stored_bytes"]
@@ -413,6 +423,29 @@ def _page_findings(results: dict) -> str:
         )
     lines += ["", _paragraph(HOW_PEERS_DIFFER.format(buffer=_buffer_share(results))), ""]
     return "\n".join(lines)
+
+
+UNCOMPRESSED = ("zarrtorch, uncompressed copy", "LitData", "MosaicML Streaming")  # the loaders that read raw bytes
+
+
+def _uncompressed_line(one_rank: list[dict]) -> str:
+    """Uncompressed against uncompressed, one rank: zarrtorch's uncompressed copy beside LitData's and MosaicML's
+    (each reads a copy of its own without a codec), per worker count."""
+    ours = {r["workers"]: r for r in one_rank if r["loader"] == UNCOMPRESSED[0]}
+    if not ours:
+        return ""
+    parts = []
+    for w, r in sorted(ours.items()):
+        others = [o for o in one_rank if o["loader"] in UNCOMPRESSED[1:] and o["workers"] == w]
+        against = ", ".join(
+            f"{o['loader']} {o['rows_per_s']:,.0f} ({r['rows_per_s'] / o['rows_per_s']:.2f}x)" for o in others
+        )
+        parts.append(f"{w} workers: {r['rows_per_s']:,.0f} rows/s" + (f" against {against}" if against else ""))
+    return (
+        "- Uncompressed against uncompressed (one rank), zarrtorch reading an uncompressed copy: "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 HOW_PEERS_DIFFER = """How a peer gets ahead of zarrtorch, or holds less: it reads a copy of its own,
@@ -448,6 +481,125 @@ def _buffer_share(results: dict) -> str:
     )
 
 
+def layout_records(results: dict) -> list[dict]:
+    """The layouts part as records: ``store``, ``frames``, ``loader`` (with ``setting`` and ``batch``: 0 for
+    beluga's samples one by one), ``workers``, ``per_s`` (epochs 1 and 2 together; ``None`` where it refused or
+    failed), ``refused`` and ``cut`` (epochs cut short: the figure is that of the part read)."""
+    layouts = results.get("layouts") or {}
+    rate = table_module().layout_rate
+    out = []
+    for r in layouts.get("runs", []):
+        result = r.get("result") or {}
+        out.append(
+            {
+                "store": r["store"],
+                "frames": r["frames"],
+                "loader": r["loader"],
+                "setting": r.get("setting", ""),
+                "batch": r.get("batch"),
+                "workers": r["workers"],
+                "per_s": None if "epochs" not in result else rate(r),
+                "refused": result.get("refused") or result.get("error"),
+                "cut": any(e.get("capped_after_s") for e in result.get("epochs", [])),
+            }
+        )
+    return out
+
+
+def layout_summary(results: dict) -> list[dict]:
+    """Per store and sample kind: zarr-beluga's best batched figure (over its worker counts) and its samples one
+    by one, zarrtorch's best with default settings (``None`` where it refused) and with the setting its refusal
+    named, whether each best figure comes from cut epochs, and the ratio of zarrtorch's best (default settings)
+    to beluga's best batched."""
+    records = layout_records(results)
+    keys = list(dict.fromkeys((r["store"], r["frames"]) for r in records))
+
+    def best(rows) -> dict:
+        return max((r for r in rows if r["per_s"]), key=lambda r: r["per_s"], default={"per_s": None, "cut": False})
+
+    out = []
+    for store, frames in keys:
+        rows = [r for r in records if (r["store"], r["frames"]) == (store, frames)]
+        beluga = [r for r in rows if r["loader"].startswith("zarr-beluga")]
+        ours = [r for r in rows if r["loader"] == "zarrtorch"]
+        b, one_by_one = best([r for r in beluga if r["batch"]]), best([r for r in beluga if r["batch"] == 0])
+        z = best([r for r in ours if not r["setting"]])
+        out.append(
+            {
+                "store": store,
+                "frames": frames,
+                "beluga": b["per_s"],
+                "beluga_samples": one_by_one["per_s"],
+                "beluga_cut": b["cut"] or one_by_one["cut"],
+                "zarrtorch": z["per_s"],
+                "zarrtorch_cut": z["cut"],
+                "zarrtorch_refused": next((r["refused"] for r in ours if r["refused"] and not r["setting"]), None),
+                "zarrtorch_with_setting": best([r for r in ours if r["setting"]])["per_s"],
+                "x": z["per_s"] / b["per_s"] if z["per_s"] and b["per_s"] else None,
+            }
+        )
+    return out
+
+
+def _page_layouts(results: dict) -> str:
+    layouts = results.get("layouts")
+    if not layouts:
+        return ""
+    stores, described = layouts["stores"], layouts["described"]
+    listing = "\n".join(
+        f"- **{kind}**: {described[kind]}; {info['stored_bytes'] / MiB:,.0f} MiB stored"
+        for kind, info in stores.items()
+    )
+    intro = f"""zarr-beluga 0.3.0 (`import beluga`) reads a single Zarr v3 array called `data`, sharded or not, and
+    Zarr v2 or v3 groups of one array per variable with dimensions named `(time, [level,] lat, lon)`. It reads
+    each sample's chunks on its own and is handed the epoch's whole order. For the peers' table above it reads
+    its own frame-layout copy of the store (its conversion); here it and zarrtorch read the same
+    {results["store"]["rows"]:,} rows in each layout it reads, in one run: windows of
+    {layouts["window_frames"]} steps (2 input + {layouts["window_frames"] - 2} target steps, batches of
+    {layouts["window_batch"]}) and single rows (batches of {layouts["row_batch"]}), shuffled, one rank, 0 and 2
+    DataLoader workers, warm page cache. zarrtorch runs with default settings; beluga as its package documents
+    (`BelugaDataset` in a `DataLoader`, which stacks its samples into batches; with workers, each opens its own
+    reader), and also with its samples one by one (no batches: what a GPU loop uploads one at a time and stacks
+    on the device, as beluga's `WindowLoader` does). The peers' store is read as it is through a metadata-only
+    view (`benchmarks/peers/beluga_layouts.py`, `write_view`: beluga needs other dimension names), its 128-row
+    chunks untouched. Epochs longer than {results["settings"].get("layout_cap", 30):.0f} s are cut and their
+    rate is that of the part read."""
+    remote = layouts.get("remote") or {}
+    if remote:
+        intro += f""" Then the same stores over HTTP (`zarrtorch.course.servers.HttpStoreProcess`: aiohttp in a process
+        of its own on this machine, answering each request after a delay of {" and ".join(remote)}), windows only,
+        beluga in batches: beluga opens the URL as its package opens one (`objstore-rt` with `allow_http`),
+        zarrtorch with default settings."""
+    lines = [
+        "## zarr-beluga's layouts",
+        "",
+        _paragraph(intro),
+        "",
+        listing,
+        "",
+        table_module().layouts_markdown(layouts),
+        "",
+    ]
+    for s in layout_summary(results):
+        sample = f"windows of {s['frames']}" if s["frames"] > 1 else "rows"
+        if s["zarrtorch"] is None and s["zarrtorch_refused"]:
+            with_setting = s["zarrtorch_with_setting"]
+            ours = "zarrtorch refuses it by default" + (
+                f" (with the setting its error names, {with_setting:,.0f}/s)" if with_setting else ""
+            )
+        else:
+            ours = f"zarrtorch {_rate(s['zarrtorch'])}/s" + (" (epochs cut)" if s["zarrtorch_cut"] else "")
+        one_by_one = f", {_rate(s['beluga_samples'])}/s one by one" if s["beluga_samples"] else ""
+        beluga = f"beluga {_rate(s['beluga'])}/s in batches{one_by_one}" + (" (epochs cut)" if s["beluga_cut"] else "")
+        ratio = f": **{s['x']:.2f}x** beluga's best in batches" if s["x"] else ""
+        lines.append(f"- {s['store']}, {sample}: {ours}{ratio}; {beluga}.")
+    return "\n".join(lines) + "\n"
+
+
+def _rate(v: float | None) -> str:
+    return "?" if v is None else f"{v:,.0f}"
+
+
 def _page_figure() -> str:
     name = Path(FIGURE).name
     return f"""## In one picture
@@ -465,8 +617,9 @@ def _page_reproduce() -> str:
     return f"""## Making it again
 
 ```bash
-make bench-peers          # every loader (about 5 minutes once the peers' environments exist under .peers/)
+make bench-peers          # every loader, then zarrtorch and zarr-beluga on beluga's layouts
 make bench-peers PEERS_ARGS="--only litdata,zarrtorch"    # two loaders (this page then shows those two)
+make bench-peers PEERS_ARGS="--rows 2048 --layouts no"    # a smaller store, no layouts part
 ```
 
 `make bench-peers` writes `benchmarks/peers.json` and `benchmarks/peers.md` (the table alone), then this page
