@@ -191,3 +191,55 @@ def test_chunk_reads_opens_the_store_read_only(tmp_path):
     reads = ChunkReads(_store_of_two_arrays(tmp_path / "two.zarr"))
     with pytest.raises(Exception, match="read.only|read-only"):
         reads.group["y"][0] = -1
+
+
+def _live_descendants() -> list[int]:
+    """This process's descendants that have not exited (zombies, exited but not yet reaped, left out)."""
+    import os
+
+    from zarrtorch.course.memory import descendants
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except OSError:
+            return False
+
+    return [pid for pid in descendants(os.getpid()) if running(pid)]
+
+
+def _small_store(tmp_path):
+    from zarrtorch import prepare_zarr
+
+    x = np.random.default_rng(0).normal(size=(400, 4, 8)).astype(np.float32)
+    return prepare_zarr({"x": x}, tmp_path / "s.zarr", chunk_rows=20, progress=False)
+
+
+def test_a_loader_stopped_early_has_no_workers_left_when_measure_loader_returns(tmp_path):
+    """Lesson 04 on a hub: a ZarrDataLoader measured for part of an epoch kept its 2 workers alive after
+    measure_loader returned, beside the next loader's (up to 6 forked workers at once in one kernel)."""
+    import zarrtorch as zt
+
+    store = _small_store(tmp_path)
+    stats = measure_loader(
+        lambda: zt.ZarrDataLoader(zt.ZarrIterableDataset(store), batch_size=4, num_workers=2), max_batches=3
+    )
+    assert stats["batches"] == 3 and stats["workers_seen"] == 2
+    assert _live_descendants() == []
+
+
+def test_paced_run_of_a_loader_it_builds_ends_its_persistent_workers(tmp_path):
+    """The workers proxy runs persistent workers (an epoch's end must not restart them): given a factory, paced_run
+    ends them before it returns, so that they do not stay alive beside the next cell's loaders."""
+    import zarrtorch as zt
+    from zarrtorch.course.measure import paced_run, sleeping_step
+
+    store = _small_store(tmp_path)
+
+    def loader():
+        return zt.ZarrDataLoader(zt.ZarrIterableDataset(store), batch_size=4, num_workers=2, persistent_workers=True)
+
+    run = paced_run(loader, sleeping_step, 0.0, batches=150)  # 150 batches: more than an epoch's 100
+    assert run["batches"] == 150
+    assert _live_descendants() == []

@@ -37,15 +37,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
+import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import zarr
 
-from zarrtorch.course.memory import MemorySampler
+from zarrtorch.course.memory import MemorySampler, descendants
 
 __all__ = [
     "ChunkReads",
@@ -58,6 +61,8 @@ __all__ = [
     "torch_step",
     "python_step",
     "STEPS",
+    "running_descendants",
+    "await_workers_end",
 ]
 
 
@@ -113,6 +118,39 @@ def apart(values: dict[str, Iterable[float]]) -> list[tuple[str, str]]:
     return [(a, b) for a in ranges for b in ranges if ranges[a][1] < ranges[b][0]]
 
 
+def running_descendants() -> set[int]:
+    """This process's descendants that are still running (an exited one not yet reaped, a zombie, is not)."""
+    running = set()
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != b"Z":
+            running.add(pid)
+    return running
+
+
+def await_workers_end(started_before: set[int], timeout_s: float = 30.0) -> None:
+    """Wait until the processes started since ``started_before`` (a loader's workers) have exited, after the caller
+    dropped its loader: a loader stopped early, or one with persistent workers, keeps its workers until the garbage
+    collector frees it, and in a notebook they would stay alive beside the next cell's loaders (on a hub, every one
+    of them counts against the kernel's memory limit). Warns, naming them, if some are still running after
+    ``timeout_s``: something else still holds their loader."""
+    gc.collect()  # a loader and its iterator reference each other: only the collector frees them
+    deadline = time.monotonic() + timeout_s
+    while left := running_descendants() - started_before:
+        if time.monotonic() > deadline:
+            warnings.warn(
+                f"worker processes {sorted(left)} still run {timeout_s:g} s after their loader was dropped: "
+                "something else still references the loader or its iterator",
+                stacklevel=3,
+            )
+            return
+        time.sleep(0.02)
+
+
 def batch_len(batch: Any) -> int:
     """Samples in a batch: a tensor/array (first axis), a dict (its first value) or a tuple/list (its first item)."""
     if isinstance(batch, dict):
@@ -140,14 +178,19 @@ def measure_loader(
       ``workers_seen`` (how many distinct worker processes were sampled);
     - ``held`` (what the loader held at most, library pages left out: the main process's growth plus each
       worker's peak of private dirty memory) and ``peak_held_per_worker`` (the largest worker's part of it).
+
+    A loader built here (``loader`` a callable) is dropped before this returns, and its workers have ended by then
+    (:func:`await_workers_end`), even when it stopped after ``max_batches``.
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1 or None, got {max_batches}")
     batches = samples = first_samples = 0
     first_batch_s = float("nan")
+    builds = callable(loader) and not hasattr(loader, "__iter__")
+    before = running_descendants()
     with MemorySampler(every_s=sample_every_s) as mem:
         t0 = time.perf_counter()
-        iterable = loader() if callable(loader) and not hasattr(loader, "__iter__") else loader
+        iterable = loader() if builds else loader
         it = iter(iterable)
         try:
             for batch in it:
@@ -167,6 +210,9 @@ def measure_loader(
             if callable(shutdown) and not getattr(iterable, "persistent_workers", False):
                 shutdown()  # stop the workers now rather than whenever the iterator is collected
             del it
+    if builds:
+        del iterable
+        await_workers_end(before)
     steady_s = seconds - first_batch_s
     return {
         "samples_per_s": samples / seconds if seconds > 0 else float("nan"),
@@ -224,7 +270,15 @@ def paced_run(loader, step: Callable[[float], None], step_s: float, batches: int
     """Take a batch and run ``step(step_s)``, ``batches`` times, through as many epochs as that takes (``set_epoch``
     and a new ``iter()`` at each epoch's end, as a training loop does); the first batch (opening, workers' start,
     first reads) is taken before the clock starts. Returns ``rows_per_s`` (rows trained per second), ``wait_share``
-    (the share of the time spent in ``next()``, the next epoch's start included) and ``batches``."""
+    (the share of the time spent in ``next()``, the next epoch's start included) and ``batches``.
+
+    ``loader``: an iterable, or a callable that builds one: that loader is dropped before this returns, and its
+    workers (persistent ones too) have ended by then (:func:`await_workers_end`)."""
+    if callable(loader) and not hasattr(loader, "__iter__"):
+        before = running_descendants()
+        result = paced_run(loader(), step, step_s, batches)
+        await_workers_end(before)
+        return result
     epoch = 0
     set_epoch = getattr(loader, "set_epoch", None)
     if set_epoch is not None:
@@ -262,7 +316,7 @@ def _workers_table(store, batch_size: int, workers: list[int], steps: list[str],
         ds = ZarrIterableDataset(store, seed=0)
         return ZarrDataLoader(ds, batch_size=batch_size, drop_last=True, num_workers=n, persistent_workers=n > 0)
 
-    alone = [paced_run(loader(0), sleeping_step, 0.0, batches)["rows_per_s"] for _ in range(repeats)]
+    alone = [paced_run(lambda: loader(0), sleeping_step, 0.0, batches)["rows_per_s"] for _ in range(repeats)]
     step_s = step_ms / 1e3 if step_ms is not None else batch_size / statistics.median(alone)
     print(
         f"{available_cpus()} CPU(s); the loader alone, 0 workers: {statistics.median(alone):,.0f} rows/s; "
@@ -273,7 +327,7 @@ def _workers_table(store, batch_size: int, workers: list[int], steps: list[str],
     for _ in range(repeats):  # repetitions outermost: a slow spell of the machine touches every setting
         for name in steps:
             for n in workers:
-                runs.setdefault((name, n), []).append(paced_run(loader(n), STEPS[name], step_s, batches))
+                runs.setdefault((name, n), []).append(paced_run(lambda n=n: loader(n), STEPS[name], step_s, batches))
     for (name, n), rs in runs.items():
         rates, waits = [r["rows_per_s"] for r in rs], [r["wait_share"] for r in rs]
         print(
