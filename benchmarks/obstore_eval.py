@@ -54,14 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from remote import generated_store, summary  # noqa: E402
-
-from zarrtorch import ReadOptions, RetryPolicy, ZarrDataLoader, ZarrIterableDataset  # noqa: E402
-from zarrtorch._compat.zarr import run as on_zarr_loop  # noqa: E402
-from zarrtorch._read import fetch  # noqa: E402
-from zarrtorch._read.fastpath import direct_decoder  # noqa: E402
-from zarrtorch._read.source import open_arrays  # noqa: E402
-from zarrtorch.course import servers  # noqa: E402
+# zarrtorch (torch with it, about 2 s) and remote.py, which imports it, are imported where they are used: the fork
+# part's fresh processes and spawned children need only obstore and zarr.
 
 BUCKET = "bench"
 PARTS = ("loader", "raw", "gil", "zarr", "fork")
@@ -131,6 +125,8 @@ class Served:
 
 
 def http_servers(stack: ExitStack, store: Path, delays: list[float]) -> dict[float, Served]:
+    from zarrtorch.course import servers
+
     out = {}
     for delay in delays:
         host = stack.enter_context(servers.HttpStoreProcess(store.parent, delay_ms=delay, asyncio=True))
@@ -140,6 +136,8 @@ def http_servers(stack: ExitStack, store: Path, delays: list[float]) -> dict[flo
 
 def s3_servers(stack: ExitStack, store: Path, delays: list[float]) -> dict[float, Served]:
     """moto in a process of its own answering on one port per delay (:func:`serve_s3`), the store uploaded once."""
+    from zarrtorch.course import servers
+
     cmd = [sys.executable, __file__, "--serve-s3", str(store), "--delay-ms", *map(str, delays)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     counts: dict = {}
@@ -174,6 +172,8 @@ def serve_s3(store: Path, delays: list[float]) -> None:
     import boto3
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import ThreadedWSGIServer, make_server
+
+    from zarrtorch.course import servers
 
     class Handler(MotoRequestHandler):
         disable_nagle_algorithm = True  # else a kept-alive answer waits for the client's delayed ack (~40 ms)
@@ -272,6 +272,8 @@ def loader_task(client, url, storage_options, workers, epochs, batch_size, conte
     """Rows/s of each of ``epochs`` epochs of one fresh ``ZarrDataLoader`` with default settings over ``url``
     opened by ``client``; ``context``: a start method for the workers (then kept across epochs, so that one
     start is not timed in each)."""
+    from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset
+
     source = url if client == "fsspec" else object_group(url, storage_options)
     options = storage_options if client == "fsspec" else None
     ds = ZarrIterableDataset(source, seed=0, read=ReadOptions(storage_options=options))
@@ -362,6 +364,11 @@ def raw_clients(served: Served):
     """``name -> (n, seconds) -> (chunks, bytes, seconds)`` for each client of the raw comparison."""
     import obstore
 
+    from zarrtorch import RetryPolicy
+    from zarrtorch._compat.zarr import run as on_zarr_loop
+    from zarrtorch._read import fetch
+    from zarrtorch._read.source import open_arrays
+
     policy = RetryPolicy()
     today = open_arrays(served.url, storage_options=served.storage_options, retry=policy)
     today_store = next(iter(today.values())).store_path.store  # opened as the loader opens a URL (its pool)
@@ -403,6 +410,8 @@ def decode_costs(store: Path, count: int) -> dict:
     """Microseconds per chunk of zarrtorch's direct decoder on ``count`` stored chunks (bytes read first), in 1 and
     2 threads: the CPU that decoding needs beside the fetching."""
     arr = zarr.open_group(store, mode="r")[sorted(zarr.open_group(store, mode="r").array_keys())[0]]
+    from zarrtorch._read.fastpath import direct_decoder
+
     decode = direct_decoder(arr)
     files = sorted(p for p in (store / arr.path / "c").rglob("*") if p.is_file())[:count]
     chunks = [(str(p.relative_to(store / arr.path)), p.read_bytes()) for p in files]
@@ -488,22 +497,26 @@ def in_child(method: str, store, key: str, how: str, url: str, timeout_s: float)
     return queue.get(timeout=5) if not queue.empty() else f"exited {proc.exitcode} without a word"
 
 
-def answers_within(store, key: str, timeout_s: float) -> str:
-    """Whether this process still gets ``key`` from ``store``, asked from a thread given ``timeout_s``."""
+def answers_within(stores: dict, key: str, timeout_s: float) -> dict[str, str]:
+    """Whether this process still gets ``key`` from each of ``stores`` (name -> store), each asked from a thread of
+    its own, all given ``timeout_s`` together."""
     import obstore
 
     got: dict = {}
 
-    def ask() -> None:
+    def ask(name, store) -> None:
         try:
-            got["said"] = f"ok, {len(obstore.get(store, key).bytes())} bytes"
+            got[name] = f"ok, {len(obstore.get(store, key).bytes())} bytes"
         except Exception as exc:  # noqa: BLE001 (reported)
-            got["said"] = f"{type(exc).__name__}: {exc}"
+            got[name] = f"{type(exc).__name__}: {exc}"
 
-    thread = threading.Thread(target=ask, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    return got.get("said", f"no answer within {timeout_s:g} s")
+    threads = [threading.Thread(target=ask, args=item, daemon=True) for item in stores.items()]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {name: got.get(name, f"no answer within {timeout_s:g} s") for name in stores}
 
 
 FORK_CASES = {  # name -> (start method, a request in the parent first, how the child has the store)
@@ -526,18 +539,17 @@ def fork_task(case: str, url: str, key: str, timeout_s: float) -> dict:
     if request_first:
         obstore.get(store, key).bytes()  # obstore's runtime now runs in this process
     child = in_child(method, store, key, how, url, timeout_s)
-    after = answers_within(store, key, timeout_s)
-    return {
-        "child": child,
-        "parent after": after,
-        "new store in the parent": answers_within(obstore_store(url), key, timeout_s),
-    }
+    after = {"parent after": store, "new store in the parent": obstore_store(url)}
+    return {"child": child} | answers_within(after, key, timeout_s)
 
 
-def fork_loader_task(method: str, url: str) -> dict:
-    """One epoch of a 2-worker ``ZarrDataLoader`` over an obstore group (requests of 3 s, 2 attempts)."""
+def fork_loader_task(method: str, url: str, timeout_s: float) -> dict:
+    """One epoch of a 2-worker ``ZarrDataLoader`` over an obstore group (requests of ``timeout_s / 2``, 2
+    attempts)."""
+    from zarrtorch import ReadOptions, RetryPolicy, ZarrDataLoader, ZarrIterableDataset
+
     group = object_group(url)
-    read = ReadOptions(retry=RetryPolicy(timeout_s=3, retries=1, backoff_s=0.1))
+    read = ReadOptions(retry=RetryPolicy(timeout_s=timeout_s / 2, retries=1, backoff_s=0.1))
     ds = ZarrIterableDataset(group, seed=0, read=read)
     loader = ZarrDataLoader(ds, batch_size=64, num_workers=2, multiprocessing_context=method, timeout=60)
     start, rows = time.perf_counter(), 0
@@ -560,7 +572,7 @@ def fork_cases(url: str, key: str, timeout_s: float) -> dict[str, dict]:
         )
     for method in ("fork", "forkserver"):
         name = f"ZarrDataLoader over an obstore group, 2 workers, {method}"
-        out[name] = in_own_session({"do": "fork-loader", "method": method, "url": url}, 120)
+        out[name] = in_own_session({"do": "fork-loader", "method": method, "url": url, "timeout_s": timeout_s}, 120)
     return out
 
 
@@ -580,6 +592,8 @@ def ratios(out: dict, key: tuple) -> list[float]:
 
 
 def table(out: dict, part: str, delays: list[float], unit: str) -> list[str]:
+    from remote import summary
+
     labels = list(dict.fromkeys(k[2] for k in out if k[1] == part and len(k) == 4))
     lines = []
     for protocol in dict.fromkeys(k[0] for k in out if k[1] == part):
@@ -626,6 +640,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--verbose", action="store_true", help="print each loader's epochs")
     args = p.parse_args(argv)
+    from remote import generated_store
+
     if 0.0 not in args.delay_ms:
         raise SystemExit("--delay-ms must include 0: the ratios are to it")
     store = Path(args.store).resolve() if args.store else generated_store(args.rows)
