@@ -154,6 +154,98 @@ def test_remote_latency_table(tmp_path):
     assert plain[5.0, 2]["rows_per_s"][0] == plain[5.0, 2]["requests_per_s"][0] * 16 / 2  # 16-row chunks, 2 arrays
 
 
+def test_obstore_eval_maps_the_storage_options_users_pass_today():
+    """benchmarks/obstore_eval.py's mapping of fsspec ``storage_options`` onto obstore (what switching the default
+    client would need): s3fs's keys, endpoint and region, HTTP headers; an option with no counterpart is named."""
+    pytest.importorskip("obstore", reason="obstore is not installed (pip install obstore): nothing to evaluate")
+    import obstore_eval
+
+    s3 = {"endpoint_url": "http://127.0.0.1:9", "key": "k", "secret": "s", "client_kwargs": {"region_name": "r"}}
+    store = obstore_eval.obstore_store("s3://bucket/a/b.zarr", s3 | {"config_kwargs": {"max_pool_connections": 9}})
+    assert store.prefix == "a/b.zarr" and store.retry_config["max_retries"] == 0  # zarrtorch's RetryPolicy retries
+    assert {k: store.config[k] for k in ("bucket", "endpoint", "access_key_id", "secret_access_key", "region")} == {
+        "bucket": "bucket",
+        "endpoint": "http://127.0.0.1:9",
+        "access_key_id": "k",
+        "secret_access_key": "s",
+        "region": "r",
+    }
+    assert str(store.client_options["allow_http"]).lower() == "true"  # a plain http:// endpoint
+    assert obstore_eval.obstore_store("s3://public/x", {"anon": True}).config["skip_signature"] in (True, "true")
+    http = obstore_eval.obstore_store("https://h/x.zarr", {"client_kwargs": {"headers": {"Authorization": "t"}}})
+    assert dict(http.client_options["default_headers"]) == {"authorization": b"t"}
+    with pytest.raises(ValueError, match=r"\['profile', 'client_kwargs.verify'\]"):
+        obstore_eval.obstore_store("s3://b/x", {"profile": "p", "client_kwargs": {"verify": False}})
+
+
+@pytest.mark.slow
+def test_obstore_eval_tables(tmp_path):
+    """benchmarks/obstore_eval.py on a small store over HTTP and S3 (moto): a positive figure for every client,
+    part and delay, a ratio to 0 ms where delayed, and every delayed server answered requests (the table measures
+    reads, not a cache)."""
+    pytest.importorskip("obstore", reason="obstore is not installed (pip install obstore): nothing to evaluate")
+    pytest.importorskip("moto", reason="moto is not installed: no S3 stand-in")
+    from zarrtorch import prepare_zarr
+
+    store = tmp_path / "r.zarr"
+    prepare_zarr({"x": np.ones((256, 4, 8), "f4")}, store, chunk_rows=64, progress=False)
+    out = tmp_path / "obstore.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "obstore_eval.py"), "--store", str(store), "--json", str(out)]
+    cmd += ["--protocols", "http", "s3", "--parts", "loader", "raw", "gil", "zarr", "--workers", "0"]
+    cmd += ["--delay-ms", "0", "5", "--in-flight", "2", "--seconds", "0.2", "--epochs", "1", "--repeats", "1"]
+    cmd += ["--zarr-chunks", "2", "--decode-chunks", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    rates = [m for m in data["measurements"] if m["what"] == "rate"]
+    cells = {(m["protocol"], m["part"], m["setting"], m["delay_ms"]) for m in rates}
+    settings = {
+        "loader": {"fsspec, 0 workers", "obstore, 0 workers"},
+        "raw": {f"{c}, 2 in flight" for c in obstore_eval_clients()},
+        "gil": set(obstore_eval_clients()),
+        "zarr": {"FsspecStore", "ObjectStore"},
+    }
+    expected = {
+        (protocol, part, setting, delay)
+        for protocol in ("http", "s3")
+        for part, names in settings.items()
+        for setting in names
+        for delay in ((0.0,) if part == "gil" else (0.0, 5.0))
+    }
+    assert cells == expected
+    assert all(len(m["values"]) == 1 and m["values"][0] > 0 for m in data["measurements"])
+    assert all(bool(m["ratio"]) == (m["delay_ms"] == 5.0) for m in rates)
+    assert set(data["requests"]) == {"http 0", "http 5", "s3 0", "s3 5"} and min(data["requests"].values()) > 4
+    assert data["decode"]["us_per_chunk_1_threads"] > 0 and data["decode"]["us_per_chunk_2_threads"] > 0
+
+
+def obstore_eval_clients() -> list[str]:
+    return ["fsspec, zarrtorch's fetcher", "obstore, zarrtorch's fetcher", "obstore.get, N threads"]
+
+
+@pytest.mark.slow
+def test_obstore_eval_fork_part_answers_every_case(tmp_path):
+    """benchmarks/obstore_eval.py's fork part: every case (obstore in a forked, spawned or forkserver child, and
+    the loader's workers) answers within its deadline whatever obstore does (a hang is reported, not waited
+    for), and a spawned or forkserver child reads the store pickled to it."""
+    pytest.importorskip("obstore", reason="obstore is not installed (pip install obstore): nothing to evaluate")
+    from zarrtorch import prepare_zarr
+
+    store = tmp_path / "r.zarr"
+    prepare_zarr({"x": np.ones((128, 4, 8), "f4")}, store, chunk_rows=64, progress=False)
+    out = tmp_path / "fork.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "obstore_eval.py"), "--store", str(store), "--json", str(out)]
+    cmd += ["--protocols", "http", "--parts", "fork", "--delay-ms", "0", "--fork-timeout", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    fork = json.loads(out.read_text())["fork"]
+    assert len(fork) == 8 and all(case["child"] for case in fork.values())
+    for method in ("spawn", "forkserver"):
+        case = fork[f"{method} after a request in the parent, the store pickled to the child"]
+        assert case["child"].startswith("ok") and case["parent after"].startswith("ok"), case
+    assert fork["ZarrDataLoader over an obstore group, 2 workers, forkserver"]["child"].startswith("ok, 128 of 128")
+
+
 def test_head_of_line_model_hands_every_piece_out_in_order():
     """benchmarks/head_of_line.py on a short run: every setting measured in every repeat, each run's pieces handed
     out in order (the script checks it), over the latencies it says it drew."""
