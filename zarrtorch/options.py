@@ -4,6 +4,7 @@ surface as a less readable error in every process at once."""
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +12,7 @@ from torch.utils.data import default_convert
 
 from zarrtorch._read.columns import CF_DTYPES
 from zarrtorch._read.fetch import RetryPolicy
+from zarrtorch._read.source import fork_unsafe_stores
 from zarrtorch._util.arguments import flag, whole_number
 
 MISSING_CHUNKS = ("error", "fill")  # ReadOptions(missing_chunks=...)
@@ -93,6 +95,7 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
         raise ValueError("in_order=False would make the batch order depend on timing; resuming needs it True")
     if dataset.keep_in_memory and num_workers > 0 and not kwargs.get("persistent_workers", False):
         raise ValueError("keep_in_memory=True keeps rows in the worker processes: also pass persistent_workers=True")
+    check_start_method(dataset, num_workers, kwargs.get("multiprocessing_context"))
     if transport not in (None, "ring", "queue"):
         raise ValueError(f"transport must be 'ring' or 'queue' (zarrtorch._workers.ring) or None, got {transport!r}")
     if transport == "ring" and (dataset.transform is not None or dataset.stack):
@@ -101,6 +104,30 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
             f"transport='ring' carries batches in slots shaped like the stored arrays, and a {what} changes them "
             "after they are gathered: leave transport to the loader (None: the queue for such a dataset) or pass "
             "transport='queue'"
+        )
+
+
+def worker_start_method(context) -> str:
+    """How DataLoader will start the workers: the ``multiprocessing_context`` given (a name or a context), else
+    the start method set in this process, else the platform's default (read without fixing it)."""
+    if isinstance(context, str):
+        return context
+    if context is not None:
+        return context.get_start_method()
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+def check_start_method(dataset, num_workers: int, context) -> None:
+    """Refuse workers that could not read the dataset's stores (:func:`~zarrtorch._read.source.fork_unsafe_stores`):
+    they would wait out every chunk's retries instead of failing now."""
+    if num_workers == 0:
+        return
+    method = worker_start_method(context)
+    if fork_unsafe_stores([a.store for a in dataset.arrays.values()], method):
+        raise ValueError(
+            f"this dataset reads through obstore (zarr.storage.ObjectStore), which does not work in workers started "
+            f"by {method!r}: a forked worker's requests are never answered. Pass multiprocessing_context='forkserver'"
+            " (or 'spawn') to ZarrDataLoader, or num_workers=0, or open the store by its URL (zarrtorch's own client)"
         )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import zarr
 import zarr.api.asynchronous
+import zarr.storage
 
 from zarrtorch._read.connections import with_connection_pool
 from zarrtorch._read.fetch import RetriesExhausted, RetryPolicy, with_retries, within
@@ -460,3 +461,12 @@ def sample_dimension(dims: Mapping[str, Sequence[str]], nbytes: Mapping[str, int
         return len(names), sum(int(sizes.get(n, 0)) for n in names)
 
     return max(pool, key=weight)  # max keeps the first of equal weights: sorted order breaks ties
+
+
+def fork_unsafe_stores(stores, start_method: str) -> list:
+    """The stores a worker started by ``start_method`` could not read: obstore's (zarr's ``ObjectStore``) under
+    ``fork``. obstore is not fork-safe: a forked child's requests go unanswered once the parent has made one, so
+    such a worker would wait out its retries on every chunk. Spawned and forkserver workers open the store afresh."""
+    if start_method != "fork":
+        return []
+    return [s for s in stores if isinstance(s, zarr.storage.ObjectStore)]
