@@ -14,6 +14,7 @@ import atexit
 import concurrent.futures
 import email.utils
 import os
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -67,8 +68,21 @@ def is_permanent(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (FileNotFoundError, PermissionError, KeyError, ValueError, TypeError, ImportError)):
         return True
+    if isinstance(exc, _obstore_refusals()):
+        return True
     status = getattr(exc, "status", None) or getattr(exc, "code", None)
     return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
+
+
+def _obstore_refusals() -> tuple[type[BaseException], ...]:
+    """obstore's errors that another attempt cannot fix (a store opened through zarr's ``ObjectStore``); its
+    ``GenericError`` covers transfer faults too, so it stays worth another try. Empty where obstore was never
+    imported, which is also where none of its errors can arise."""
+    errors = sys.modules.get("obstore.exceptions")
+    if errors is None:
+        return ()
+    names = ("PermissionDeniedError", "UnauthenticatedError", "NotFoundError", "InvalidPathError", "NotSupportedError")
+    return tuple(getattr(errors, n) for n in names if hasattr(errors, n))
 
 
 def _garbled(exc: BaseException) -> bool:

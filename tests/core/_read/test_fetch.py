@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zarrtorch import RetryPolicy
+from zarrtorch._read.fetch import is_permanent
 
 
 def test_a_retry_policy_takes_its_fields_by_name():
@@ -30,3 +31,19 @@ def test_the_waits_between_attempts_are_the_policys_backoffs(monkeypatch):
         fetch.with_retries(fails, policy)
     assert slept == [policy.backoff_after(k) for k in range(policy.retries)] == pytest.approx([0.1, 0.2, 0.4])
     assert policy.seconds_until_given_up() == pytest.approx(4 * 0.5 + sum(slept))
+
+
+@pytest.mark.parametrize(
+    ("name", "permanent"),
+    [
+        ("PermissionDeniedError", True),
+        ("UnauthenticatedError", True),
+        ("NotFoundError", True),
+        ("InvalidPathError", True),
+        ("GenericError", False),  # obstore's catch-all for transfer faults: worth another try
+    ],
+)
+def test_obstores_refusals_are_permanent_and_its_transfer_faults_are_not(name, permanent):
+    """A store served by obstore whose credentials are refused spent every retry of every chunk before failing."""
+    errors = pytest.importorskip("obstore.exceptions", reason="obstore is not installed")
+    assert is_permanent(getattr(errors, name)("refused")) is permanent
