@@ -35,7 +35,7 @@ fmt: setup
 ## the loader against its reference model, many more random call sequences than CI runs (FUZZ=examples)
 FUZZ ?= 400
 fuzz: setup
-	ZARRTORCH_FUZZ_EXAMPLES=$(FUZZ) $(PY) -m pytest tests/core/test_model.py -p no:randomly --hypothesis-show-statistics $(PYTEST_ARGS)
+	ZARRTORCH_FUZZ_EXAMPLES=$(FUZZ) $(PY) -m pytest tests/core/behaviour/test_model.py -p no:randomly --hypothesis-show-statistics $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from behaviour.loader_model import keyed_order  # tests/core is on sys.path under pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loader_model import keyed_order
 
 from zarrtorch.order import ChunkOrder, half_bits_for
 

@@ -80,3 +80,57 @@ def test_the_readme_layout_names_every_module():
     package = ROOT / "zarrtorch"
     missing = sorted(str(p.relative_to(ROOT)) for p in package.rglob("*.py") if p.name not in listed)
     assert not missing, f"README.md's repository layout does not name {missing}"
+
+
+CORE_TESTS = ROOT / "tests" / "core"
+BEHAVIOUR = CORE_TESTS / "behaviour"  # promises kept across modules (DDP, damaged chunks...), named for them
+
+
+def unit_test_files() -> list[Path]:
+    """The core's test files that test one module each: every one under tests/core/ but the behaviour suites."""
+    return sorted(path for path in CORE_TESTS.rglob("test_*.py") if BEHAVIOUR not in path.parents)
+
+
+def mirrored_module(test_file: Path) -> Path:
+    """The module a unit test file is named for: tests/core/<sub>/test_<m>.py tests zarrtorch/<sub>/<m>.py."""
+    relative = test_file.relative_to(CORE_TESTS)
+    return ROOT / "zarrtorch" / relative.parent / relative.name.removeprefix("test_")
+
+
+def mirrored_test_file(module: Path) -> Path:
+    """Where a module's unit tests belong: zarrtorch/<sub>/<m>.py is tested by tests/core/<sub>/test_<m>.py."""
+    relative = module.relative_to(ROOT / "zarrtorch")
+    return CORE_TESTS / relative.parent / f"test_{relative.name}"
+
+
+def misplaced(test_file: Path) -> str | None:
+    """Why a unit test file is not beside its module (None when it is), and where it belongs."""
+    module = mirrored_module(test_file)
+    if module.exists():
+        return None
+    where = test_file.relative_to(ROOT)
+    namesakes = sorted(p for p in (ROOT / "zarrtorch").rglob(module.name) if "course" not in p.parts)
+    if namesakes:
+        modules = " or ".join(str(p.relative_to(ROOT)) for p in namesakes)
+        mirrors = " or ".join(str(mirrored_test_file(p).relative_to(ROOT)) for p in namesakes)
+        return (
+            f"{where} is named for {modules}: move it to {mirrors}, or to "
+            f"{BEHAVIOUR.relative_to(ROOT)}/ if it tests a promise kept across modules"
+        )
+    return (
+        f"{where} names {module.relative_to(ROOT)}, which does not exist: rename it after the module it tests, "
+        f"or move it to {BEHAVIOUR.relative_to(ROOT)}/ if it tests a promise kept across modules"
+    )
+
+
+def test_the_core_has_unit_test_files_to_check():
+    files = {path.relative_to(CORE_TESTS).as_posix() for path in unit_test_files()}
+    assert len(files) > 10 and "test_plan.py" in files and "_read/test_fetch.py" in files
+
+
+def test_a_modules_unit_tests_sit_at_its_mirrored_path():
+    """A unit test file sits at its module's path mirrored under tests/core/ (tests/core/_read/test_reader.py for
+    zarrtorch/_read/reader.py), so a module's tests are found beside it, and a module renamed or moved without its
+    tests fails here instead of leaving a test file named for nothing."""
+    wrong = [reason for reason in map(misplaced, unit_test_files()) if reason]
+    assert not wrong, "\n".join(wrong)

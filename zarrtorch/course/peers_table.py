@@ -358,9 +358,9 @@ def _page_limits(results: dict) -> str:
         "equal batches per rank" says that a loader keeps them on an even split with forked workers, and no more:
         zarr-torch-dataset's `yes` there does not hold on an uneven split, as A1 measures, and no other peer has
         been run on one. zarrtorch's own tests check both cases (`tests/core/test_plan.py` on splits that do not
-        divide, `tests/core/test_loader.py` and `tests/core/test_ddp.py` with spawned workers); the peers' have
-        not been checked there. A run of `make bench-peers` on a store that can trigger these failures is still
-        to be made; this page says so itself once its JSON comes from one."""
+        divide, `tests/core/test_loader.py` and `tests/core/behaviour/test_ddp.py` with spawned workers); the peers'
+        have not been checked there. A run of `make bench-peers` on a store that can trigger these failures is still to
+        be made; this page says so itself once its JSON comes from one."""
     else:
         why = [
             "its rows do not split into whole chunks and whole batches evenly over the ranks and workers"

@@ -29,7 +29,7 @@ USED: list[int] = []  # reads taken from those the last epoch started (in the bu
 @pytest.fixture(autouse=True)
 def one_piece_per_read(monkeypatch):
     """These tests follow the reads piece by piece: the store's tiny chunks would otherwise be read many to a
-    task (``pieces_per_read``, tested in test_grouped_reads.py), a whole epoch in one."""
+    task (``pieces_per_read``, tested in test_reader.py), a whole epoch in one."""
     monkeypatch.setattr(zarrtorch._util.sizes, "MOST_PIECES_PER_READ", 1)
 
 

@@ -25,7 +25,7 @@ from zarrtorch.lightning import ZarrDataModule, plan_split
 
 CHUNK = 16
 ROWS = 9 * CHUNK + 5  # a partial last chunk
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def make_store(path: Path, rows: int = ROWS, chunk_rows: int = CHUNK, seed: int = 0) -> Path:

@@ -1,4 +1,4 @@
-"""One DDP rank for tests/test_ddp.py: run like torchrun does (env RANK, WORLD_SIZE, MASTER_ADDR,
+"""One DDP rank for test_ddp.py: run like torchrun does (env RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), iterate a ZarrDataLoader for a few epochs with an ``all_reduce`` after every batch (as DDP's
 gradient sync would), and write the rows this rank saw to ``OUT/rank{RANK}.npz``. With ``--stop-after N``
 it stops after N batches of epoch 0 and rank 0 saves the loader state; ``--resume STATE`` continues from it
