@@ -13,7 +13,6 @@ peer's environment needs no zarrtorch.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -260,8 +259,12 @@ def convert(peer: Peer, ctx: Ctx) -> dict:
     return result | {"cached": False}
 
 
-def main(peer: Peer) -> None:
-    p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {peer.name}")
+START_METHODS = ("fork", "spawn")
+
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """The options of one peer job (every peer script's command line)."""
+    p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {name}")
     p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout"])
     p.add_argument("--store", required=True)
     p.add_argument("--work", required=True)
@@ -273,14 +276,34 @@ def main(peer: Peer) -> None:
     p.add_argument("--max-s", type=float, default=None, help="throughput, layout: stop an epoch after this long")
     p.add_argument("--kind", default="course", help="layout: the store's layout (beluga_layouts.py)")
     p.add_argument("--frames", type=int, default=1, help="layout: rows per sample (1: single rows)")
-    a = p.parse_args()
-    ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
+    p.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default="fork",
+        help="how this process starts its children (DataLoader workers and any other process the library starts "
+        "with multiprocessing's default context): fork, as an ordinary Linux script; spawn, as macOS, Windows "
+        "and code that needs CUDA in its workers",
+    )
+    return p
+
+
+def use_start_method(method: str) -> str:
+    """Make ``method`` multiprocessing's default start method in this process and return the one now in force.
+    A loader that names its own context (xbatcher's recipe passes ``multiprocessing_context="forkserver"``)
+    keeps it: the recipe is the library's documentation."""
     import multiprocessing
+
+    multiprocessing.set_start_method(method, force=True)
+    return multiprocessing.get_start_method()
+
+
+def main(peer: Peer) -> None:
+    a = parser(peer.name).parse_args()
+    ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
     import warnings
 
     warnings.filterwarnings("ignore")
-    with contextlib.suppress(RuntimeError):
-        multiprocessing.set_start_method("fork")  # DataLoader workers forked, as in an ordinary Linux script
+    start_method = use_start_method(a.start_method)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     if a.job == "convert":
         result = convert(peer, ctx)
@@ -290,4 +313,4 @@ def main(peer: Peer) -> None:
         result = layout_throughput(peer, ctx, a.kind, a.frames, a.workers, a.max_s)
     else:
         result = guarantees(peer, ctx, a.workers)
-    print("PEER-RESULT " + json.dumps(result), flush=True)
+    print("PEER-RESULT " + json.dumps(result | {"start_method": start_method}), flush=True)

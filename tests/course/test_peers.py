@@ -310,3 +310,95 @@ def test_beluga_runs_for_real_on_its_copy_and_on_every_layout_store(tmp_path, mo
     theirs = subprocess.run([str(BELUGA_PYTHON), "-c", script, str(tmp_path)], capture_output=True, text=True)
     ours = json.loads((Path(stores["frame"]["path"]) / "data" / "zarr.json").read_text())["codecs"]
     assert ours == json.loads(theirs.stdout), theirs.stderr
+
+
+def _peer_scripts() -> list[Path]:
+    """Every script run.py starts as a process of its own: the peers, L0 and anemoi's NetCDF export."""
+    return sorted(PEERS.glob("*_peer.py")) + [PEERS / "l0.py", PEERS / "anemoi_export.py"]
+
+
+def test_every_peer_script_runs_only_under_a_main_guard():
+    """Issue 45: a DataLoader worker started by spawn imports the script that started it (as ``__mp_main__``);
+    a script that ran its job at import would run it again in every worker. So no script calls anything at its
+    top level outside ``if __name__ == "__main__":`` (assignments, imports and definitions only)."""
+    import ast
+
+    scripts = _peer_scripts()
+    assert len(scripts) >= 11
+    for script in scripts:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        guards = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'",)
+        ]
+        assert len(guards) == 1, f"{script.name}: no `if __name__ == '__main__':` guard"
+        calls = [
+            ast.unparse(node.value.func)
+            for node in tree.body
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+        ]
+        harmless = {"torchvision_stub.install", "sys.path.insert"}  # stand-ins and the path: no job, no process
+        assert set(calls) <= harmless, f"{script.name} calls {calls} when imported"
+        guarded = ast.unparse(guards[0])
+        assert "main(" in guarded or "export(" in guarded or "run_l0" in guarded, script.name
+
+
+@pytest.fixture(scope="module")
+def run_py():
+    """``benchmarks/peers/run.py`` loaded once (it imports torch and the benchmark harness), with the folders it
+    puts on ``sys.path`` taken off again after this module's tests."""
+    saved = list(sys.path)
+    try:
+        yield _load("run")
+    finally:
+        sys.path[:] = saved
+
+
+def test_every_peer_job_takes_the_start_method_run_py_passes_it(run_py):
+    """Issue 45: the peers' guarantees came from forked workers only (common.py forced ``fork``): now every job
+    takes ``--start-method {fork,spawn}`` (fork by default) and run.py passes its setting to every job of a
+    peer, the uneven pass's (spawn by default) included."""
+    common, run = _load("common"), run_py
+    base = ["guarantees", "--store", "s", "--work", "w", "--rows", "10", "--chunk-rows", "4"]
+    assert common.parser("x").parse_args(base).start_method == "fork"
+    assert common.parser("x").parse_args([*base, "--start-method", "spawn"]).start_method == "spawn"
+    with pytest.raises(SystemExit):
+        common.parser("x").parse_args([*base, "--start-method", "thread"])
+    store = {"path": "/d/peers_2150_c128_s0.zarr", "rows": 2150, "chunk_rows": 128}
+    args = run.job_args("grain_peer.py", "grain", store, 64, "spawn")
+    assert args[args.index("--start-method") + 1] == "spawn"
+    assert args[args.index("--rows") + 1] == "2150" and args[args.index("--chunk-rows") + 1] == "128"
+    a = run.parse_args([])
+    assert (a.start_method, a.uneven, a.uneven_start_method, a.uneven_rows) == ("fork", "yes", "spawn", 2150)
+    assert "a partial last chunk is allowed" in " ".join(run.parser().format_help().split())
+
+
+def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tmp_path, run_py):
+    """Issue 45: the uneven pass's store must be one that can catch a loader dealing unequal shares: by default
+    2,150 rows in chunks of 128 (16 full chunks and one of 102 rows: 17 chunks over 2 ranks x 2 workers, 1,075
+    rows a rank, no whole number of batches of 64); it is built as the main store is, and a row count that
+    splits evenly is refused with the fix. Small here: 40 rows in chunks of 16."""
+    import numpy as np
+    import zarr
+
+    run = run_py
+    assert run.uneven_split(2150, 128, 64) == {
+        "chunks": 17,
+        "partial_rows": 102,
+        "chunks_per_reader": None,
+        "batches_per_rank": None,
+    }
+    assert run.uneven_split(8192, 128, 64) == {
+        "chunks": 64,
+        "partial_rows": 0,
+        "chunks_per_reader": 16,
+        "batches_per_rank": 64,
+    }
+    data = ["--data-dir", str(tmp_path), "--chunk-rows", "16", "--batch-size", "8"]
+    store = run.uneven_store(run.parse_args(["--uneven-rows", "40", *data]))
+    group = zarr.open_group(store["path"], mode="r")
+    assert group["x"].shape[0] == 40 and group["x"].chunks[0] == 16 and (store["rows"], store["chunk_rows"]) == (40, 16)
+    np.testing.assert_array_equal(group["idx"][:], np.arange(40))  # the last chunk: rows 32-39
+    with pytest.raises(SystemExit, match="splits evenly.*pick a row count that leaves a partial last chunk"):
+        run.uneven_store(run.parse_args(["--uneven-rows", "64", *data]))
