@@ -5,7 +5,9 @@ from that library's documentation) and calls :func:`main`. One process does one 
 peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
 to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes) or ``layout``
 (rows or windows/s over one of ``beluga_layouts.py``'s stores), and prints
-one ``PEER-RESULT {json}`` line. Only numpy, torch and the standard library are assumed here; memory is read
+one ``PEER-RESULT {json}`` line (with the start method its children were started by: ``--start-method fork``, as
+an ordinary Linux script, or ``spawn``, as macOS, Windows and CUDA code). Only numpy, torch and the standard
+library are assumed here; memory is read
 with the project's own sampler (``zarrtorch/course/memory.py``, stdlib only), loaded by path so that the
 peer's environment needs no zarrtorch.
 """
@@ -224,7 +226,8 @@ def guarantees(peer: Peer, ctx: Ctx, workers: int) -> dict:
             states.append(peer.state(loader, it))
             del it, loader
         after = collect(peer, peer.epoch(peer.restore(ctx, states[0], rank=0, world=1, workers=workers), 0))
-        return checks.resume_elsewhere(befores, [after], ctx.rows, ctx.batch_size - 1 if peer.drop_last else 0)
+        # the epoch was dealt over ``world`` ranks: its drop_last remainder may be what that world drops
+        return checks.resume_elsewhere(befores, [after], ctx.rows, may_drop)
 
     def resume_workers() -> str:  # one rank, state after k batches with ``workers``, resumed with another count
         other = 0 if workers else 2

@@ -402,3 +402,48 @@ def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tm
     np.testing.assert_array_equal(group["idx"][:], np.arange(40))  # the last chunk: rows 32-39
     with pytest.raises(SystemExit, match="splits evenly.*pick a row count that leaves a partial last chunk"):
         run.uneven_store(run.parse_args(["--uneven-rows", "64", *data]))
+
+
+def test_a_resume_on_fewer_ranks_may_drop_what_the_epoch_s_own_world_drops(monkeypatch):
+    """Issue 45, the uneven store: LitData, saved on 2 ranks and resumed on 1, went on with the 2-rank plan and
+    missed 102 rows, the very rows the uninterrupted 2-rank epoch drops (``drop_last``: 2,150 rows, 16 batches of
+    64 a rank), and was called ``wrong`` because the check allowed only the 1-rank remainder (batch - 1 = 63).
+    The epoch was dealt over 2 ranks: up to 2 x batch - 1 rows may be missing, as for "every row once". A loader
+    that loses a rank's rows on that resume is still ``wrong``. Pure Python: a loader made of lists."""
+    monkeypatch.syspath_prepend(str(PEERS))  # common.py imports checks.py beside it
+    common = _load("common")
+
+    class PlannedOnce(common.Peer):
+        """Deals an epoch for the world it was opened with (contiguous shares of whole batches, the rest dropped);
+        restored on fewer ranks, it goes on with every old rank's share of that plan."""
+
+        def open(self, ctx, *, rank, world, workers):
+            return {"ctx": ctx, "world": world, "ranks": [rank], "skip": 0, "yielded": 0}
+
+        def epoch(self, loader, epoch):
+            ctx = loader["ctx"]
+            share = ctx.rows // loader["world"] // ctx.batch_size * ctx.batch_size
+            for rank in loader["ranks"]:
+                for start in range(loader["skip"] * ctx.batch_size, share, ctx.batch_size):
+                    loader["yielded"] += 1
+                    yield list(range(rank * share + start, rank * share + start + ctx.batch_size))
+
+        def rows_of(self, batch):
+            return batch
+
+        def state(self, loader, iterator):
+            return {"world": loader["world"], "skip": loader["yielded"]}
+
+        def restore(self, ctx, state, *, rank, world, workers):
+            ranks = list(range(state["world"])) if world < state["world"] else [rank]
+            return {"ctx": ctx, "world": state["world"], "ranks": ranks, "skip": state["skip"], "yielded": 0}
+
+    class LosesARank(PlannedOnce):
+        def restore(self, ctx, state, *, rank, world, workers):
+            return {"ctx": ctx, "world": state["world"], "ranks": [rank], "skip": state["skip"], "yielded": 0}
+
+    ctx = common.Ctx("unused", Path("unused"), rows=46, chunk_rows=8, batch_size=4)  # 2 x 20 rows dealt, 6 dropped
+    g = common.guarantees(PlannedOnce(), ctx, workers=0)
+    assert g["every_row_once"] == "yes: 6 dropped (drop_last)" and g["resume_exact"] == "yes"
+    assert g["resume_other_world"] == "yes"
+    assert common.guarantees(LosesARank(), ctx, workers=0)["resume_other_world"] == "wrong: 0 rows twice, 18 missing"
