@@ -447,3 +447,15 @@ def test_a_resume_on_fewer_ranks_may_drop_what_the_epoch_s_own_world_drops(monke
     assert g["every_row_once"] == "yes: 6 dropped (drop_last)" and g["resume_exact"] == "yes"
     assert g["resume_other_world"] == "yes"
     assert common.guarantees(LosesARank(), ctx, workers=0)["resume_other_world"] == "wrong: 0 rows twice, 18 missing"
+
+
+def test_a_fixed_share_that_drops_other_rows_each_epoch_is_not_reshuffled_across_ranks():
+    """Issue 45, the uneven store: anemoi-datasets keeps each rank's share of the dates and each worker draws a
+    new subset of its part every epoch (its ``drop_last`` remainder changes), and was called reshuffled across
+    ranks because a rank read rows in epoch 2 it had not read in epoch 1. A row changes rank only when the ranks
+    that read it in epoch 2 are others than those that read it in epoch 1."""
+    epoch_1 = [batches([*range(0, 12)]), batches([*range(16, 28)])]  # each share 16 rows, 4 dropped
+    epoch_2 = [batches([*range(4, 16)]), batches([*range(20, 32)])]  # other rows dropped, the same shares
+    assert checks.reshuffled_across_ranks(epoch_1, epoch_2) == "no: fixed share per rank"
+    swapped = [batches([*range(16, 28)]), batches([*range(0, 12)])]
+    assert checks.reshuffled_across_ranks(epoch_1, swapped) == "yes"
