@@ -4,7 +4,11 @@ Each loader runs in a fresh process of its own environment (``envs.py``): zarrto
 the project's, every other peer in one built under ``.peers/``. Per loader: its conversion (if it needs its
 own format; timed once per store, cached), rank 0 of 1 and of 2 simulated ranks with 0 and 2 workers for
 epochs 1 and 2 (rows/s, time to first batch, held memory), then the guarantees with 2 workers on 2 simulated
-ranks (``common.py``).
+ranks (``common.py``), every worker started by ``--start-method`` (fork by default).
+Then the uneven pass (:func:`run_uneven`, ``--uneven``): the guarantees alone, no timing, on a second store that
+splits unevenly over 2 ranks x 2 workers (a partial last chunk), workers started by ``spawn``: the main store
+splits evenly and its workers are forked, so it cannot catch a loader dealing unequal shares or learning its
+rank inside its workers; this one can.
 Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
 on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
 disk and over HTTP with a delay per request.
@@ -271,11 +275,11 @@ def main() -> None:
         for name, script, env_name, converts in selected(wanted):
             print(name, flush=True)
             results["peers"].append(run_peer(name, script, env_name, converts, store, a, log))
+        if a.uneven == "yes":
+            results["uneven"] = run_uneven(a, wanted, log)
         beluga_wanted = not wanted or any(BELUGA.lower().startswith(w) for w in wanted)
         if a.layouts == "yes" or (a.layouts == "auto" and beluga_wanted):
             results["layouts"] = run_layouts(store, a, log)
-        if a.uneven == "yes":
-            results["uneven"] = run_uneven(a, wanted, log)
     results["wall_s"] = time.perf_counter() - t0
     results["machine"] = (
         f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
@@ -286,7 +290,7 @@ def main() -> None:
     if results.get("layouts"):
         text += "\n\n" + table.layouts_markdown(results["layouts"])
     if results.get("uneven"):
-        text += "\n\n" + table.uneven_markdown(results["uneven"])
+        text += uneven_section(results["uneven"])
     print(text)
     print(
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
@@ -311,8 +315,25 @@ def main_uneven_only(a) -> None:
         results["uneven"] = run_uneven(a, wanted_names(a), log)
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
+    if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven section is replaced
+        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + uneven_section(results["uneven"]) + "\n")
     print(table.uneven_markdown(results["uneven"]))
     print(f"\n{results['uneven']['wall_s']:.0f} s; JSON: {path}")
+
+
+UNEVEN_HEADING = "## Guarantees on the uneven store"
+
+
+def uneven_section(uneven: dict) -> str:
+    """The uneven pass as a section of ``benchmarks/peers.md``: its store, start method and date, then its table."""
+    store, settings = uneven["store"], uneven["settings"]
+    about = (
+        f"{store['rows']} rows in chunks of {store['chunk_rows']} rows, 2 simulated ranks x 2 DataLoader workers "
+        f"started by {settings['start_method']}, batch size {settings['batch_size']}; {uneven['date']}, "
+        f"{uneven['wall_s']:.0f} s."
+    )
+    return f"\n\n{UNEVEN_HEADING}\n\n{about}\n\n{table.uneven_markdown(uneven)}"
 
 
 def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]:
