@@ -285,3 +285,4 @@ def test_the_committed_json_holds_the_uneven_spawned_pass_of_every_peer():
         assert peer["status"] != "ok" or "error" in g or g["start_method"] == "spawn", peer["name"]
     committed = _words((repo_root() / peers_table.PAGE).read_text(encoding="utf-8"))
     assert "cannot trigger" not in committed and f"uneven: {store['rows']:,} rows" in committed
+    assert "| Grain | even: 8,192 rows, 64 chunks | spawn (`mp_prefetch` always spawns) |" in committed

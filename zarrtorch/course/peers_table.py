@@ -361,7 +361,7 @@ def _page_limits(results: dict) -> str:
     workers = " or ".join(str(w) for w in s["workers"]) or "?"
     forked = s["start_method"] in (None, "fork")
     start = (
-        "`fork` (`benchmarks/peers/common.py` sets it; the run's JSON does not record it)"
+        "`fork` (the run's JSON does not record it: `benchmarks/peers/common.py` forced it before `--start-method`)"
         if s["start_method"] is None
         else f"`{s['start_method']}`"
     )
@@ -412,6 +412,13 @@ def _guarantee_record(results: dict, store: str, name: str) -> dict | None:
     return next((p for p in guarantee_run(results, store)["peers"] if p["name"] == name), None)
 
 
+# recipes that start their workers themselves, whatever the run's start method (benchmarks/peers/<peer>_peer.py)
+OWN_START_METHOD = {
+    "xbatcher": "forkserver (its recipe's `multiprocessing_context`)",
+    "Grain": "spawn (`mp_prefetch` always spawns)",
+}
+
+
 def two_stores_markdown(results: dict) -> str:
     """Every loader's guarantees on both stores, one line per loader and store: the store, how its workers were
     started, the batches each rank yielded in epoch 1, the six verdicts (or why there are none)."""
@@ -428,7 +435,8 @@ def two_stores_markdown(results: dict) -> str:
                 cells = ["", record.get("reason") or record["status"]] + [""] * (len(head) - 6)
             else:
                 cells = [_batches(g), *cells_of(g)]
-            lines.append("| " + " | ".join([peer["name"], labels[store], starts[store], *cells]) + " |")
+            start = OWN_START_METHOD.get(peer["name"], starts[store])
+            lines.append("| " + " | ".join([peer["name"], labels[store], start, *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -443,6 +451,7 @@ def _page_two_stores(results: dict) -> str:
     last = (
         f"{uneven['chunks']} full chunks and one of {uneven['partial_rows']} rows, " if uneven["partial_rows"] else ""
     )
+    own = "; ".join(f"{name}, {how}" for name, how in OWN_START_METHOD.items())
     forced = "" if even["start_method"] else " (`benchmarks/peers/common.py` forced it then)"
     text = f"""The six guarantees were checked on two stores, each time with ranks 0 and 1 of a world of 2, each
     with DataLoader workers. **The even store** is the table's: {even["chunks"]} full chunks of
@@ -456,7 +465,8 @@ def _page_two_stores(results: dict) -> str:
     which do not divide; {share:,.10g} rows a rank, {share / batch:.2f} batches of {batch}; and its workers are
     started by `{uneven["start_method"]}`: each begins in a fresh interpreter that knows only what is pickled to
     it. A loader that deals whole chunks unequally, or learns its rank inside its workers, fails "every row once"
-    or "equal batches per rank" there. The loaders that read a copy of their own convert this store as they
+    or "equal batches per rank" there. Two recipes start their workers themselves on both stores:
+    {own}. The loaders that read a copy of their own convert this store as they
     convert the even one."""
     lines = ["## The guarantees on two stores", "", _paragraph(text), "", two_stores_markdown(results), ""]
     differ, same = [], []
