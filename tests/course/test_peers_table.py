@@ -262,7 +262,7 @@ def test_the_page_shows_every_loader_s_verdicts_on_the_even_store_and_on_the_une
     assert "(1 of 3 loaders checked on both stores): zarrtorch." in words
     assert f"Spawny: every row once (2 ranks) yes on the even store, {twice} on the uneven one" in words
     assert "- Spawny fails 1 on the uneven store: every row once (2 ranks): " + twice + " (33 and 33 batches" in text
-    assert "(33 and 33 batches per rank on the uneven store, zarrtorch 16 and 16)." in text
+    assert "(33 and 33 batches per rank on the uneven store, zarrtorch 16 and 16). Its ranks read the same rows" in text
     assert "17 chunks over 2 ranks x 2 workers = 4 reading processes" in words
     assert "1,075 rows a rank" in words and "spawn" in words
     del results["uneven"]

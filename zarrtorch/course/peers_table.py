@@ -440,6 +440,18 @@ def two_stores_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _overlap_note(uneven: dict[str, str]) -> str:
+    """What "equal batches" and "reshuffled" say of a loader whose ranks both read most rows on the uneven store:
+    equal counts and rows changing rank come from the overlap, not from how it deals shares."""
+    if "rows twice" not in uneven["every row once (2 ranks)"]:
+        return ""
+    note = " Its ranks read the same rows there: an equal batch count says nothing of how it deals shares when"
+    note += " its workers know their rank (forked workers; appendix A1 measures zarr-torch-dataset's)"
+    if uneven["reshuffled across ranks"] == "yes":
+        note += ", and a row that changes rank is one read by one rank in an epoch and by the other alone in the next"
+    return note + "."
+
+
 def _page_two_stores(results: dict) -> str:
     """What the two guarantee runs measured: each store's split and start method, the two-store table, and the
     loaders whose verdicts differ between the stores."""
@@ -489,13 +501,7 @@ def _page_two_stores(results: dict) -> str:
         ours = _batches((_guarantee_record(results, "uneven", "zarrtorch") or {}).get("guarantees") or {})
         against = f", zarrtorch {ours}" if ours and name != "zarrtorch" else ""
         per_rank = f" ({batches} batches per rank on the uneven store{against})" if batches else ""
-        overlap = (
-            " Its ranks read the same rows there, so a row that changes rank is one read by one rank in an epoch "
-            "and by the other alone in the next: not a shuffle of shares."
-            if b["reshuffled across ranks"] == "yes" and "rows twice" in b["every row once (2 ranks)"]
-            else ""
-        )
-        differ.append(f"- {name}: " + "; ".join(changed) + per_rank + "." + overlap)
+        differ.append(f"- {name}: " + "; ".join(changed) + per_rank + "." + _overlap_note(b))
     if differ:
         lines += ["A guarantee kept on one store and not on the other:", "", *differ, ""]
     if same:
