@@ -760,11 +760,39 @@ def _even_fork(setting: dict) -> bool:
     return setting["even"] and setting["start_method"] in (None, "fork")
 
 
+def _lost_any(even: dict[str, str], uneven: dict[str, str] | None) -> bool:
+    """A guarantee kept on the even store and not on the uneven one (no verdicts there: all of them)."""
+    from zarrtorch.course.peers_table import kept
+
+    return any(kept(v) and not kept((uneven or {}).get(column, "none")) for column, v in even.items())
+
+
+def _peers_stores(results: dict) -> str:
+    """The slide's line on where the guarantees were checked: both stores, and the loaders that keep all six on
+    the even one and not on the uneven one; without the uneven pass, whether the one store could show those
+    failures."""
+    from zarrtorch.course import peers_table
+
+    if not results.get("uneven"):
+        if _even_fork(peers_table.guarantee_setting(results)):
+            return (
+                "Its store splits evenly into whole chunks, workers forked: it cannot show the failures of an "
+                "uneven split or a spawn start (A1 does)"
+            )
+        return "Its store splits unevenly, or starts workers by spawn: it can show the failures A1 shows"
+    u = peers_table.guarantee_setting(results, "uneven")
+    even, uneven = peers_table.verdicts(results), peers_table.verdicts(results, "uneven")
+    worse = [peers_table.short_name(name) for name in even if _lost_any(even[name], uneven.get(name))]
+    chunks = u["chunks"] + bool(u["partial_rows"])
+    line = f"Also on an uneven store ({chunks} chunks, spawned workers)"
+    return line + (f": worse there: {', '.join(worse)}" if worse else ": the same")
+
+
 def fig_peers(out: Path) -> tuple[str, dict]:
     """The reference page ``docs/peers.md``: ``make bench-peers``'s last committed run (``benchmarks/peers.json``),
     read, not run: rows/s against held memory per loader and worker count (``zarrtorch.course.peers_table.figure``,
-    the page's figure), the loaders that kept every guarantee on its store, and whether that store could trigger
-    the failures of an uneven split or a spawn start."""
+    the page's figure), the loaders that kept every guarantee on both stores (the even one and, where the run has
+    it, the uneven one with spawned workers), and the loaders that fail more on the uneven one."""
     from zarrtorch.course import peers_table
 
     results = peers_table.load()
@@ -776,12 +804,7 @@ def fig_peers(out: Path) -> tuple[str, dict]:
         "peers_checked": str(len(peers_table.verdicts(results))),
         "peers_date": results["date"].replace("T", " "),
         "peers_machine": results["machine"].split(",")[0],
-        "peers_store": (
-            "Its store splits evenly into whole chunks, workers forked: it cannot show the failures of an uneven "
-            "split or a spawn start (A1 does)"
-            if _even_fork(peers_table.guarantee_setting(results))
-            else "Its store splits unevenly, or starts workers by spawn: it can show the failures A1 shows"
-        ),
+        "peers_store": _peers_stores(results),
     }
     return _save(fig, out, "peers.png"), v
 

@@ -40,9 +40,23 @@ def equal_batches(per_rank: Sequence[Batches]) -> str:
     return "yes" if len(set(counts)) == 1 else "wrong: " + " vs ".join(map(str, counts))
 
 
+def _readers(per_rank: Sequence[Batches]) -> dict[int, set[int]]:
+    """``{row: the ranks that read it}`` in one epoch."""
+    out: dict[int, set[int]] = {}
+    for rank, batches in enumerate(per_rank):
+        for r in _rows(batches):
+            out.setdefault(r, set()).add(rank)
+    return out
+
+
 def reshuffled_across_ranks(epoch_a: Sequence[Batches], epoch_b: Sequence[Batches]) -> str:
-    """Do rows change ranks between two epochs (not only their order inside each rank's fixed share)?"""
-    moved = sum(len(set(_rows(a)) - set(_rows(b))) for a, b in zip(epoch_a, epoch_b, strict=True))
+    """Do rows change ranks between two epochs (not only their order inside each rank's fixed share)? A row
+    changes rank when the ranks that read it in ``epoch_b`` are all others than those that read it in ``epoch_a``;
+    a row read in one epoch only (a ``drop_last`` remainder that differs) moves nowhere."""
+    if len(epoch_a) != len(epoch_b):
+        raise ValueError(f"{len(epoch_a)} ranks in one epoch, {len(epoch_b)} in the other")
+    before, after = _readers(epoch_a), _readers(epoch_b)
+    moved = sum(1 for row, ranks in after.items() if row in before and not ranks & before[row])
     if moved:
         return "yes"
     same_order = all(_rows(a) == _rows(b) for a, b in zip(epoch_a, epoch_b, strict=True))

@@ -5,7 +5,9 @@ from that library's documentation) and calls :func:`main`. One process does one 
 peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
 to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes) or ``layout``
 (rows or windows/s over one of ``beluga_layouts.py``'s stores), and prints
-one ``PEER-RESULT {json}`` line. Only numpy, torch and the standard library are assumed here; memory is read
+one ``PEER-RESULT {json}`` line (with the start method its children were started by: ``--start-method fork``, as
+an ordinary Linux script, or ``spawn``, as macOS, Windows and CUDA code). Only numpy, torch and the standard
+library are assumed here; memory is read
 with the project's own sampler (``zarrtorch/course/memory.py``, stdlib only), loaded by path so that the
 peer's environment needs no zarrtorch.
 """
@@ -13,7 +15,6 @@ peer's environment needs no zarrtorch.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -225,7 +226,8 @@ def guarantees(peer: Peer, ctx: Ctx, workers: int) -> dict:
             states.append(peer.state(loader, it))
             del it, loader
         after = collect(peer, peer.epoch(peer.restore(ctx, states[0], rank=0, world=1, workers=workers), 0))
-        return checks.resume_elsewhere(befores, [after], ctx.rows, ctx.batch_size - 1 if peer.drop_last else 0)
+        # the epoch was dealt over ``world`` ranks: its drop_last remainder may be what that world drops
+        return checks.resume_elsewhere(befores, [after], ctx.rows, may_drop)
 
     def resume_workers() -> str:  # one rank, state after k batches with ``workers``, resumed with another count
         other = 0 if workers else 2
@@ -260,8 +262,12 @@ def convert(peer: Peer, ctx: Ctx) -> dict:
     return result | {"cached": False}
 
 
-def main(peer: Peer) -> None:
-    p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {peer.name}")
+START_METHODS = ("fork", "spawn")
+
+
+def parser(name: str) -> argparse.ArgumentParser:
+    """The options of one peer job (every peer script's command line)."""
+    p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {name}")
     p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout"])
     p.add_argument("--store", required=True)
     p.add_argument("--work", required=True)
@@ -273,14 +279,34 @@ def main(peer: Peer) -> None:
     p.add_argument("--max-s", type=float, default=None, help="throughput, layout: stop an epoch after this long")
     p.add_argument("--kind", default="course", help="layout: the store's layout (beluga_layouts.py)")
     p.add_argument("--frames", type=int, default=1, help="layout: rows per sample (1: single rows)")
-    a = p.parse_args()
-    ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
+    p.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default="fork",
+        help="how this process starts its children (DataLoader workers and any other process the library starts "
+        "with multiprocessing's default context): fork, as an ordinary Linux script; spawn, as macOS, Windows "
+        "and code that needs CUDA in its workers",
+    )
+    return p
+
+
+def use_start_method(method: str) -> str:
+    """Make ``method`` multiprocessing's default start method in this process and return the one now in force.
+    A loader that names its own context (xbatcher's recipe passes ``multiprocessing_context="forkserver"``)
+    keeps it: the recipe is the library's documentation."""
     import multiprocessing
+
+    multiprocessing.set_start_method(method, force=True)
+    return multiprocessing.get_start_method()
+
+
+def main(peer: Peer) -> None:
+    a = parser(peer.name).parse_args()
+    ctx = Ctx(a.store, Path(a.work), a.rows, a.chunk_rows, a.batch_size)
     import warnings
 
     warnings.filterwarnings("ignore")
-    with contextlib.suppress(RuntimeError):
-        multiprocessing.set_start_method("fork")  # DataLoader workers forked, as in an ordinary Linux script
+    start_method = use_start_method(a.start_method)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     if a.job == "convert":
         result = convert(peer, ctx)
@@ -290,4 +316,4 @@ def main(peer: Peer) -> None:
         result = layout_throughput(peer, ctx, a.kind, a.frames, a.workers, a.max_s)
     else:
         result = guarantees(peer, ctx, a.workers)
-    print("PEER-RESULT " + json.dumps(result), flush=True)
+    print("PEER-RESULT " + json.dumps(result | {"start_method": start_method}), flush=True)

@@ -9,8 +9,10 @@ The best read pattern those allow here: a global row shuffle would decode a whol
 64 KiB row, and batched reads (``_getitems`` pushed down by ``batch``) are switched off in 0.2.18, so the order
 is chunk-wise: the chunks in a shuffled order (``MapDataset.range(chunks).shuffle``), rows shuffled inside each
 chunk (``WindowShuffleMapDataset`` with a window of one chunk), and a source that keeps its last decoded
-chunks (thread-safe), so a chunk is decoded about once per process. Each rank takes a contiguous slice of
-whole chunks. Needs whole chunks (rows a multiple of the chunk length).
+chunks (thread-safe), so a chunk is decoded about once per process. Each rank takes an equal contiguous slice
+of that order, a whole number of chunk lengths. A partial last chunk is one more chunk in the shuffled order:
+the windows of the row shuffle then follow chunk lengths from the start of the order, so the windows after the
+short chunk straddle two chunks (still every row once; a window reads two chunks instead of one).
 """
 
 import threading
@@ -58,13 +60,18 @@ class ZarrRowSource:
         return {"x": data["x"][i], "idx": data["idx"][i]}
 
 
+def chunk_ordered_rows(chunks: list[int], chunk_rows: int, rows: int) -> np.ndarray:
+    """The store's rows chunk by chunk in the order ``chunks``, each chunk's rows in order (the last chunk may be
+    shorter): entry ``p`` is the row at position ``p`` of the epoch before the row shuffle inside each window. On
+    whole chunks it is ``chunks[p // c] * c + p % c``."""
+    return np.concatenate([np.arange(k * chunk_rows, min((k + 1) * chunk_rows, rows)) for k in chunks])
+
+
 class Grain(Peer):
     name = "Grain"
     recipe = "github.com/google/grain docs/tutorials/dataset_basic_tutorial.md, docs/data_sources/protocol.rst"
 
     def open(self, ctx: Ctx, *, rank: int, world: int, workers: int):
-        if ctx.rows % ctx.chunk_rows:
-            raise ValueError("the Grain recipe here needs whole chunks")
         return {
             "ctx": ctx,
             "rank": rank,
@@ -76,13 +83,14 @@ class Grain(Peer):
     def dataset(self, loader: dict, epoch: int):
         ctx, c = loader["ctx"], loader["ctx"].chunk_rows
         seed = ctx.seed + 1000 * epoch  # a new order every epoch
-        shuffled = grain.MapDataset.range(ctx.rows // c).shuffle(seed=seed)
-        chunks = np.array([shuffled[i] for i in range(len(shuffled))])  # once: indexing grain's shuffle costs ms
+        shuffled = grain.MapDataset.range(-(-ctx.rows // c)).shuffle(seed=seed)  # the partial last chunk too
+        chunks = [shuffled[i] for i in range(len(shuffled))]  # once: indexing grain's shuffle costs ms
+        in_chunk_order = chunk_ordered_rows(chunks, c, ctx.rows)
         positions = grain.MapDataset.range(ctx.rows).pipe(
             grain.experimental.WindowShuffleMapDataset, window_size=c, seed=seed
         )
-        rows = positions.map(lambda p: chunks[p // c] * c + p % c)
-        share = ctx.rows // loader["world"] // c * c  # whole chunks per rank
+        rows = positions.map(lambda p: in_chunk_order[p])
+        share = ctx.rows // loader["world"] // c * c  # as many rows per rank, a whole number of chunk lengths
         rows = rows[loader["rank"] * share : (loader["rank"] + 1) * share]
         ds = rows.map(loader["source"].__getitem__).batch(ctx.batch_size, drop_remainder=True)
         it = ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=2 * ctx.batch_size))

@@ -4,7 +4,11 @@ Each loader runs in a fresh process of its own environment (``envs.py``): zarrto
 the project's, every other peer in one built under ``.peers/``. Per loader: its conversion (if it needs its
 own format; timed once per store, cached), rank 0 of 1 and of 2 simulated ranks with 0 and 2 workers for
 epochs 1 and 2 (rows/s, time to first batch, held memory), then the guarantees with 2 workers on 2 simulated
-ranks (``common.py``).
+ranks (``common.py``), every worker started by ``--start-method`` (fork by default).
+Then the uneven pass (:func:`run_uneven`, ``--uneven``): the guarantees alone, no timing, on a second store that
+splits unevenly over 2 ranks x 2 workers (a partial last chunk), workers started by ``spawn``: the main store
+splits evenly and its workers are forked, so it cannot catch a loader dealing unequal shares or learning its
+rank inside its workers; this one can.
 Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
 on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
 disk and over HTTP with a delay per request.
@@ -82,24 +86,39 @@ def work_dir(script: str, env_name: str | None, store: dict) -> Path:
     return ROOT / ".peers" / slug / "work" / Path(store["path"]).stem
 
 
-def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
+def job_args(script: str, env_name: str | None, store: dict, batch_size: int, start_method: str) -> list[str]:
+    """The options every job of one peer on ``store`` takes (``common.py``'s command line)."""
+    work = work_dir(script, env_name, store)
+    args = ["--store", store["path"], "--work", str(work), "--rows", str(store["rows"])]
+    args += ["--chunk-rows", str(store["chunk_rows"]), "--batch-size", str(batch_size)]
+    return args + ["--start-method", start_method]
+
+
+def prepare_peer(name, script, env_name, converts, store: dict, a, log, start_method: str) -> tuple[dict, str, list]:
+    """The peer's environment and its conversion of ``store``: ``(record, python, job options)``; the record's
+    ``status`` is ``ok`` unless the peer cannot run (not installable, conversion failed), and then says why."""
     out: dict = {"name": name, "status": "ok"}
     python = sys.executable
     if script is None:  # nothing to run: say why without spending minutes on its environment
-        return out | {"status": "not run", "reason": NOT_RUN[name]}
+        return out | {"status": "not run", "reason": NOT_RUN[name]}, python, []
     if env_name is not None:
         env = envs.ensure_env(env_name, rebuild=a.rebuild)
         out["environment"] = env
         if not env["ok"]:
-            return out | {"status": "not installable", "reason": f"not installable: {env['reason']}"}
+            return out | {"status": "not installable", "reason": f"not installable: {env['reason']}"}, python, []
         python = env["python"]
-    work = work_dir(script, env_name, store)
-    common = ["--store", store["path"], "--work", str(work), "--rows", str(a.rows), "--chunk-rows", str(a.chunk_rows)]
-    common += ["--batch-size", str(a.batch_size)]
+    common = job_args(script, env_name, store, a.batch_size, start_method)
     if converts:
         out["conversion"] = job(python, script, ["convert", *common], a.timeout, log)
         if "error" in out["conversion"]:
-            return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}
+            return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}, python, []
+    return out, python, common
+
+
+def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
+    out, python, common = prepare_peer(name, script, env_name, converts, store, a, log, a.start_method)
+    if out["status"] != "ok":
+        return out
     for world, key in table.SERIES:  # rank 0 of 1; rank 0 of 2 (half the rows)
         out[key] = {}
         for w in a.workers:
@@ -111,9 +130,78 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
     return out
 
 
-def main() -> None:
+def run_uneven_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
+    """One peer on the uneven store: its conversion, then the guarantees only (2 simulated ranks x 2 workers
+    started by ``--uneven-start-method``, three resumes), no timing."""
+    out, python, common = prepare_peer(name, script, env_name, converts, store, a, log, a.uneven_start_method)
+    if out["status"] != "ok":
+        return out
+    print(f"  {name}: guarantees, uneven store, {a.uneven_start_method}", flush=True)
+    out["guarantees"] = job(python, script, ["guarantees", "--workers", "2", *common], a.timeout, log)
+    return out
+
+
+def uneven_split(rows: int, chunk_rows: int, batch_size: int, ranks: int = 2, workers: int = 2) -> dict:
+    """How ``rows`` in chunks of ``chunk_rows`` split over ``ranks`` x ``workers`` reading processes: ``chunks``
+    (the partial last one included), ``partial_rows`` (of that last chunk; 0: none), ``chunks_per_reader``
+    (``None`` when they do not divide) and ``batches_per_rank`` (full batches of an equal share; ``None`` when
+    the share is no whole number of batches). A store can catch a loader dealing unequal shares only when a
+    ``None`` or a partial chunk is there."""
+    full, partial = divmod(rows, chunk_rows)
+    chunks, readers = full + (partial > 0), ranks * workers
+    share = rows // ranks if rows % ranks == 0 else None
+    return {
+        "chunks": chunks,
+        "partial_rows": partial,
+        "chunks_per_reader": chunks // readers if chunks % readers == 0 else None,
+        "batches_per_rank": share // batch_size if share is not None and share % batch_size == 0 else None,
+    }
+
+
+def uneven_store(a) -> dict:
+    """The uneven pass's store (``--uneven-rows`` rows in chunks of ``--chunk-rows``), made once; refused when it
+    splits evenly, since such a store cannot catch a loader dealing unequal shares."""
+    from store import ensure_peer_store
+
+    split = uneven_split(a.uneven_rows, a.chunk_rows, a.batch_size)
+    if not split["partial_rows"] and split["chunks_per_reader"] and split["batches_per_rank"]:
+        raise SystemExit(
+            f"--uneven-rows {a.uneven_rows} splits evenly ({split['chunks']} whole chunks, "
+            f"{split['chunks_per_reader']} per reading process of 2 ranks x 2 workers): pick a row count that "
+            f"leaves a partial last chunk, e.g. {a.uneven_rows + a.chunk_rows // 2}"
+        )
+    return ensure_peer_store(a.data_dir, a.uneven_rows, a.chunk_rows)
+
+
+def run_uneven(a, wanted: list[str], log) -> dict:
+    """The guarantees pass on the uneven store with workers started by ``--uneven-start-method``: every
+    selected peer (converting peers convert that store as they do the main one), guarantees only."""
+    t0 = time.perf_counter()
+    store = uneven_store(a)
+    settings = {"rows": a.uneven_rows, "chunk_rows": a.chunk_rows, "batch_size": a.batch_size, "workers": [2]}
+    settings["start_method"] = a.uneven_start_method
+    out = {"store": store, "settings": settings, "split": uneven_split(a.uneven_rows, a.chunk_rows, a.batch_size)}
+    out["peers"] = []
+    print(f"uneven store: {a.uneven_rows} rows, chunks of {a.chunk_rows}, {a.uneven_start_method}", flush=True)
+    for name, script, env_name, converts in selected(wanted):
+        print(name, flush=True)
+        out["peers"].append(run_uneven_peer(name, script, env_name, converts, store, a, log))
+    out["wall_s"] = time.perf_counter() - t0
+    out["date"] = datetime.datetime.now().isoformat(timespec="minutes")
+    return out
+
+
+def selected(wanted: list[str]) -> list[tuple]:
+    """The entries of :data:`PEERS` whose names start with one of ``wanted`` (lower case; empty: all)."""
+    return [peer for peer in PEERS if not wanted or any(peer[0].lower().startswith(w) for w in wanted)]
+
+
+def parser() -> argparse.ArgumentParser:
+    """``make bench-peers``'s options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=8192, help="rows of the store (64 KiB each; whole chunks)")
+    p.add_argument(
+        "--rows", type=int, default=8192, help="rows of the store (64 KiB each; a partial last chunk is allowed)"
+    )
     p.add_argument("--chunk-rows", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[0, 2])
@@ -134,13 +222,44 @@ def main() -> None:
         default=[20.0],
         help="layouts: also read beluga's stores over HTTP with this delay per request (ms; empty: not at all)",
     )
+    p.add_argument(
+        "--start-method",
+        choices=["fork", "spawn"],
+        default="fork",
+        help="how each peer process starts its DataLoader workers in the main run (fork: an ordinary Linux script)",
+    )
+    p.add_argument(
+        "--uneven",
+        choices=["yes", "no", "only"],
+        default="yes",
+        help="the guarantees pass on a store that splits unevenly, workers started by --uneven-start-method, after "
+        "the main run (only: that pass alone, written into the JSON beside --md, or --out, keeping the rest)",
+    )
+    p.add_argument(
+        "--uneven-rows",
+        type=int,
+        default=2150,
+        help="rows of the uneven store: 2150 in chunks of 128 = 16 full chunks and one of 102 rows, 17 chunks "
+        "over 2 ranks x 2 workers",
+    )
+    p.add_argument("--uneven-start-method", choices=["fork", "spawn"], default="spawn")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
         default=None,
         help="also write the table with the machine and date (benchmarks/peers.md), and its JSON beside it",
     )
-    a = p.parse_args()
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def main() -> None:
+    a = parse_args()
+    if a.uneven == "only":
+        return main_uneven_only(a)
     t0 = time.perf_counter()
     from store import ensure_peer_store
 
@@ -152,12 +271,12 @@ def main() -> None:
     with log_path.open("w") as log:
         print("L0 (raw decode)", flush=True)
         results["l0"] = job(sys.executable, "l0.py", ["--store", store["path"]], a.timeout, log)
-        wanted = [w.strip().lower() for w in a.only.split(",") if w.strip()]
-        for name, script, env_name, converts in PEERS:
-            if wanted and not any(name.lower().startswith(w) for w in wanted):
-                continue
+        wanted = wanted_names(a)
+        for name, script, env_name, converts in selected(wanted):
             print(name, flush=True)
             results["peers"].append(run_peer(name, script, env_name, converts, store, a, log))
+        if a.uneven == "yes":
+            results["uneven"] = run_uneven(a, wanted, log)
         beluga_wanted = not wanted or any(BELUGA.lower().startswith(w) for w in wanted)
         if a.layouts == "yes" or (a.layouts == "auto" and beluga_wanted):
             results["layouts"] = run_layouts(store, a, log)
@@ -170,6 +289,8 @@ def main() -> None:
     text = table.markdown(results)
     if results.get("layouts"):
         text += "\n\n" + table.layouts_markdown(results["layouts"])
+    if results.get("uneven"):
+        text += uneven_section(results["uneven"])
     print(text)
     print(
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
@@ -178,6 +299,41 @@ def main() -> None:
     if a.md:  # the page and its numbers, committed: docs/peers.md is generated from the JSON
         Path(a.md).write_text(page(results, text, a))
         Path(a.md).with_suffix(".json").write_text(json.dumps(results, indent=1))
+
+
+def wanted_names(a) -> list[str]:
+    return [w.strip().lower() for w in a.only.split(",") if w.strip()]
+
+
+def main_uneven_only(a) -> None:
+    """``--uneven only``: the uneven pass alone, put under ``uneven`` in the JSON beside ``--md`` (else ``--out``),
+    whose main run's results are kept as they are."""
+    path = Path(a.md).with_suffix(".json") if a.md else Path(a.out)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with Path(a.out).with_suffix(".uneven.log").open("w") as log:
+        results["uneven"] = run_uneven(a, wanted_names(a), log)
+    for target in {path, Path(a.out)}:
+        target.write_text(json.dumps(results, indent=1))
+    if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven section is replaced
+        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + uneven_section(results["uneven"]) + "\n")
+    print(table.uneven_markdown(results["uneven"]))
+    print(f"\n{results['uneven']['wall_s']:.0f} s; JSON: {path}")
+
+
+UNEVEN_HEADING = "## Guarantees on the uneven store"
+
+
+def uneven_section(uneven: dict) -> str:
+    """The uneven pass as a section of ``benchmarks/peers.md``: its store, start method and date, then its table."""
+    store, settings = uneven["store"], uneven["settings"]
+    about = (
+        f"{store['rows']} rows in chunks of {store['chunk_rows']} rows, 2 simulated ranks x 2 DataLoader workers "
+        f"started by {settings['start_method']}, batch size {settings['batch_size']}; {uneven['date']}, "
+        f"{uneven['wall_s']:.0f} s."
+    )
+    return f"\n\n{UNEVEN_HEADING}\n\n{about}\n\n{table.uneven_markdown(uneven)}"
 
 
 def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]:

@@ -81,11 +81,35 @@ def markdown(results: dict) -> str:
                 cells += [_num(eps[0]["ttfb_s"], 2), _num(max(e["held_mib"] for e in eps))]
                 cells.append(_conversion(peer.get("conversion")))
                 shown = str(g.get("workers")) == str(workers) and ranks == guarantee_ranks  # where the checks ran
-                if "error" in g and shown:
-                    cells += [f"failed: {_cell(g['error'])}"] + [""] * (len(GUARANTEES) - 1)
-                else:
-                    cells += [_cell(g.get(key_, "")) if shown else "" for _, key_ in GUARANTEES]
+                cells += guarantee_cells(g) if shown else [""] * len(GUARANTEES)
                 lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+UNEVEN_HEAD = ["loader", "batches per rank"]
+
+
+def guarantee_cells(g: dict | None) -> list[str]:
+    """The six verdicts of one guarantees result, or ``failed: <error>`` in the first column when it did not run."""
+    g = g or {}
+    if "error" in g:
+        return [f"failed: {_cell(g['error'])}"] + [""] * (len(GUARANTEES) - 1)
+    return [_cell(g.get(key, "")) for _, key in GUARANTEES]
+
+
+def uneven_markdown(uneven: dict) -> str:
+    """The guarantees pass on the uneven store (``run.py``'s ``run_uneven``): one line per loader, the batches
+    each rank yielded in epoch 1, the six verdicts; a loader that could not run says why."""
+    head = UNEVEN_HEAD + [c for c, _ in GUARANTEES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for peer in uneven["peers"]:
+        if peer.get("status") != "ok":
+            cells = [peer["name"], _cell(peer.get("reason") or peer.get("status") or "?")]
+            lines.append("| " + " | ".join(cells + [""] * (len(head) - 2)) + " |")
+            continue
+        g = peer.get("guarantees") or {}
+        batches = " and ".join(str(b) for b in g.get("batches_per_rank", []))
+        lines.append("| " + " | ".join([peer["name"], batches, *guarantee_cells(g)]) + " |")
     return "\n".join(lines)
 
 

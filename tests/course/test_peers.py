@@ -310,3 +310,152 @@ def test_beluga_runs_for_real_on_its_copy_and_on_every_layout_store(tmp_path, mo
     theirs = subprocess.run([str(BELUGA_PYTHON), "-c", script, str(tmp_path)], capture_output=True, text=True)
     ours = json.loads((Path(stores["frame"]["path"]) / "data" / "zarr.json").read_text())["codecs"]
     assert ours == json.loads(theirs.stdout), theirs.stderr
+
+
+def _peer_scripts() -> list[Path]:
+    """Every script run.py starts as a process of its own: the peers, L0 and anemoi's NetCDF export."""
+    return sorted(PEERS.glob("*_peer.py")) + [PEERS / "l0.py", PEERS / "anemoi_export.py"]
+
+
+def test_every_peer_script_runs_only_under_a_main_guard():
+    """Issue 45: a DataLoader worker started by spawn imports the script that started it (as ``__mp_main__``);
+    a script that ran its job at import would run it again in every worker. So no script calls anything at its
+    top level outside ``if __name__ == "__main__":`` (assignments, imports and definitions only)."""
+    import ast
+
+    scripts = _peer_scripts()
+    assert len(scripts) >= 11
+    for script in scripts:
+        tree = ast.parse(script.read_text(encoding="utf-8"))
+        guards = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'",)
+        ]
+        assert len(guards) == 1, f"{script.name}: no `if __name__ == '__main__':` guard"
+        calls = [
+            ast.unparse(node.value.func)
+            for node in tree.body
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+        ]
+        harmless = {"torchvision_stub.install", "sys.path.insert"}  # stand-ins and the path: no job, no process
+        assert set(calls) <= harmless, f"{script.name} calls {calls} when imported"
+        guarded = ast.unparse(guards[0])
+        assert "main(" in guarded or "export(" in guarded or "run_l0" in guarded, script.name
+
+
+@pytest.fixture(scope="module")
+def run_py():
+    """``benchmarks/peers/run.py`` loaded once (it imports torch and the benchmark harness), with the folders it
+    puts on ``sys.path`` taken off again after this module's tests."""
+    saved = list(sys.path)
+    try:
+        yield _load("run")
+    finally:
+        sys.path[:] = saved
+
+
+def test_every_peer_job_takes_the_start_method_run_py_passes_it(run_py):
+    """Issue 45: the peers' guarantees came from forked workers only (common.py forced ``fork``): now every job
+    takes ``--start-method {fork,spawn}`` (fork by default) and run.py passes its setting to every job of a
+    peer, the uneven pass's (spawn by default) included."""
+    common, run = _load("common"), run_py
+    base = ["guarantees", "--store", "s", "--work", "w", "--rows", "10", "--chunk-rows", "4"]
+    assert common.parser("x").parse_args(base).start_method == "fork"
+    assert common.parser("x").parse_args([*base, "--start-method", "spawn"]).start_method == "spawn"
+    with pytest.raises(SystemExit):
+        common.parser("x").parse_args([*base, "--start-method", "thread"])
+    store = {"path": "/d/peers_2150_c128_s0.zarr", "rows": 2150, "chunk_rows": 128}
+    args = run.job_args("grain_peer.py", "grain", store, 64, "spawn")
+    assert args[args.index("--start-method") + 1] == "spawn"
+    assert args[args.index("--rows") + 1] == "2150" and args[args.index("--chunk-rows") + 1] == "128"
+    a = run.parse_args([])
+    assert (a.start_method, a.uneven, a.uneven_start_method, a.uneven_rows) == ("fork", "yes", "spawn", 2150)
+    assert "a partial last chunk is allowed" in " ".join(run.parser().format_help().split())
+
+
+def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tmp_path, run_py):
+    """Issue 45: the uneven pass's store must be one that can catch a loader dealing unequal shares: by default
+    2,150 rows in chunks of 128 (16 full chunks and one of 102 rows: 17 chunks over 2 ranks x 2 workers, 1,075
+    rows a rank, no whole number of batches of 64); it is built as the main store is, and a row count that
+    splits evenly is refused with the fix. Small here: 40 rows in chunks of 16."""
+    import numpy as np
+    import zarr
+
+    run = run_py
+    assert run.uneven_split(2150, 128, 64) == {
+        "chunks": 17,
+        "partial_rows": 102,
+        "chunks_per_reader": None,
+        "batches_per_rank": None,
+    }
+    assert run.uneven_split(8192, 128, 64) == {
+        "chunks": 64,
+        "partial_rows": 0,
+        "chunks_per_reader": 16,
+        "batches_per_rank": 64,
+    }
+    data = ["--data-dir", str(tmp_path), "--chunk-rows", "16", "--batch-size", "8"]
+    store = run.uneven_store(run.parse_args(["--uneven-rows", "40", *data]))
+    group = zarr.open_group(store["path"], mode="r")
+    assert group["x"].shape[0] == 40 and group["x"].chunks[0] == 16 and (store["rows"], store["chunk_rows"]) == (40, 16)
+    np.testing.assert_array_equal(group["idx"][:], np.arange(40))  # the last chunk: rows 32-39
+    with pytest.raises(SystemExit, match="splits evenly.*pick a row count that leaves a partial last chunk"):
+        run.uneven_store(run.parse_args(["--uneven-rows", "64", *data]))
+
+
+def test_a_resume_on_fewer_ranks_may_drop_what_the_epoch_s_own_world_drops(monkeypatch):
+    """Issue 45, the uneven store: LitData, saved on 2 ranks and resumed on 1, went on with the 2-rank plan and
+    missed 102 rows, the very rows the uninterrupted 2-rank epoch drops (``drop_last``: 2,150 rows, 16 batches of
+    64 a rank), and was called ``wrong`` because the check allowed only the 1-rank remainder (batch - 1 = 63).
+    The epoch was dealt over 2 ranks: up to 2 x batch - 1 rows may be missing, as for "every row once". A loader
+    that loses a rank's rows on that resume is still ``wrong``. Pure Python: a loader made of lists."""
+    monkeypatch.syspath_prepend(str(PEERS))  # common.py imports checks.py beside it
+    common = _load("common")
+
+    class PlannedOnce(common.Peer):
+        """Deals an epoch for the world it was opened with (contiguous shares of whole batches, the rest dropped);
+        restored on fewer ranks, it goes on with every old rank's share of that plan."""
+
+        def open(self, ctx, *, rank, world, workers):
+            return {"ctx": ctx, "world": world, "ranks": [rank], "skip": 0, "yielded": 0}
+
+        def epoch(self, loader, epoch):
+            ctx = loader["ctx"]
+            share = ctx.rows // loader["world"] // ctx.batch_size * ctx.batch_size
+            for rank in loader["ranks"]:
+                for start in range(loader["skip"] * ctx.batch_size, share, ctx.batch_size):
+                    loader["yielded"] += 1
+                    yield list(range(rank * share + start, rank * share + start + ctx.batch_size))
+
+        def rows_of(self, batch):
+            return batch
+
+        def state(self, loader, iterator):
+            return {"world": loader["world"], "skip": loader["yielded"]}
+
+        def restore(self, ctx, state, *, rank, world, workers):
+            ranks = list(range(state["world"])) if world < state["world"] else [rank]
+            return {"ctx": ctx, "world": state["world"], "ranks": ranks, "skip": state["skip"], "yielded": 0}
+
+    class LosesARank(PlannedOnce):
+        def restore(self, ctx, state, *, rank, world, workers):
+            return {"ctx": ctx, "world": state["world"], "ranks": [rank], "skip": state["skip"], "yielded": 0}
+
+    ctx = common.Ctx("unused", Path("unused"), rows=46, chunk_rows=8, batch_size=4)  # 2 x 20 rows dealt, 6 dropped
+    g = common.guarantees(PlannedOnce(), ctx, workers=0)
+    assert g["every_row_once"] == "yes: 6 dropped (drop_last)" and g["resume_exact"] == "yes"
+    assert g["resume_other_world"] == "yes"
+    assert common.guarantees(LosesARank(), ctx, workers=0)["resume_other_world"] == "wrong: 0 rows twice, 18 missing"
+
+
+def test_a_fixed_share_that_drops_other_rows_each_epoch_is_not_reshuffled_across_ranks():
+    """Issue 45, the uneven store: anemoi-datasets keeps each rank's share of the dates and each worker draws a
+    new subset of its part every epoch (its ``drop_last`` remainder changes), and was called reshuffled across
+    ranks because a rank read rows in epoch 2 it had not read in epoch 1. A row changes rank only when the ranks
+    that read it in epoch 2 are others than those that read it in epoch 1."""
+    epoch_1 = [batches([*range(0, 12)]), batches([*range(16, 28)])]  # each share 16 rows, 4 dropped
+    epoch_2 = [batches([*range(4, 16)]), batches([*range(20, 32)])]  # other rows dropped, the same shares
+    assert checks.reshuffled_across_ranks(epoch_1, epoch_2) == "no: fixed share per rank"
+    swapped = [batches([*range(16, 28)]), batches([*range(0, 12)])]
+    assert checks.reshuffled_across_ranks(epoch_1, swapped) == "yes"

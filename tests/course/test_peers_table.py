@@ -212,3 +212,77 @@ def test_the_page_shows_beluga_s_verdicts_its_layouts_and_uncompressed_against_u
     assert "Epochs longer than 20 s are cut" in words
     assert "0 workers: 150 rows/s against LitData 100 (1.50x)" in text
     assert "## zarr-beluga's layouts" not in peers_table.page(_run_results())  # a run without the part
+
+
+def _with_uneven() -> dict:
+    """Made-up results with the uneven pass: 2,150 rows in 17 chunks, spawned workers; "Spawny" keeps all six on
+    the even store and reads rows twice on the uneven one, "Other" fails on both, "Broken" is not installable."""
+    results = _run_results()
+    every = {key: "yes" for _, key in peers_table.guarantee_columns()}
+    results["peers"].insert(2, {"name": "Spawny", "status": "ok", "throughput": {"0": _run(90.0, 9)}})
+    results["peers"][2]["guarantees"] = {"workers": 2, "batches_per_rank": [16, 16], **every}
+    twice = "wrong: 2075 rows twice, 1 missing"
+    results["uneven"] = {
+        "store": {"rows": 2150, "chunk_rows": 128},
+        "settings": {"rows": 2150, "chunk_rows": 128, "batch_size": 64, "workers": [2], "start_method": "spawn"},
+        "date": "2026-01-02T00:00",
+        "wall_s": 300.0,
+        "peers": [
+            {"name": "zarrtorch", "status": "ok", "guarantees": {"workers": 2, "batches_per_rank": [16, 16], **every}},
+            {"name": "Other", "status": "ok", "guarantees": {"error": "exit 1: PicklingError: lambda"}},
+            {
+                "name": "Spawny",
+                "status": "ok",
+                "guarantees": {"workers": 2, "batches_per_rank": [33, 33], **every, "every_row_once": twice},
+            },
+            {"name": "Broken", "status": "not installable", "reason": "not installable: needs a CUDA torchvision"},
+        ],
+    }
+    return results
+
+
+def test_the_page_shows_every_loader_s_verdicts_on_the_even_store_and_on_the_uneven_spawned_one():
+    """Issue 45: the guarantees came from an even store with forked workers, which cannot catch a loader dealing
+    unequal shares or losing its rank in a spawned worker, and the page only said so. With the uneven pass in the
+    JSON, the page shows both stores' verdicts per loader, with the batches per rank, says what each store
+    measured instead of what it cannot show, and counts as keeping all six only the loaders that kept them on
+    both."""
+    results, twice = _with_uneven(), "wrong: 2075 rows twice, 1 missing"
+    text = peers_table.page(results)
+    words = _words(text)
+    assert "cannot trigger" not in words and "still to be made" not in words and "cannot show" not in words
+    even = "even: 2,048 rows, 16 chunks | fork"
+    uneven = "uneven: 2,150 rows, 17 chunks (the last of 102 rows) | spawn"
+    assert f"| Spawny | {even} | 16 and 16 | yes | yes | yes | yes | yes | yes |" in text
+    assert f"| Spawny | {uneven} | 33 and 33 | wrong: 2075 rows twice, 1 missing | yes |" in text
+    assert f"| Other | {uneven} |  | failed: exit 1: PicklingError: lambda |" in text
+    assert f"| Broken | {uneven} |  | not installable: needs a CUDA torchvision |" in text
+    assert peers_table.keeps_all(results) == ["zarrtorch"]
+    assert peers_table.verdicts(results, "uneven")["Spawny"]["every row once (2 ranks)"] == twice
+    assert "(1 of 3 loaders checked on both stores): zarrtorch." in words
+    assert f"Spawny: every row once (2 ranks) yes on the even store, {twice} on the uneven one" in words
+    assert "- Spawny fails 1 on the uneven store: every row once (2 ranks): " + twice + " (33 and 33 batches" in text
+    assert "(33 and 33 batches per rank on the uneven store, zarrtorch 16 and 16). Its ranks read the same rows" in text
+    assert "17 chunks over 2 ranks x 2 workers = 4 reading processes" in words
+    assert "1,075 rows a rank" in words and "spawn" in words
+    del results["uneven"]
+    assert peers_table.keeps_all(results) == ["zarrtorch", "Spawny"]
+    alone = _words(peers_table.page(results))
+    assert "cannot trigger the failures of an uneven split or of a spawn start" in alone
+    assert "--uneven" in alone and "still to be made" not in alone
+
+
+def test_the_committed_json_holds_the_uneven_spawned_pass_of_every_peer():
+    """The committed run's guarantees were measured on both stores: the uneven pass is there, on a store with a
+    partial last chunk over 2 ranks x 2 spawned workers, for every loader of the main run, and the page shows it."""
+    results = peers_table.load()
+    uneven = results["uneven"]
+    store, settings = uneven["store"], uneven["settings"]
+    assert store["rows"] % store["chunk_rows"] and settings["start_method"] == "spawn"
+    assert [p["name"] for p in uneven["peers"]] == [p["name"] for p in results["peers"]]
+    for peer in uneven["peers"]:
+        g = peer.get("guarantees") or {}
+        assert peer["status"] != "ok" or "error" in g or g["start_method"] == "spawn", peer["name"]
+    committed = _words((repo_root() / peers_table.PAGE).read_text(encoding="utf-8"))
+    assert "cannot trigger" not in committed and f"uneven: {store['rows']:,} rows" in committed
+    assert "| Grain | even: 8,192 rows, 64 chunks | spawn (`mp_prefetch` always spawns) |" in committed

@@ -99,10 +99,19 @@ def runs(results: dict, ranks: int | None = None) -> list[dict]:
     return records
 
 
-def verdicts(results: dict) -> dict[str, dict[str, str]]:
-    """``{loader: {guarantee column: verdict}}`` for every loader whose guarantee checks ran."""
+def guarantee_run(results: dict, store: str = "even") -> dict:
+    """The results the guarantees of ``store`` come from: ``even``, the main run's store (``results`` itself),
+    or ``uneven``, the guarantees pass on a store that splits unevenly with spawned workers
+    (``results["uneven"]``, written by ``run.py``'s default run or ``--uneven only``; empty when absent)."""
+    if store == "even":
+        return results
+    return results.get("uneven") or {"peers": []}
+
+
+def verdicts(results: dict, store: str = "even") -> dict[str, dict[str, str]]:
+    """``{loader: {guarantee column: verdict}}`` for every loader whose guarantee checks ran on ``store``."""
     out = {}
-    for peer in results["peers"]:
+    for peer in guarantee_run(results, store)["peers"]:
         g = peer.get("guarantees") or {}
         if peer.get("status") == "ok" and g and "error" not in g:
             out[peer["name"]] = {column: str(g.get(key, "?")) for column, key in guarantee_columns()}
@@ -115,8 +124,11 @@ def kept(verdict: str) -> bool:
 
 
 def keeps_all(results: dict) -> list[str]:
-    """Loaders that kept every guarantee, in the table's order."""
-    return [name for name, v in verdicts(results).items() if all(kept(x) for x in v.values())]
+    """Loaders that kept every guarantee, in the table's order: on the main store and, when the run has the
+    uneven pass, on that store too (a loader the pass could not check does not count as keeping them)."""
+    stores = ["even", "uneven"] if results.get("uneven") else ["even"]
+    checked = [verdicts(results, store) for store in stores]
+    return [name for name in checked[0] if all(name in v and all(kept(x) for x in v[name].values()) for v in checked)]
 
 
 def short_name(loader: str) -> str:
@@ -182,7 +194,8 @@ def figure(results: dict, ax=None, label_size: float = 8):
     ax.set(
         xlabel="rows/s, epochs 1 and 2 together (log scale)",
         ylabel="held memory, MiB (larger epoch, log scale)",
-        title="Right and low is fast and lean; filled: all six guarantees kept on this store",
+        title="Right and low is fast and lean; filled: all six guarantees kept "
+        + ("on both stores" if results.get("uneven") else "on this store"),
     )
     ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
     handles = [
@@ -219,7 +232,8 @@ GUARANTEE_MEANING = {
         "a job requeued mid-epoch does not continue with the rows it would have had",
     ),
     "resume on 1 rank (saved on 2)": (
-        "both ranks' states, resumed on one rank: the rows before plus those after make one epoch",
+        "both ranks' states, resumed on one rank: the rows before plus those after make one epoch (less at most "
+        "the `drop_last` remainder of the 2-rank epoch)",
         "a job restarted on fewer GPUs reads rows twice, or loses some, in that epoch",
     ),
     "resume on other worker count": (
@@ -229,20 +243,23 @@ GUARANTEE_MEANING = {
 }
 
 
-def guarantee_setting(results: dict) -> dict:
-    """How the guarantees were checked, and whether that store could trigger the failures of an uneven split:
-    ``ranks``, ``workers`` (per rank), ``readers`` (ranks x workers), ``chunks`` (full ones), ``partial_rows``
-    (of a last, shorter chunk), ``batches_per_rank`` (full batches of a rank's equal share), ``even`` (whole
-    chunks in equal number for every reader and whole batches for every rank: no loader can then be caught
-    dealing unequal shares) and ``start_method`` (of DataLoader workers; ``None`` when the run did not record it)."""
-    store, settings = results["store"], results["settings"]
-    workers = {int(p["guarantees"]["workers"]) for p in results["peers"] if "workers" in (p.get("guarantees") or {})}
+def guarantee_setting(results: dict, store: str = "even") -> dict:
+    """How the guarantees of ``store`` (:func:`guarantee_run`) were checked, and whether that store could trigger
+    the failures of an uneven split: ``rows``, ``ranks``, ``workers`` (per rank), ``readers`` (ranks x workers),
+    ``chunks`` (full ones), ``partial_rows`` (of a last, shorter chunk), ``batches_per_rank`` (full batches of a
+    rank's equal share), ``even`` (whole chunks in equal number for every reader and whole batches for every rank:
+    no loader can then be caught dealing unequal shares) and ``start_method`` (of DataLoader workers; ``None``
+    when the run did not record it: the runs before the option forked them)."""
+    run = guarantee_run(results, store)
+    store, settings = run["store"], run["settings"]
+    workers = {int(p["guarantees"]["workers"]) for p in run["peers"] if "workers" in (p.get("guarantees") or {})}
     ranks = 2  # the checks run ranks 0 and 1 of a world of 2 (benchmarks/peers/checks.py)
     readers = ranks * max(1, max(workers, default=0))
     chunks, partial = divmod(store["rows"], store["chunk_rows"])
     per_rank, batch = store["rows"] // ranks, settings["batch_size"]
     even = partial == 0 and chunks % readers == 0 and store["rows"] % ranks == 0 and per_rank % batch == 0
     return {
+        "rows": store["rows"],
         "ranks": ranks,
         "workers": sorted(workers),
         "readers": readers,
@@ -262,10 +279,10 @@ def page(results: dict) -> str:
         _page_head(results),
         "## The table\n\n" + markdown(results) + "\n",
         _page_columns(),
-        _page_limits(results),
+        _page_two_stores(results) if results.get("uneven") else _page_limits(results),
         _page_findings(results),
         _page_layouts(results),
-        _page_figure(),
+        _page_figure(results),
         _page_reproduce(),
     ]
     return "\n".join(part for part in parts if part)
@@ -290,11 +307,16 @@ def _page_head(results: dict) -> str:
     writes it from `benchmarks/peers.json`, the last committed run of `make bench-peers` (which runs that command
     too). Do not edit it by hand: `tests/course/test_peers_table.py` checks that it is what the generator writes
     from the committed JSON.*"""
-    what = """zarrtorch is not the only way to feed PyTorch from chunked arrays. `make bench-peers` runs it beside the
+    second = (
+        ", there and again on a second store that splits unevenly, with spawned workers"
+        if results.get("uneven")
+        else ""
+    )
+    what = f"""zarrtorch is not the only way to feed PyTorch from chunked arrays. `make bench-peers` runs it beside the
     loaders a weather or imaging user would pick instead, on one generated Zarr store, each written the way its
     own documentation shows and run in fresh processes of its own environment; it measures rows/s, the time to the
-    first batch and the memory held, and checks six guarantees by running two simulated ranks and three resumes.
-    Each loader's recipe, and the page of its documentation it follows, is in
+    first batch and the memory held, and checks six guarantees by running two simulated ranks and three
+    resumes{second}. Each loader's recipe, and the page of its documentation it follows, is in
     [`benchmarks/README.md`](../benchmarks/README.md#peers-zarrtorch-against-the-loaders-its-users-would-pick-instead-make-bench-peers)."""
     run = f"""**The run.** {results["date"].replace("T", " ")}, on {results["machine"]}; {results["wall_s"]:.0f} s in
     all. Store: {store["rows"]:,} rows of {row_kib:.0f} KiB ({store["dtype"]} {tuple(store["sample_shape"])}),
@@ -339,7 +361,7 @@ def _page_limits(results: dict) -> str:
     workers = " or ".join(str(w) for w in s["workers"]) or "?"
     forked = s["start_method"] in (None, "fork")
     start = (
-        "`fork` (`benchmarks/peers/common.py` sets it; the run's JSON does not record it)"
+        "`fork` (the run's JSON does not record it: `benchmarks/peers/common.py` forced it before `--start-method`)"
         if s["start_method"] is None
         else f"`{s['start_method']}`"
     )
@@ -358,9 +380,9 @@ def _page_limits(results: dict) -> str:
         "equal batches per rank" says that a loader keeps them on an even split with forked workers, and no more:
         zarr-torch-dataset's `yes` there does not hold on an uneven split, as A1 measures, and no other peer has
         been run on one. zarrtorch's own tests check both cases (`tests/core/test_plan.py` on splits that do not
-        divide, `tests/core/test_loader.py` and `tests/core/behaviour/test_ddp.py` with spawned workers); the peers'
-        have not been checked there. A run of `make bench-peers` on a store that can trigger these failures is still to
-        be made; this page says so itself once its JSON comes from one."""
+        divide, `tests/core/test_loader.py` and `tests/core/behaviour/test_ddp.py` with spawned workers); the peers' have
+        not been checked there in this run: its JSON has no uneven pass, which `make bench-peers` makes by
+        default (`--uneven`: guarantees only, on a store with a partial last chunk, workers spawned)."""
     else:
         why = [
             "its rows do not split into whole chunks and whole batches evenly over the ranks and workers"
@@ -374,20 +396,145 @@ def _page_limits(results: dict) -> str:
     return "## What this store can and cannot show\n\n" + _paragraph(text) + "\n"
 
 
+def store_label(results: dict, store: str) -> str:
+    """A store in the two-store table: ``even`` or ``uneven`` (as it splits), its rows and its chunks."""
+    s = guarantee_setting(results, store)
+    chunks = s["chunks"] + bool(s["partial_rows"])
+    last = f" (the last of {s['partial_rows']} rows)" if s["partial_rows"] else ""
+    return f"{'even' if s['even'] else 'uneven'}: {s['rows']:,} rows, {chunks} chunks{last}"
+
+
+def _batches(g: dict) -> str:
+    return " and ".join(str(b) for b in g.get("batches_per_rank", []))
+
+
+def _guarantee_record(results: dict, store: str, name: str) -> dict | None:
+    return next((p for p in guarantee_run(results, store)["peers"] if p["name"] == name), None)
+
+
+# recipes that start their workers themselves, whatever the run's start method (benchmarks/peers/<peer>_peer.py)
+OWN_START_METHOD = {
+    "xbatcher": "forkserver (its recipe's `multiprocessing_context`)",
+    "Grain": "spawn (`mp_prefetch` always spawns)",
+}
+
+
+def two_stores_markdown(results: dict) -> str:
+    """Every loader's guarantees on both stores, one line per loader and store: the store, how its workers were
+    started, the batches each rank yielded in epoch 1, the six verdicts (or why there are none)."""
+    cells_of = table_module().guarantee_cells
+    head = ["loader", "store", "workers started by", "batches per rank", *(c for c, _ in guarantee_columns())]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    labels = {store: store_label(results, store) for store in ("even", "uneven")}
+    starts = {store: guarantee_setting(results, store)["start_method"] or "fork" for store in ("even", "uneven")}
+    for peer in results["peers"]:
+        for store in ("even", "uneven"):
+            record = _guarantee_record(results, store, peer["name"]) or {"status": "not in this pass"}
+            g = record.get("guarantees") or {}
+            if record.get("status") != "ok":
+                cells = ["", record.get("reason") or record["status"]] + [""] * (len(head) - 6)
+            else:
+                cells = [_batches(g), *cells_of(g)]
+            start = OWN_START_METHOD.get(peer["name"], starts[store])
+            lines.append("| " + " | ".join([peer["name"], labels[store], start, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def _overlap_note(uneven: dict[str, str]) -> str:
+    """What "equal batches" and "reshuffled" say of a loader whose ranks both read most rows on the uneven store:
+    equal counts and rows changing rank come from the overlap, not from how it deals shares."""
+    if "rows twice" not in uneven["every row once (2 ranks)"]:
+        return ""
+    note = " Its ranks read the same rows there: an equal batch count says nothing of how it deals shares when"
+    note += " its workers know their rank (forked workers; appendix A1 measures zarr-torch-dataset's)"
+    if uneven["reshuffled across ranks"] == "yes":
+        note += ", and a row that changes rank is one read by one rank in an epoch and by the other alone in the next"
+    return note + "."
+
+
+def _page_two_stores(results: dict) -> str:
+    """What the two guarantee runs measured: each store's split and start method, the two-store table, and the
+    loaders whose verdicts differ between the stores."""
+    even, uneven = guarantee_setting(results, "even"), guarantee_setting(results, "uneven")
+    batch = results["uneven"]["settings"]["batch_size"]
+    workers = " or ".join(str(w) for w in uneven["workers"]) or "?"
+    share = uneven["rows"] / uneven["ranks"]
+    chunks = uneven["chunks"] + bool(uneven["partial_rows"])
+    last = (
+        f"{uneven['chunks']} full chunks and one of {uneven['partial_rows']} rows, " if uneven["partial_rows"] else ""
+    )
+    own = "; ".join(f"{name}, {how}" for name, how in OWN_START_METHOD.items())
+    forced = "" if even["start_method"] else " (`benchmarks/peers/common.py` forced it then)"
+    text = f"""The six guarantees were checked on two stores, each time with ranks 0 and 1 of a world of 2, each
+    with DataLoader workers. **The even store** is the table's: {even["chunks"]} full chunks of
+    {results["store"]["chunk_rows"]} rows over {even["readers"]} reading processes, workers started by
+    `{even["start_method"] or "fork"}`{forced}:
+    every reading process can get {even["chunks"] // even["readers"]} whole chunks and every rank
+    {even["batches_per_rank"]} full batches, and a forked worker inherits what its rank knows, so no loader can be
+    caught there dealing unequal shares or losing its rank in a worker. **The uneven store**
+    ({results["uneven"]["date"].replace("T", " ")}, guarantees only, no timing) holds {uneven["rows"]:,} rows:
+    {last}{chunks} chunks over {uneven["ranks"]} ranks x {workers} workers = {uneven["readers"]} reading processes,
+    which do not divide; {share:,.10g} rows a rank, {share / batch:.2f} batches of {batch}; and its workers are
+    started by `{uneven["start_method"]}`: each begins in a fresh interpreter that knows only what is pickled to
+    it. A loader that deals whole chunks unequally, or learns its rank inside its workers, fails "every row once"
+    or "equal batches per rank" there. Two recipes start their workers themselves on both stores:
+    {own}. The loaders that read a copy of their own convert this store as they
+    convert the even one."""
+    lines = ["## The guarantees on two stores", "", _paragraph(text), "", two_stores_markdown(results), ""]
+    differ, same = [], []
+    for peer in results["peers"]:
+        name = peer["name"]
+        a, b = verdicts(results).get(name), verdicts(results, "uneven").get(name)
+        record = _guarantee_record(results, "uneven", name) or {}
+        if a is None:
+            continue
+        if b is None:
+            g = record.get("guarantees") or {}
+            why = g.get("error") or record.get("reason") or record.get("status") or "not in the pass"
+            differ.append(f"- {name}: no verdicts on the uneven store ({why}).")
+            continue
+        changed = [f"{c} {a[c]} on the even store, {b[c]} on the uneven one" for c in a if kept(a[c]) != kept(b[c])]
+        if not changed:
+            same.append(name)
+            continue
+        batches = _batches(record.get("guarantees") or {})
+        ours = _batches((_guarantee_record(results, "uneven", "zarrtorch") or {}).get("guarantees") or {})
+        against = f", zarrtorch {ours}" if ours and name != "zarrtorch" else ""
+        per_rank = f" ({batches} batches per rank on the uneven store{against})" if batches else ""
+        differ.append(f"- {name}: " + "; ".join(changed) + per_rank + "." + _overlap_note(b))
+    if differ:
+        lines += ["A guarantee kept on one store and not on the other:", "", *differ, ""]
+    if same:
+        text = f"""Every guarantee kept, or not, on both stores alike: {", ".join(same)}. Their counts follow the
+        store (a `drop_last` remainder of fewer than {uneven["ranks"]} x {batch} rows on the uneven one, and the
+        rows a wrong resume reads twice or misses)."""
+        lines += [_paragraph(text), ""]
+    return "\n".join(lines)
+
+
 def _page_findings(results: dict) -> str:
     verdict = verdicts(results)
     safe = keeps_all(results)
+    both = bool(results.get("uneven"))
+    where = "on both stores" if both else "on this store"
     lines = [
         "## What the run shows",
         "",
-        f"- **All six guarantees kept on this store** ({len(safe)} of {len(verdict)} loaders checked): "
+        f"- **All six guarantees kept {where}** ({len(safe)} of {len(verdict)} loaders checked"
+        + (" on both stores" if both else "")
+        + "): "
         + (", ".join(safe) or "none")
         + ".",
     ]
-    for name, row in verdict.items():
-        failed = {c: v for c, v in row.items() if not kept(v)}
-        if failed:
-            lines.append(f"- {name} fails {len(failed)}: " + "; ".join(f"{c}: {v}" for c, v in failed.items()) + ".")
+    for store in ("even", "uneven") if both else ("even",):
+        suffix = f" on the {store} store" if both else ""
+        for name, row in verdicts(results, store).items():
+            failed = {c: v for c, v in row.items() if not kept(v)}
+            if failed:
+                g = (_guarantee_record(results, store, name) or {}).get("guarantees") or {}
+                batches = f" ({_batches(g)} batches per rank)" if store == "uneven" and _batches(g) else ""
+                listed = "; ".join(f"{c}: {v}" for c, v in failed.items())
+                lines.append(f"- {name} fails {len(failed)}{suffix}: {listed}{batches}.")
     one_rank = runs(results, ranks=1)
     for w in sorted({r["workers"] for r in one_rank}):
         among = [r for r in one_rank if r["workers"] == w and r["loader"] in safe]
@@ -600,16 +747,21 @@ def _rate(v: float | None) -> str:
     return "?" if v is None else f"{v:,.0f}"
 
 
-def _page_figure() -> str:
+def _page_figure(results: dict) -> str:
     name = Path(FIGURE).name
+    where = (
+        "on both stores, the even one and the uneven one with spawned workers"
+        if results.get("uneven")
+        else "on this store (see above for what that store cannot show)"
+    )
+    text = f"""One point per loader and worker count, with one rank: rows/s over both epochs across, held memory up
+    (both on log scales); the dashed line is L0. Filled markers are the loaders that kept all six guarantees
+    {where}, hollow ones failed at least one; circles are 0 workers, squares more. Fast and lean is bottom right."""
     return f"""## In one picture
 
 ![rows/s against held memory per loader and worker count, one rank; filled: all six guarantees kept]({name})
 
-One point per loader and worker count, with one rank: rows/s over both epochs across, held memory up (both on
-log scales); the dashed line is L0. Filled markers are the loaders that kept all six guarantees on this store
-(see above for what that store cannot show), hollow ones failed at least one; circles are 0 workers, squares
-more. Fast and lean is bottom right.
+{_paragraph(text)}
 """
 
 
