@@ -768,24 +768,47 @@ def _lost_any(even: dict[str, str], uneven: dict[str, str] | None) -> bool:
 
 
 def _peers_stores(results: dict) -> str:
-    """The slide's line on where the guarantees were checked: both stores, and the loaders that keep all six on
-    the even one and not on the uneven one; without the uneven pass, whether the one store could show those
-    failures."""
+    """The slide's line on where the guarantees were checked: both stores, how the uneven one's workers were
+    started, and the loaders that keep all six on the even one and not on the uneven one (with their batches per
+    rank where forked workers made them unequal); without the uneven passes, whether the one store could show
+    those failures."""
     from zarrtorch.course import peers_table
 
-    if not results.get("uneven"):
+    uneven_passes = peers_table.uneven_passes(results)
+    if not uneven_passes:
         if _even_fork(peers_table.guarantee_setting(results)):
             return (
                 "Its store splits evenly into whole chunks, workers forked: it cannot show the failures of an "
                 "uneven split or a spawn start (A1 does)"
             )
         return "Its store splits unevenly, or starts workers by spawn: it can show the failures A1 shows"
-    u = peers_table.guarantee_setting(results, "uneven")
-    even, uneven = peers_table.verdicts(results), peers_table.verdicts(results, "uneven")
-    worse = [peers_table.short_name(name) for name in even if _lost_any(even[name], uneven.get(name))]
+    u = peers_table.guarantee_setting(results, uneven_passes[0])
+    even = peers_table.verdicts(results)
+    worse = [
+        _peers_worse(results, name)
+        for name in even
+        if any(_lost_any(even[name], peers_table.verdicts(results, which).get(name)) for which in uneven_passes)
+    ]
     chunks = u["chunks"] + bool(u["partial_rows"])
-    line = f"Also on an uneven store ({chunks} chunks, spawned workers)"
+    started = " and ".join(
+        peers_table.STARTED[peers_table.guarantee_run(results, w)["settings"]["start_method"]] for w in uneven_passes
+    )
+    line = f"Also on an uneven store ({chunks} chunks, {started} workers)"
     return line + (f": worse there: {', '.join(worse)}" if worse else ": the same")
+
+
+def _peers_worse(results: dict, name: str) -> str:
+    """A loader worse on the uneven store, by its short name, with its batches per rank where forked workers
+    made them unequal there."""
+    from zarrtorch.course import peers_table
+
+    short = peers_table.short_name(name)
+    forked = peers_table.verdicts(results, "uneven_fork").get(name) or {}
+    if peers_table.kept(forked.get("equal batches per rank", "yes")):
+        return short
+    record = next(p for p in peers_table.guarantee_run(results, "uneven_fork")["peers"] if p["name"] == name)
+    batches = " vs ".join(str(b) for b in record["guarantees"]["batches_per_rank"])
+    return f"{short} ({batches} batches per rank, forked)"
 
 
 def fig_peers(out: Path) -> tuple[str, dict]:
