@@ -768,10 +768,9 @@ def _lost_any(even: dict[str, str], uneven: dict[str, str] | None) -> bool:
 
 
 def _peers_stores(results: dict) -> str:
-    """The slide's line on where the guarantees were checked: both stores, how the uneven one's workers were
-    started, and the loaders that keep all six on the even one and not on the uneven one (with their batches per
-    rank where forked workers made them unequal); without the uneven passes, whether the one store could show
-    those failures."""
+    """The slide's line (one line on the slide) on where the guarantees were checked: both stores, how the
+    uneven one's workers were started, and the loaders that keep all six on the even one and not on the uneven
+    one in some pass; without the uneven passes, whether the one store could show those failures."""
     from zarrtorch.course import peers_table
 
     uneven_passes = peers_table.uneven_passes(results)
@@ -785,7 +784,7 @@ def _peers_stores(results: dict) -> str:
     u = peers_table.guarantee_setting(results, uneven_passes[0])
     even = peers_table.verdicts(results)
     worse = [
-        _peers_worse(results, name)
+        peers_table.short_name(name)
         for name in even
         if any(_lost_any(even[name], peers_table.verdicts(results, which).get(name)) for which in uneven_passes)
     ]
@@ -793,29 +792,16 @@ def _peers_stores(results: dict) -> str:
     started = " and ".join(
         peers_table.STARTED[peers_table.guarantee_run(results, w)["settings"]["start_method"]] for w in uneven_passes
     )
-    line = f"Also on an uneven store ({chunks} chunks, {started} workers)"
-    return line + (f": worse there: {', '.join(worse)}" if worse else ": the same")
-
-
-def _peers_worse(results: dict, name: str) -> str:
-    """A loader worse on the uneven store, by its short name, with its batches per rank where forked workers
-    made them unequal there."""
-    from zarrtorch.course import peers_table
-
-    short = peers_table.short_name(name)
-    forked = peers_table.verdicts(results, "uneven_fork").get(name) or {}
-    if peers_table.kept(forked.get("equal batches per rank", "yes")):
-        return short
-    record = next(p for p in peers_table.guarantee_run(results, "uneven_fork")["peers"] if p["name"] == name)
-    batches = " vs ".join(str(b) for b in record["guarantees"]["batches_per_rank"])
-    return f"{short} ({batches} batches per rank, forked)"
+    line = f"On an uneven store ({chunks} chunks, {started} workers)"
+    return line + (f", worse there: {', '.join(worse)}" if worse else ", the same")
 
 
 def fig_peers(out: Path) -> tuple[str, dict]:
     """The reference page ``docs/peers.md``: ``make bench-peers``'s last committed run (``benchmarks/peers.json``),
     read, not run: rows/s against held memory per loader and worker count (``zarrtorch.course.peers_table.figure``,
     the page's figure), the loaders that kept every guarantee on both stores (the even one and, where the run has
-    it, the uneven one with spawned workers), and the loaders that fail more on the uneven one."""
+    it, the uneven one, read with forked and with spawned workers), and the loaders that fail more on the uneven
+    one."""
     from zarrtorch.course import peers_table
 
     results = peers_table.load()
