@@ -337,7 +337,10 @@ def test_the_page_shows_the_uneven_store_read_by_forked_and_by_spawned_workers()
         if line.startswith(f"- Spawny: every row once (2 ranks) yes on the even store, {LOST}")
     )
     assert "read the same rows" not in forked_line  # "0 rows twice": its forked ranks share nothing
-    assert "workers started by `fork` (2026-01-03 00:00)" in words and "by `spawn` (2026-01-02 00:00)" in words
+    assert (
+        "read in 2 passes, one per start method" in words and "**Forked workers** (`fork`, 2026-01-03 00:00)" in words
+    )
+    assert "**Spawned workers** (`spawn`, 2026-01-02 00:00): each begins in a fresh interpreter" in words
     assert (
         "(1 of 3 loaders checked on both stores, the uneven one with forked and spawned workers): zarrtorch." in words
     )

@@ -434,10 +434,10 @@ OWN_START_METHOD = {
 STARTED = {"fork": "forked", "spawn": "spawned"}  # workers started by that method
 # what a store that splits unevenly catches with workers started by that method
 CATCHES = {
-    "fork": """which inherit what their rank knows: a loader that deals whole chunks unequally over ranks and
+    "fork": """each inherits what its rank knows, so a loader that deals whole chunks unequally over ranks and
     workers yields unequal batch counts there, or loses or repeats rows""",
-    "spawn": """each of which begins in a fresh interpreter that knows only what is pickled to it: a loader that
-    learns its rank inside its workers has its ranks read the same rows there""",
+    "spawn": """each begins in a fresh interpreter that knows only what is pickled to it, so a loader that learns
+    its rank inside its workers has its ranks read the same rows there""",
 }
 
 
@@ -533,10 +533,11 @@ def _page_two_stores(results: dict) -> str:
     own = "; ".join(f"{name}, {how}" for name, how in OWN_START_METHOD.items())
     forced = "" if even["start_method"] else " (`benchmarks/peers/common.py` forced it then)"
     reads = " ".join(
-        f"""With workers started by `{_start_method(results, which)}`
-        ({results[which]["date"].replace("T", " ")}), {CATCHES[_start_method(results, which)]}."""
+        f"""**{STARTED[_start_method(results, which)].capitalize()} workers** (`{_start_method(results, which)}`,
+        {results[which]["date"].replace("T", " ")}): {CATCHES[_start_method(results, which)]}."""
         for which in uneven_passes(results)
     )
+    count = len(uneven_passes(results))
     text = f"""The six guarantees were checked on two stores, each time with ranks 0 and 1 of a world of 2, each
     with DataLoader workers. **The even store** is the table's: {even["chunks"]} full chunks of
     {results["store"]["chunk_rows"]} rows over {even["readers"]} reading processes, workers started by
@@ -546,10 +547,10 @@ def _page_two_stores(results: dict) -> str:
     caught there dealing unequal shares or losing its rank in a worker. **The uneven store** (guarantees only, no
     timing) holds {uneven["rows"]:,} rows:
     {last}{chunks} chunks over {uneven["ranks"]} ranks x {workers} workers = {uneven["readers"]} reading processes,
-    which do not divide; {share:,.10g} rows a rank, {share / batch:.2f} batches of {batch}. It was read with
-    {_workers_started(results)} workers, one pass each. {reads} Two recipes start their workers themselves in
-    every pass: {own}. The loaders that read a copy of their own convert this store as they convert the even
-    one."""
+    which do not divide; {share:,.10g} rows a rank, {share / batch:.2f} batches of {batch}. It was read in
+    {count} pass{"es" if count > 1 else ""}, one per start method of the DataLoader workers. {reads} Two recipes
+    start their workers themselves in every pass: {own}. The loaders that read a copy of their own convert this
+    store as they convert the even one."""
     lines = ["## The guarantees on two stores", "", _paragraph(text), "", two_stores_markdown(results), ""]
     differ, same = [], []
     for peer in results["peers"]:
