@@ -341,6 +341,10 @@ def test_the_page_shows_the_uneven_store_read_by_forked_and_by_spawned_workers()
         "read in 2 passes, one per start method" in words and "**Forked workers** (`fork`, 2026-01-03 00:00)" in words
     )
     assert "**Spawned workers** (`spawn`, 2026-01-02 00:00): each begins in a fresh interpreter" in words
+    assert "- Other fails 1 on the even store: equal batches per rank: no." in text
+    assert "- Other fails 1 on the uneven store" not in text  # the same guarantee as on the even store: folded
+    folded = "- In the uneven passes, every other loader that ran fails the guarantees it fails on the even store"
+    assert folded in text
     assert (
         "(1 of 3 loaders checked on both stores, the uneven one with forked and spawned workers): zarrtorch." in words
     )

@@ -582,6 +582,11 @@ def _pass_suffix(results: dict, which: str) -> str:
     return f" on the uneven store, workers {STARTED[_start_method(results, which)]}"
 
 
+def _failed_columns(row: dict[str, str]) -> set[str]:
+    """The guarantee columns a loader's verdicts do not keep."""
+    return {column for column, v in row.items() if not kept(v)}
+
+
 def _page_findings(results: dict) -> str:
     verdict = verdicts(results)
     safe = keeps_all(results)
@@ -595,14 +600,23 @@ def _page_findings(results: dict) -> str:
         + (", ".join(safe) or "none")
         + ".",
     ]
+    folded = False
     for which in passes(results):
         for name, row in verdicts(results, which).items():
-            failed = {c: v for c, v in row.items() if not kept(v)}
+            failed = {c: v for c, v in row.items() if c in _failed_columns(row)}
+            if which != "even" and name in verdict and set(failed) == _failed_columns(verdict[name]):
+                folded = True  # the same guarantees as on the even store: the table has its counts
+                continue
             if failed:
                 g = (_guarantee_record(results, which, name) or {}).get("guarantees") or {}
                 batches = f" ({_batches(g)} batches per rank)" if which != "even" and _batches(g) else ""
                 listed = "; ".join(f"{c}: {v}" for c, v in failed.items())
                 lines.append(f"- {name} fails {len(failed)}{_pass_suffix(results, which)}: {listed}{batches}.")
+    if folded:
+        lines.append(
+            "- In the uneven passes, every other loader that ran fails the guarantees it fails on the even store, "
+            "no more and no fewer (its counts, which follow the store, are in the table above)."
+        )
     one_rank = runs(results, ranks=1)
     for w in sorted({r["workers"] for r in one_rank}):
         among = [r for r in one_rank if r["workers"] == w and r["loader"] in safe]
