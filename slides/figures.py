@@ -768,31 +768,40 @@ def _lost_any(even: dict[str, str], uneven: dict[str, str] | None) -> bool:
 
 
 def _peers_stores(results: dict) -> str:
-    """The slide's line on where the guarantees were checked: both stores, and the loaders that keep all six on
-    the even one and not on the uneven one; without the uneven pass, whether the one store could show those
-    failures."""
+    """The slide's line (one line on the slide) on where the guarantees were checked: both stores, how the
+    uneven one's workers were started, and the loaders that keep all six on the even one and not on the uneven
+    one in some pass; without the uneven passes, whether the one store could show those failures."""
     from zarrtorch.course import peers_table
 
-    if not results.get("uneven"):
+    uneven_passes = peers_table.uneven_passes(results)
+    if not uneven_passes:
         if _even_fork(peers_table.guarantee_setting(results)):
             return (
                 "Its store splits evenly into whole chunks, workers forked: it cannot show the failures of an "
                 "uneven split or a spawn start (A1 does)"
             )
         return "Its store splits unevenly, or starts workers by spawn: it can show the failures A1 shows"
-    u = peers_table.guarantee_setting(results, "uneven")
-    even, uneven = peers_table.verdicts(results), peers_table.verdicts(results, "uneven")
-    worse = [peers_table.short_name(name) for name in even if _lost_any(even[name], uneven.get(name))]
+    u = peers_table.guarantee_setting(results, uneven_passes[0])
+    even = peers_table.verdicts(results)
+    worse = [
+        peers_table.short_name(name)
+        for name in even
+        if any(_lost_any(even[name], peers_table.verdicts(results, which).get(name)) for which in uneven_passes)
+    ]
     chunks = u["chunks"] + bool(u["partial_rows"])
-    line = f"Also on an uneven store ({chunks} chunks, spawned workers)"
-    return line + (f": worse there: {', '.join(worse)}" if worse else ": the same")
+    started = " and ".join(
+        peers_table.STARTED[peers_table.guarantee_run(results, w)["settings"]["start_method"]] for w in uneven_passes
+    )
+    line = f"On an uneven store ({chunks} chunks, {started} workers)"
+    return line + (f", worse there: {', '.join(worse)}" if worse else ", the same")
 
 
 def fig_peers(out: Path) -> tuple[str, dict]:
     """The reference page ``docs/peers.md``: ``make bench-peers``'s last committed run (``benchmarks/peers.json``),
     read, not run: rows/s against held memory per loader and worker count (``zarrtorch.course.peers_table.figure``,
     the page's figure), the loaders that kept every guarantee on both stores (the even one and, where the run has
-    it, the uneven one with spawned workers), and the loaders that fail more on the uneven one."""
+    it, the uneven one, read with forked and with spawned workers), and the loaders that fail more on the uneven
+    one."""
     from zarrtorch.course import peers_table
 
     results = peers_table.load()

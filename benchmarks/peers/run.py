@@ -5,10 +5,11 @@ the project's, every other peer in one built under ``.peers/``. Per loader: its 
 own format; timed once per store, cached), rank 0 of 1 and of 2 simulated ranks with 0 and 2 workers for
 epochs 1 and 2 (rows/s, time to first batch, held memory), then the guarantees with 2 workers on 2 simulated
 ranks (``common.py``), every worker started by ``--start-method`` (fork by default).
-Then the uneven pass (:func:`run_uneven`, ``--uneven``): the guarantees alone, no timing, on a second store that
-splits unevenly over 2 ranks x 2 workers (a partial last chunk), workers started by ``spawn``: the main store
-splits evenly and its workers are forked, so it cannot catch a loader dealing unequal shares or learning its
-rank inside its workers; this one can.
+Then the uneven passes (:func:`run_uneven`, ``--uneven``): the guarantees alone, no timing, on a second store
+that splits unevenly over 2 ranks x 2 workers (a partial last chunk), once per ``--uneven-start-methods`` (fork,
+then spawn): the main store splits evenly, so it cannot catch a loader dealing unequal shares; the forked pass
+catches that, the spawned one a loader that learns its rank inside its workers (where a loader's spawned ranks
+read the same rows, their equal batch counts come from that overlap, so the forked pass is needed too).
 Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
 on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
 disk and over HTTP with a delay per request.
@@ -130,13 +131,13 @@ def run_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
     return out
 
 
-def run_uneven_peer(name, script, env_name, converts, store: dict, a, log) -> dict:
+def run_uneven_peer(name, script, env_name, converts, store: dict, a, log, start_method: str) -> dict:
     """One peer on the uneven store: its conversion, then the guarantees only (2 simulated ranks x 2 workers
-    started by ``--uneven-start-method``, three resumes), no timing."""
-    out, python, common = prepare_peer(name, script, env_name, converts, store, a, log, a.uneven_start_method)
+    started by ``start_method``, three resumes), no timing."""
+    out, python, common = prepare_peer(name, script, env_name, converts, store, a, log, start_method)
     if out["status"] != "ok":
         return out
-    print(f"  {name}: guarantees, uneven store, {a.uneven_start_method}", flush=True)
+    print(f"  {name}: guarantees, uneven store, {start_method}", flush=True)
     out["guarantees"] = job(python, script, ["guarantees", "--workers", "2", *common], a.timeout, log)
     return out
 
@@ -173,19 +174,19 @@ def uneven_store(a) -> dict:
     return ensure_peer_store(a.data_dir, a.uneven_rows, a.chunk_rows)
 
 
-def run_uneven(a, wanted: list[str], log) -> dict:
-    """The guarantees pass on the uneven store with workers started by ``--uneven-start-method``: every
-    selected peer (converting peers convert that store as they do the main one), guarantees only."""
+def run_uneven(a, wanted: list[str], log, start_method: str) -> dict:
+    """One guarantees pass on the uneven store with workers started by ``start_method``: every selected peer
+    (converting peers convert that store as they do the main one, once for all passes), guarantees only."""
     t0 = time.perf_counter()
     store = uneven_store(a)
     settings = {"rows": a.uneven_rows, "chunk_rows": a.chunk_rows, "batch_size": a.batch_size, "workers": [2]}
-    settings["start_method"] = a.uneven_start_method
+    settings["start_method"] = start_method
     out = {"store": store, "settings": settings, "split": uneven_split(a.uneven_rows, a.chunk_rows, a.batch_size)}
     out["peers"] = []
-    print(f"uneven store: {a.uneven_rows} rows, chunks of {a.chunk_rows}, {a.uneven_start_method}", flush=True)
+    print(f"uneven store: {a.uneven_rows} rows, chunks of {a.chunk_rows}, {start_method}", flush=True)
     for name, script, env_name, converts in selected(wanted):
         print(name, flush=True)
-        out["peers"].append(run_uneven_peer(name, script, env_name, converts, store, a, log))
+        out["peers"].append(run_uneven_peer(name, script, env_name, converts, store, a, log, start_method))
     out["wall_s"] = time.perf_counter() - t0
     out["date"] = datetime.datetime.now().isoformat(timespec="minutes")
     return out
@@ -194,6 +195,18 @@ def run_uneven(a, wanted: list[str], log) -> dict:
 def selected(wanted: list[str]) -> list[tuple]:
     """The entries of :data:`PEERS` whose names start with one of ``wanted`` (lower case; empty: all)."""
     return [peer for peer in PEERS if not wanted or any(peer[0].lower().startswith(w) for w in wanted)]
+
+
+def start_methods(text: str) -> list[str]:
+    """``--uneven-start-methods``: comma-separated start methods, each once, in the order given."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in table.START_METHODS]
+    if not methods or unknown or len(set(methods)) != len(methods):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give one or more of {', '.join(table.START_METHODS)}, comma-separated, each once "
+            "(e.g. fork,spawn)"
+        )
+    return methods
 
 
 def parser() -> argparse.ArgumentParser:
@@ -232,8 +245,8 @@ def parser() -> argparse.ArgumentParser:
         "--uneven",
         choices=["yes", "no", "only"],
         default="yes",
-        help="the guarantees pass on a store that splits unevenly, workers started by --uneven-start-method, after "
-        "the main run (only: that pass alone, written into the JSON beside --md, or --out, keeping the rest)",
+        help="the guarantees passes on a store that splits unevenly, one per --uneven-start-methods, after the main "
+        "run (only: those passes alone, merged into the JSON beside --md, or --out, keeping the rest)",
     )
     p.add_argument(
         "--uneven-rows",
@@ -242,7 +255,12 @@ def parser() -> argparse.ArgumentParser:
         help="rows of the uneven store: 2150 in chunks of 128 = 16 full chunks and one of 102 rows, 17 chunks "
         "over 2 ranks x 2 workers",
     )
-    p.add_argument("--uneven-start-method", choices=["fork", "spawn"], default="spawn")
+    p.add_argument(
+        "--uneven-start-methods",
+        type=start_methods,
+        default=list(table.START_METHODS),
+        help="one uneven pass per start method of the DataLoader workers, comma-separated (default: fork,spawn)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
@@ -276,7 +294,8 @@ def main() -> None:
             print(name, flush=True)
             results["peers"].append(run_peer(name, script, env_name, converts, store, a, log))
         if a.uneven == "yes":
-            results["uneven"] = run_uneven(a, wanted, log)
+            for method in a.uneven_start_methods:
+                results[table.uneven_key(method)] = run_uneven(a, wanted, log, method)
         beluga_wanted = not wanted or any(BELUGA.lower().startswith(w) for w in wanted)
         if a.layouts == "yes" or (a.layouts == "auto" and beluga_wanted):
             results["layouts"] = run_layouts(store, a, log)
@@ -289,8 +308,7 @@ def main() -> None:
     text = table.markdown(results)
     if results.get("layouts"):
         text += "\n\n" + table.layouts_markdown(results["layouts"])
-    if results.get("uneven"):
-        text += uneven_section(results["uneven"])
+    text += uneven_sections(results)
     print(text)
     print(
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
@@ -306,34 +324,44 @@ def wanted_names(a) -> list[str]:
 
 
 def main_uneven_only(a) -> None:
-    """``--uneven only``: the uneven pass alone, put under ``uneven`` in the JSON beside ``--md`` (else ``--out``),
-    whose main run's results are kept as they are."""
+    """``--uneven only``: the uneven passes of ``--uneven-start-methods`` alone, each put under its key
+    (``table.uneven_key``) in the JSON beside ``--md`` (else ``--out``), whose other results (the main run, a
+    pass not rerun) are kept as they are."""
     path = Path(a.md).with_suffix(".json") if a.md else Path(a.out)
     results = json.loads(path.read_text()) if path.exists() else {}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     with Path(a.out).with_suffix(".uneven.log").open("w") as log:
-        results["uneven"] = run_uneven(a, wanted_names(a), log)
+        for method in a.uneven_start_methods:
+            results[table.uneven_key(method)] = run_uneven(a, wanted_names(a), log, method)
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
-    if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven section is replaced
+    if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven sections are replaced
         kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].rstrip("\n")
-        Path(a.md).write_text(kept + uneven_section(results["uneven"]) + "\n")
-    print(table.uneven_markdown(results["uneven"]))
-    print(f"\n{results['uneven']['wall_s']:.0f} s; JSON: {path}")
+        Path(a.md).write_text(kept + uneven_sections(results) + "\n")
+    for method in a.uneven_start_methods:
+        uneven = results[table.uneven_key(method)]
+        print(f"\n{method}:\n{table.uneven_markdown(uneven)}\n{uneven['wall_s']:.0f} s")
+    print(f"JSON: {path}")
 
 
 UNEVEN_HEADING = "## Guarantees on the uneven store"
 
 
+def uneven_sections(results: dict) -> str:
+    """Every uneven pass in ``results`` as a section of ``benchmarks/peers.md`` (fork first, then spawn)."""
+    return "".join(uneven_section(uneven) for _, uneven in table.uneven_passes(results))
+
+
 def uneven_section(uneven: dict) -> str:
-    """The uneven pass as a section of ``benchmarks/peers.md``: its store, start method and date, then its table."""
+    """One uneven pass as a section of ``benchmarks/peers.md``: its store, start method and date, then its table."""
     store, settings = uneven["store"], uneven["settings"]
     about = (
         f"{store['rows']} rows in chunks of {store['chunk_rows']} rows, 2 simulated ranks x 2 DataLoader workers "
         f"started by {settings['start_method']}, batch size {settings['batch_size']}; {uneven['date']}, "
         f"{uneven['wall_s']:.0f} s."
     )
-    return f"\n\n{UNEVEN_HEADING}\n\n{about}\n\n{table.uneven_markdown(uneven)}"
+    heading = f"{UNEVEN_HEADING}, workers started by {settings['start_method']}"
+    return f"\n\n{heading}\n\n{about}\n\n{table.uneven_markdown(uneven)}"
 
 
 def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]:

@@ -11,7 +11,11 @@ GUARANTEES = [  # (column, key in a guarantees result)
     ("resume on 1 rank (saved on 2)", "resume_other_world"),
     ("resume on other worker count", "resume_other_workers"),
 ]
-SERIES = ((1, "throughput"), (2, "throughput_2ranks"))  # (ranks, key in a peer's results): rank 0 of 1, of 2
+SERIES = ((1, "throughput"), (2, "throughput_2ranks"))
+START_METHODS = (
+    "fork",
+    "spawn",
+)  # the uneven passes, in the order they run and are shown  # (ranks, key in a peer's results): rank 0 of 1, of 2
 HEAD = [
     "loader",
     "ranks",
@@ -95,6 +99,16 @@ def guarantee_cells(g: dict | None) -> list[str]:
     if "error" in g:
         return [f"failed: {_cell(g['error'])}"] + [""] * (len(GUARANTEES) - 1)
     return [_cell(g.get(key, "")) for _, key in GUARANTEES]
+
+
+def uneven_key(start_method: str) -> str:
+    """Where the uneven pass with workers started by ``start_method`` sits in the results: ``uneven_fork``, ..."""
+    return f"uneven_{start_method}"
+
+
+def uneven_passes(results: dict) -> list[tuple[str, dict]]:
+    """``(start method, pass)`` of every uneven pass in ``results``, in :data:`START_METHODS` order."""
+    return [(m, results[uneven_key(m)]) for m in START_METHODS if results.get(uneven_key(m))]
 
 
 def uneven_markdown(uneven: dict) -> str:

@@ -3,7 +3,9 @@ and the table's row for a peer that could not be installed (``benchmarks/peers/`
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -370,8 +372,51 @@ def test_every_peer_job_takes_the_start_method_run_py_passes_it(run_py):
     assert args[args.index("--start-method") + 1] == "spawn"
     assert args[args.index("--rows") + 1] == "2150" and args[args.index("--chunk-rows") + 1] == "128"
     a = run.parse_args([])
-    assert (a.start_method, a.uneven, a.uneven_start_method, a.uneven_rows) == ("fork", "yes", "spawn", 2150)
+    assert (a.start_method, a.uneven, a.uneven_rows) == ("fork", "yes", 2150)
     assert "a partial last chunk is allowed" in " ".join(run.parser().format_help().split())
+
+
+def test_the_uneven_store_is_read_with_forked_and_with_spawned_workers_unless_told_otherwise(run_py):
+    """Issue 45: the uneven pass ran with spawned workers only, where zarr-torch-dataset's ranks read nearly every
+    row and so yield equal batch counts; appendix A1 measures its unequal counts with forked workers. Both start
+    methods are passes of their own, fork then spawn by default, and a wrong list is refused with the fix."""
+    run = run_py
+    assert run.parse_args([]).uneven_start_methods == ["fork", "spawn"]
+    assert run.parse_args(["--uneven-start-methods", "spawn"]).uneven_start_methods == ["spawn"]
+    assert run.parse_args(["--uneven-start-methods", "spawn, fork"]).uneven_start_methods == ["spawn", "fork"]
+    for wrong in ("thread", "fork,fork", ",", "fork,forkserver"):
+        with pytest.raises(argparse.ArgumentTypeError, match="one or more of fork, spawn, comma-separated"):
+            run.start_methods(wrong)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--uneven-start-methods", "thread"])
+    assert [run.table.uneven_key(m) for m in ("fork", "spawn")] == ["uneven_fork", "uneven_spawn"]
+
+
+def test_uneven_only_merges_its_pass_into_the_committed_json_and_page_keeping_the_rest(tmp_path, monkeypatch, run_py):
+    """Issue 45: ``--uneven only --uneven-start-methods fork`` adds the forked pass beside the spawned one
+    already committed, keeping the main run's timed results and its table; the page gets one uneven section per
+    pass, fork first. Real, on a 40-row store in chunks of 16, with no loader selected (``--only`` matches
+    none), so that no peer runs."""
+    run = run_py
+    spawned = {"store": {"rows": 40, "chunk_rows": 16}, "settings": {"start_method": "spawn", "batch_size": 8}}
+    spawned |= {"date": "2026-01-01T00:00", "wall_s": 1.0, "peers": [{"name": "Old", "status": "not installable"}]}
+    committed = {"peers": [{"name": "timed"}], "date": "2026-01-01T00:00", "uneven_spawn": spawned}
+    (tmp_path / "peers.json").write_text(json.dumps(committed))
+    (tmp_path / "peers.md").write_text(f"# the main table\n\n| timed |\n\n{run.UNEVEN_HEADING}, old\n\nold\n")
+    argv = ["run.py", "--uneven", "only", "--uneven-start-methods", "fork", "--only", "nobody"]
+    argv += ["--md", str(tmp_path / "peers.md"), "--out", str(tmp_path / "out" / "peers.json")]
+    argv += ["--data-dir", str(tmp_path), "--uneven-rows", "40", "--chunk-rows", "16", "--batch-size", "8"]
+    monkeypatch.setattr(sys, "argv", argv)
+    run.main()
+    results = json.loads((tmp_path / "peers.json").read_text())
+    assert results["peers"] == committed["peers"] and results["uneven_spawn"] == spawned
+    forked = results["uneven_fork"]
+    assert forked["settings"]["start_method"] == "fork" and forked["store"]["rows"] == 40 and forked["peers"] == []
+    page = (tmp_path / "peers.md").read_text()
+    assert page.startswith("# the main table\n\n| timed |\n\n") and ", old" not in page
+    fork_at = page.index(f"{run.UNEVEN_HEADING}, workers started by fork")
+    assert fork_at < page.index(f"{run.UNEVEN_HEADING}, workers started by spawn")
+    assert json.loads((tmp_path / "out" / "peers.json").read_text()) == results
 
 
 def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tmp_path, run_py):

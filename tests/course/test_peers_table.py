@@ -214,30 +214,59 @@ def test_the_page_shows_beluga_s_verdicts_its_layouts_and_uncompressed_against_u
     assert "## zarr-beluga's layouts" not in peers_table.page(_run_results())  # a run without the part
 
 
+def _uneven_pass(start_method: str, peers: list[dict]) -> dict:
+    """A made-up uneven pass: 2,150 rows in chunks of 128 (17 chunks, the last of 102 rows), workers started by
+    ``start_method``."""
+    return {
+        "store": {"rows": 2150, "chunk_rows": 128},
+        "settings": {"rows": 2150, "chunk_rows": 128, "batch_size": 64, "workers": [2], "start_method": start_method},
+        "date": "2026-01-02T00:00" if start_method == "spawn" else "2026-01-03T00:00",
+        "wall_s": 300.0,
+        "peers": peers,
+    }
+
+
+TWICE = "wrong: 2075 rows twice, 1 missing"  # "Spawny"'s spawned ranks both read nearly every row
+LOST = "wrong: 0 rows twice, 86 missing"  # its forked ranks deal whole chunks unequally
+
+
 def _with_uneven() -> dict:
-    """Made-up results with the uneven pass: 2,150 rows in 17 chunks, spawned workers; "Spawny" keeps all six on
-    the even store and reads rows twice on the uneven one, "Other" fails on both, "Broken" is not installable."""
+    """Made-up results with both uneven passes: 2,150 rows in 17 chunks, workers forked, then spawned; "Spawny"
+    keeps all six on the even store, yields 16 and 17 batches and loses rows on the uneven one with forked
+    workers, and reads rows twice with spawned ones; "Other" fails on every store, "Broken" is not installable."""
     results = _run_results()
     every = {key: "yes" for _, key in peers_table.guarantee_columns()}
     results["peers"].insert(2, {"name": "Spawny", "status": "ok", "throughput": {"0": _run(90.0, 9)}})
     results["peers"][2]["guarantees"] = {"workers": 2, "batches_per_rank": [16, 16], **every}
-    twice = "wrong: 2075 rows twice, 1 missing"
-    results["uneven"] = {
-        "store": {"rows": 2150, "chunk_rows": 128},
-        "settings": {"rows": 2150, "chunk_rows": 128, "batch_size": 64, "workers": [2], "start_method": "spawn"},
-        "date": "2026-01-02T00:00",
-        "wall_s": 300.0,
-        "peers": [
-            {"name": "zarrtorch", "status": "ok", "guarantees": {"workers": 2, "batches_per_rank": [16, 16], **every}},
+    ours = {"name": "zarrtorch", "status": "ok", "guarantees": {"workers": 2, "batches_per_rank": [16, 16], **every}}
+    broken = {"name": "Broken", "status": "not installable", "reason": "not installable: needs a CUDA torchvision"}
+    spawny = {"workers": 2, **every}
+    results["uneven_fork"] = _uneven_pass(
+        "fork",
+        [
+            ours,
+            {"name": "Other", "status": "ok", "guarantees": {"workers": 2, **every, "equal_batches": "no"}},
+            {
+                "name": "Spawny",
+                "status": "ok",
+                "guarantees": spawny | {"batches_per_rank": [16, 17], "every_row_once": LOST, "equal_batches": "wrong"},
+            },
+            broken,
+        ],
+    )
+    results["uneven_spawn"] = _uneven_pass(
+        "spawn",
+        [
+            ours,
             {"name": "Other", "status": "ok", "guarantees": {"error": "exit 1: PicklingError: lambda"}},
             {
                 "name": "Spawny",
                 "status": "ok",
-                "guarantees": {"workers": 2, "batches_per_rank": [33, 33], **every, "every_row_once": twice},
+                "guarantees": spawny | {"batches_per_rank": [33, 33], "every_row_once": TWICE},
             },
-            {"name": "Broken", "status": "not installable", "reason": "not installable: needs a CUDA torchvision"},
+            broken,
         ],
-    }
+    )
     return results
 
 
@@ -247,7 +276,8 @@ def test_the_page_shows_every_loader_s_verdicts_on_the_even_store_and_on_the_une
     JSON, the page shows both stores' verdicts per loader, with the batches per rank, says what each store
     measured instead of what it cannot show, and counts as keeping all six only the loaders that kept them on
     both."""
-    results, twice = _with_uneven(), "wrong: 2075 rows twice, 1 missing"
+    results, twice = _with_uneven(), TWICE
+    del results["uneven_fork"]
     text = peers_table.page(results)
     words = _words(text)
     assert "cannot trigger" not in words and "still to be made" not in words and "cannot show" not in words
@@ -258,31 +288,82 @@ def test_the_page_shows_every_loader_s_verdicts_on_the_even_store_and_on_the_une
     assert f"| Other | {uneven} |  | failed: exit 1: PicklingError: lambda |" in text
     assert f"| Broken | {uneven} |  | not installable: needs a CUDA torchvision |" in text
     assert peers_table.keeps_all(results) == ["zarrtorch"]
-    assert peers_table.verdicts(results, "uneven")["Spawny"]["every row once (2 ranks)"] == twice
-    assert "(1 of 3 loaders checked on both stores): zarrtorch." in words
-    assert f"Spawny: every row once (2 ranks) yes on the even store, {twice} on the uneven one" in words
-    assert "- Spawny fails 1 on the uneven store: every row once (2 ranks): " + twice + " (33 and 33 batches" in text
-    assert "(33 and 33 batches per rank on the uneven store, zarrtorch 16 and 16). Its ranks read the same rows" in text
+    assert peers_table.verdicts(results, "uneven_spawn")["Spawny"]["every row once (2 ranks)"] == twice
+    assert "(1 of 3 loaders checked on both stores, the uneven one with spawned workers): zarrtorch." in words
+    assert (
+        f"Spawny: every row once (2 ranks) yes on the even store, {twice} on the uneven one with spawned workers"
+        in words
+    )
+    spawned = "- Spawny fails 1 on the uneven store, workers spawned: every row once (2 ranks): "
+    assert spawned + twice + " (33 and 33 batches" in text
+    assert "(33 and 33 batches per rank, zarrtorch 16 and 16). Its ranks read the same rows" in words
     assert "17 chunks over 2 ranks x 2 workers = 4 reading processes" in words
     assert "1,075 rows a rank" in words and "spawn" in words
-    del results["uneven"]
+    del results["uneven_spawn"]
     assert peers_table.keeps_all(results) == ["zarrtorch", "Spawny"]
     alone = _words(peers_table.page(results))
     assert "cannot trigger the failures of an uneven split or of a spawn start" in alone
     assert "--uneven" in alone and "still to be made" not in alone
 
 
-def test_the_committed_json_holds_the_uneven_spawned_pass_of_every_peer():
-    """The committed run's guarantees were measured on both stores: the uneven pass is there, on a store with a
-    partial last chunk over 2 ranks x 2 spawned workers, for every loader of the main run, and the page shows it."""
+def test_the_page_shows_the_uneven_store_read_by_forked_and_by_spawned_workers():
+    """Issue 45: with spawned workers only, a loader whose ranks each read nearly every row yields equal batch
+    counts from that overlap, so the page could not show what appendix A1 measures with forked workers (unequal
+    batches per rank, a DDP job that stops). With both uneven passes in the JSON, every loader gets three lines
+    (even store; uneven, forked; uneven, spawned), the findings give the forked pass's batches per rank and its
+    rows lost or repeated, and the overlap note names what the forked pass measured."""
+    results = _with_uneven()
+    text, words = peers_table.page(results), _words(peers_table.page(results))
+    assert peers_table.passes(results) == ["even", "uneven_fork", "uneven_spawn"]
+    uneven = "uneven: 2,150 rows, 17 chunks (the last of 102 rows)"
+    lines = [line for line in text.splitlines() if line.startswith("| Spawny | ")]
+    assert [line.split(" | ")[1:3] for line in lines[-3:]] == [
+        ["even: 2,048 rows, 16 chunks", "fork"],
+        [uneven, "fork"],
+        [uneven, "spawn"],
+    ]
+    assert f"| Spawny | {uneven} | fork | 16 and 17 | {LOST} | wrong | yes |" in text
+    assert f"| Other | {uneven} | fork |  | yes | no | yes |" in text
+    assert f"| Broken | {uneven} | fork |  | not installable: needs a CUDA torchvision |" in text
+    assert peers_table.keeps_all(results) == ["zarrtorch"]
+    assert peers_table.verdicts(results, "uneven_fork")["Spawny"]["equal batches per rank"] == "wrong"
+    forked = "- Spawny fails 2 on the uneven store, workers forked: every row once (2 ranks): "
+    assert forked + f"{LOST}; equal batches per rank: wrong (16 and 17 batches per rank)." in text
+    assert f"every row once (2 ranks) yes on the even store, {LOST} on the uneven one with forked workers" in words
+    assert "with forked workers it yields 16 and 17 batches per rank there" in words
+    forked_line = next(
+        line
+        for line in text.splitlines()
+        if line.startswith(f"- Spawny: every row once (2 ranks) yes on the even store, {LOST}")
+    )
+    assert "read the same rows" not in forked_line  # "0 rows twice": its forked ranks share nothing
+    assert (
+        "read in 2 passes, one per start method" in words and "**Forked workers** (`fork`, 2026-01-03 00:00)" in words
+    )
+    assert "**Spawned workers** (`spawn`, 2026-01-02 00:00): each begins in a fresh interpreter" in words
+    assert "- Other fails 1 on the even store: equal batches per rank: no." in text
+    assert "- Other fails 1 on the uneven store" not in text  # the same guarantee as on the even store: folded
+    folded = "- In the uneven passes, every other loader that ran fails the guarantees it fails on the even store"
+    assert folded in text
+    assert (
+        "(1 of 3 loaders checked on both stores, the uneven one with forked and spawned workers): zarrtorch." in words
+    )
+
+
+def test_the_committed_json_holds_the_uneven_forked_and_spawned_passes_of_every_peer():
+    """The committed run's guarantees were measured on both stores: the uneven store, with a partial last chunk
+    over 2 ranks x 2 workers, is read once with forked and once with spawned workers, for every loader of the
+    main run, and the page shows both passes."""
     results = peers_table.load()
-    uneven = results["uneven"]
-    store, settings = uneven["store"], uneven["settings"]
-    assert store["rows"] % store["chunk_rows"] and settings["start_method"] == "spawn"
-    assert [p["name"] for p in uneven["peers"]] == [p["name"] for p in results["peers"]]
-    for peer in uneven["peers"]:
-        g = peer.get("guarantees") or {}
-        assert peer["status"] != "ok" or "error" in g or g["start_method"] == "spawn", peer["name"]
     committed = _words((repo_root() / peers_table.PAGE).read_text(encoding="utf-8"))
-    assert "cannot trigger" not in committed and f"uneven: {store['rows']:,} rows" in committed
+    assert "cannot trigger" not in committed
+    for method in ("fork", "spawn"):
+        uneven = results[f"uneven_{method}"]
+        store, settings = uneven["store"], uneven["settings"]
+        assert store["rows"] % store["chunk_rows"] and settings["start_method"] == method
+        assert [p["name"] for p in uneven["peers"]] == [p["name"] for p in results["peers"]]
+        for peer in uneven["peers"]:
+            g = peer.get("guarantees") or {}
+            assert peer["status"] != "ok" or "error" in g or g["start_method"] == method, peer["name"]
+        assert f"uneven: {store['rows']:,} rows, 17 chunks (the last of 102 rows) | {method} |" in committed
     assert "| Grain | even: 8,192 rows, 64 chunks | spawn (`mp_prefetch` always spawns) |" in committed

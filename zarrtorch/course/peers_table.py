@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import textwrap
 from functools import cache
 from pathlib import Path
@@ -99,19 +100,31 @@ def runs(results: dict, ranks: int | None = None) -> list[dict]:
     return records
 
 
-def guarantee_run(results: dict, store: str = "even") -> dict:
-    """The results the guarantees of ``store`` come from: ``even``, the main run's store (``results`` itself),
-    or ``uneven``, the guarantees pass on a store that splits unevenly with spawned workers
-    (``results["uneven"]``, written by ``run.py``'s default run or ``--uneven only``; empty when absent)."""
-    if store == "even":
+def passes(results: dict) -> list[str]:
+    """The guarantee passes of a run, in the page's order: ``even`` (the main run's store, forked workers), then
+    the uneven passes it has (``uneven_fork``, ``uneven_spawn``: a store that splits unevenly, its workers started
+    by that method; written by ``run.py``'s default run or ``--uneven only``)."""
+    table = table_module()
+    return ["even"] + [table.uneven_key(method) for method, _ in table.uneven_passes(results)]
+
+
+def uneven_passes(results: dict) -> list[str]:
+    """The keys of the run's uneven passes (:func:`passes` without ``even``); empty for a run without them."""
+    return passes(results)[1:]
+
+
+def guarantee_run(results: dict, which: str = "even") -> dict:
+    """The results the guarantees of pass ``which`` (:func:`passes`) come from: ``results`` itself for ``even``,
+    else that uneven pass (empty when the run does not have it)."""
+    if which == "even":
         return results
-    return results.get("uneven") or {"peers": []}
+    return results.get(which) or {"peers": []}
 
 
-def verdicts(results: dict, store: str = "even") -> dict[str, dict[str, str]]:
-    """``{loader: {guarantee column: verdict}}`` for every loader whose guarantee checks ran on ``store``."""
+def verdicts(results: dict, which: str = "even") -> dict[str, dict[str, str]]:
+    """``{loader: {guarantee column: verdict}}`` for every loader whose guarantee checks ran in pass ``which``."""
     out = {}
-    for peer in guarantee_run(results, store)["peers"]:
+    for peer in guarantee_run(results, which)["peers"]:
         g = peer.get("guarantees") or {}
         if peer.get("status") == "ok" and g and "error" not in g:
             out[peer["name"]] = {column: str(g.get(key, "?")) for column, key in guarantee_columns()}
@@ -124,10 +137,9 @@ def kept(verdict: str) -> bool:
 
 
 def keeps_all(results: dict) -> list[str]:
-    """Loaders that kept every guarantee, in the table's order: on the main store and, when the run has the
-    uneven pass, on that store too (a loader the pass could not check does not count as keeping them)."""
-    stores = ["even", "uneven"] if results.get("uneven") else ["even"]
-    checked = [verdicts(results, store) for store in stores]
+    """Loaders that kept every guarantee, in the table's order: in every pass of the run (the main store and the
+    uneven passes it has; a loader a pass could not check does not count as keeping them)."""
+    checked = [verdicts(results, which) for which in passes(results)]
     return [name for name in checked[0] if all(name in v and all(kept(x) for x in v[name].values()) for v in checked)]
 
 
@@ -195,7 +207,7 @@ def figure(results: dict, ax=None, label_size: float = 8):
         xlabel="rows/s, epochs 1 and 2 together (log scale)",
         ylabel="held memory, MiB (larger epoch, log scale)",
         title="Right and low is fast and lean; filled: all six guarantees kept "
-        + ("on both stores" if results.get("uneven") else "on this store"),
+        + ("on both stores" if uneven_passes(results) else "on this store"),
     )
     ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
     handles = [
@@ -243,14 +255,14 @@ GUARANTEE_MEANING = {
 }
 
 
-def guarantee_setting(results: dict, store: str = "even") -> dict:
-    """How the guarantees of ``store`` (:func:`guarantee_run`) were checked, and whether that store could trigger
+def guarantee_setting(results: dict, which: str = "even") -> dict:
+    """How the guarantees of pass ``which`` (:func:`guarantee_run`) were checked, and whether that store could trigger
     the failures of an uneven split: ``rows``, ``ranks``, ``workers`` (per rank), ``readers`` (ranks x workers),
     ``chunks`` (full ones), ``partial_rows`` (of a last, shorter chunk), ``batches_per_rank`` (full batches of a
     rank's equal share), ``even`` (whole chunks in equal number for every reader and whole batches for every rank:
     no loader can then be caught dealing unequal shares) and ``start_method`` (of DataLoader workers; ``None``
     when the run did not record it: the runs before the option forked them)."""
-    run = guarantee_run(results, store)
+    run = guarantee_run(results, which)
     store, settings = run["store"], run["settings"]
     workers = {int(p["guarantees"]["workers"]) for p in run["peers"] if "workers" in (p.get("guarantees") or {})}
     ranks = 2  # the checks run ranks 0 and 1 of a world of 2 (benchmarks/peers/checks.py)
@@ -279,7 +291,7 @@ def page(results: dict) -> str:
         _page_head(results),
         "## The table\n\n" + markdown(results) + "\n",
         _page_columns(),
-        _page_two_stores(results) if results.get("uneven") else _page_limits(results),
+        _page_two_stores(results) if uneven_passes(results) else _page_limits(results),
         _page_findings(results),
         _page_layouts(results),
         _page_figure(results),
@@ -308,8 +320,8 @@ def _page_head(results: dict) -> str:
     too). Do not edit it by hand: `tests/course/test_peers_table.py` checks that it is what the generator writes
     from the committed JSON.*"""
     second = (
-        ", there and again on a second store that splits unevenly, with spawned workers"
-        if results.get("uneven")
+        f", there and again on a second store that splits unevenly, with {_workers_started(results)} workers"
+        if uneven_passes(results)
         else ""
     )
     what = f"""zarrtorch is not the only way to feed PyTorch from chunked arrays. `make bench-peers` runs it beside the
@@ -380,9 +392,10 @@ def _page_limits(results: dict) -> str:
         "equal batches per rank" says that a loader keeps them on an even split with forked workers, and no more:
         zarr-torch-dataset's `yes` there does not hold on an uneven split, as A1 measures, and no other peer has
         been run on one. zarrtorch's own tests check both cases (`tests/core/test_plan.py` on splits that do not
-        divide, `tests/core/test_loader.py` and `tests/core/behaviour/test_ddp.py` with spawned workers); the peers' have
-        not been checked there in this run: its JSON has no uneven pass, which `make bench-peers` makes by
-        default (`--uneven`: guarantees only, on a store with a partial last chunk, workers spawned)."""
+        divide, `tests/core/test_loader.py` and `tests/core/behaviour/test_ddp.py` with spawned workers); the
+        peers' have not been checked there in this run: its JSON has no uneven pass, which `make bench-peers`
+        makes by default (`--uneven`: guarantees only, on a store with a partial last chunk, workers forked in one
+        pass and spawned in another)."""
     else:
         why = [
             "its rows do not split into whole chunks and whole batches evenly over the ranks and workers"
@@ -396,9 +409,10 @@ def _page_limits(results: dict) -> str:
     return "## What this store can and cannot show\n\n" + _paragraph(text) + "\n"
 
 
-def store_label(results: dict, store: str) -> str:
-    """A store in the two-store table: ``even`` or ``uneven`` (as it splits), its rows and its chunks."""
-    s = guarantee_setting(results, store)
+def store_label(results: dict, which: str) -> str:
+    """The store of pass ``which`` in the guarantees table: ``even`` or ``uneven`` (as it splits), its rows and its
+    chunks."""
+    s = guarantee_setting(results, which)
     chunks = s["chunks"] + bool(s["partial_rows"])
     last = f" (the last of {s['partial_rows']} rows)" if s["partial_rows"] else ""
     return f"{'even' if s['even'] else 'uneven'}: {s['rows']:,} rows, {chunks} chunks{last}"
@@ -408,8 +422,8 @@ def _batches(g: dict) -> str:
     return " and ".join(str(b) for b in g.get("batches_per_rank", []))
 
 
-def _guarantee_record(results: dict, store: str, name: str) -> dict | None:
-    return next((p for p in guarantee_run(results, store)["peers"] if p["name"] == name), None)
+def _guarantee_record(results: dict, which: str, name: str) -> dict | None:
+    return next((p for p in guarantee_run(results, which)["peers"] if p["name"] == name), None)
 
 
 # recipes that start their workers themselves, whatever the run's start method (benchmarks/peers/<peer>_peer.py)
@@ -417,46 +431,99 @@ OWN_START_METHOD = {
     "xbatcher": "forkserver (its recipe's `multiprocessing_context`)",
     "Grain": "spawn (`mp_prefetch` always spawns)",
 }
+STARTED = {"fork": "forked", "spawn": "spawned"}  # workers started by that method
+# what a store that splits unevenly catches with workers started by that method
+CATCHES = {
+    "fork": """each inherits what its rank knows, so a loader that deals whole chunks unequally over ranks and
+    workers yields unequal batch counts there, or loses or repeats rows""",
+    "spawn": """each begins in a fresh interpreter that knows only what is pickled to it, so a loader that learns
+    its rank inside its workers has its ranks read the same rows there""",
+}
+
+
+def _start_method(results: dict, which: str) -> str:
+    return guarantee_setting(results, which)["start_method"] or "fork"
+
+
+def _workers_started(results: dict) -> str:
+    """How the uneven passes' workers were started, in words: ``forked and spawned``."""
+    return " and ".join(STARTED[_start_method(results, which)] for which in uneven_passes(results))
 
 
 def two_stores_markdown(results: dict) -> str:
-    """Every loader's guarantees on both stores, one line per loader and store: the store, how its workers were
+    """Every loader's guarantees in every pass, one line per loader and pass: the store, how its workers were
     started, the batches each rank yielded in epoch 1, the six verdicts (or why there are none)."""
     cells_of = table_module().guarantee_cells
     head = ["loader", "store", "workers started by", "batches per rank", *(c for c, _ in guarantee_columns())]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    labels = {store: store_label(results, store) for store in ("even", "uneven")}
-    starts = {store: guarantee_setting(results, store)["start_method"] or "fork" for store in ("even", "uneven")}
+    labels = {which: store_label(results, which) for which in passes(results)}
+    starts = {which: _start_method(results, which) for which in passes(results)}
     for peer in results["peers"]:
-        for store in ("even", "uneven"):
-            record = _guarantee_record(results, store, peer["name"]) or {"status": "not in this pass"}
+        for which in passes(results):
+            record = _guarantee_record(results, which, peer["name"]) or {"status": "not in this pass"}
             g = record.get("guarantees") or {}
             if record.get("status") != "ok":
                 cells = ["", record.get("reason") or record["status"]] + [""] * (len(head) - 6)
             else:
                 cells = [_batches(g), *cells_of(g)]
-            start = OWN_START_METHOD.get(peer["name"], starts[store])
-            lines.append("| " + " | ".join([peer["name"], labels[store], start, *cells]) + " |")
+            start = OWN_START_METHOD.get(peer["name"], starts[which])
+            lines.append("| " + " | ".join([peer["name"], labels[which], start, *cells]) + " |")
     return "\n".join(lines)
 
 
-def _overlap_note(uneven: dict[str, str]) -> str:
-    """What "equal batches" and "reshuffled" say of a loader whose ranks both read most rows on the uneven store:
-    equal counts and rows changing rank come from the overlap, not from how it deals shares."""
-    if "rows twice" not in uneven["every row once (2 ranks)"]:
+def rows_twice(verdict: str) -> int:
+    """The rows read twice that an "every row once" verdict counts (``wrong: 2075 rows twice, 1 missing``)."""
+    found = re.search(r"(\d+) rows twice", verdict)
+    return int(found.group(1)) if found else 0
+
+
+def _overlap_note(results: dict, which: str, name: str, uneven: dict[str, str]) -> str:
+    """What "equal batches" and "reshuffled" say of a loader whose ranks read the same rows in uneven pass
+    ``which``: equal counts and rows changing rank come from the overlap, not from how it deals shares; the forked
+    pass, where the run has it and it is not ``which``, measures that."""
+    if not rows_twice(uneven["every row once (2 ranks)"]):
         return ""
-    note = " Its ranks read the same rows there: an equal batch count says nothing of how it deals shares when"
-    note += " its workers know their rank (forked workers; appendix A1 measures zarr-torch-dataset's)"
+    note = " Its ranks read the same rows there: an equal batch count says nothing of how it deals shares"
+    forked = (_guarantee_record(results, "uneven_fork", name) or {}).get("guarantees") or {}
+    if which != "uneven_fork":
+        measured = f"; with forked workers it yields {_batches(forked)} batches per rank there"
+        unmeasured = " when its workers know their rank (forked workers; appendix A1 measures zarr-torch-dataset's)"
+        note += measured if _batches(forked) else unmeasured
     if uneven["reshuffled across ranks"] == "yes":
         note += ", and a row that changes rank is one read by one rank in an epoch and by the other alone in the next"
     return note + "."
 
 
+def _uneven_differences(results: dict, which: str, name: str, even: dict[str, str]) -> str:
+    """One finding line: the guarantees loader ``name`` keeps on the even store and not in uneven pass ``which``
+    (or keeps only there), with its batches per rank; "" when it keeps the same ones."""
+    record = _guarantee_record(results, which, name) or {}
+    workers = f"{STARTED[_start_method(results, which)]} workers"
+    b = verdicts(results, which).get(name)
+    if b is None:
+        g = record.get("guarantees") or {}
+        why = g.get("error") or record.get("reason") or record.get("status") or "not in the pass"
+        return f"- {name}: no verdicts on the uneven store with {workers} ({why})."
+    changed = [
+        f"{c} {even[c]} on the even store, {b[c]} on the uneven one with {workers}"
+        for c in even
+        if kept(even[c]) != kept(b[c])
+    ]
+    if not changed:
+        return ""
+    batches = _batches(record.get("guarantees") or {})
+    ours = _batches((_guarantee_record(results, which, "zarrtorch") or {}).get("guarantees") or {})
+    against = f", zarrtorch {ours}" if ours and name != "zarrtorch" else ""
+    per_rank = f" ({batches} batches per rank{against})" if batches else ""
+    return f"- {name}: " + "; ".join(changed) + per_rank + "." + _overlap_note(results, which, name, b)
+
+
 def _page_two_stores(results: dict) -> str:
-    """What the two guarantee runs measured: each store's split and start method, the two-store table, and the
-    loaders whose verdicts differ between the stores."""
-    even, uneven = guarantee_setting(results, "even"), guarantee_setting(results, "uneven")
-    batch = results["uneven"]["settings"]["batch_size"]
+    """What the guarantee passes measured: each store's split, each pass's start method, the table of every pass,
+    and the loaders whose verdicts differ between the stores."""
+    first = uneven_passes(results)[0]
+    even, uneven = guarantee_setting(results, "even"), guarantee_setting(results, first)
+    batch = results[first]["settings"]["batch_size"]
     workers = " or ".join(str(w) for w in uneven["workers"]) or "?"
     share = uneven["rows"] / uneven["ranks"]
     chunks = uneven["chunks"] + bool(uneven["partial_rows"])
@@ -465,76 +532,91 @@ def _page_two_stores(results: dict) -> str:
     )
     own = "; ".join(f"{name}, {how}" for name, how in OWN_START_METHOD.items())
     forced = "" if even["start_method"] else " (`benchmarks/peers/common.py` forced it then)"
+    reads = " ".join(
+        f"""**{STARTED[_start_method(results, which)].capitalize()} workers** (`{_start_method(results, which)}`,
+        {results[which]["date"].replace("T", " ")}): {CATCHES[_start_method(results, which)]}."""
+        for which in uneven_passes(results)
+    )
+    count = len(uneven_passes(results))
     text = f"""The six guarantees were checked on two stores, each time with ranks 0 and 1 of a world of 2, each
     with DataLoader workers. **The even store** is the table's: {even["chunks"]} full chunks of
     {results["store"]["chunk_rows"]} rows over {even["readers"]} reading processes, workers started by
     `{even["start_method"] or "fork"}`{forced}:
     every reading process can get {even["chunks"] // even["readers"]} whole chunks and every rank
     {even["batches_per_rank"]} full batches, and a forked worker inherits what its rank knows, so no loader can be
-    caught there dealing unequal shares or losing its rank in a worker. **The uneven store**
-    ({results["uneven"]["date"].replace("T", " ")}, guarantees only, no timing) holds {uneven["rows"]:,} rows:
+    caught there dealing unequal shares or losing its rank in a worker. **The uneven store** (guarantees only, no
+    timing) holds {uneven["rows"]:,} rows:
     {last}{chunks} chunks over {uneven["ranks"]} ranks x {workers} workers = {uneven["readers"]} reading processes,
-    which do not divide; {share:,.10g} rows a rank, {share / batch:.2f} batches of {batch}; and its workers are
-    started by `{uneven["start_method"]}`: each begins in a fresh interpreter that knows only what is pickled to
-    it. A loader that deals whole chunks unequally, or learns its rank inside its workers, fails "every row once"
-    or "equal batches per rank" there. Two recipes start their workers themselves on both stores:
-    {own}. The loaders that read a copy of their own convert this store as they
-    convert the even one."""
+    which do not divide; {share:,.10g} rows a rank, {share / batch:.2f} batches of {batch}. It was read in
+    {count} pass{"es" if count > 1 else ""}, one per start method of the DataLoader workers. {reads} Two recipes
+    start their workers themselves in every pass: {own}. The loaders that read a copy of their own convert this
+    store as they convert the even one."""
     lines = ["## The guarantees on two stores", "", _paragraph(text), "", two_stores_markdown(results), ""]
     differ, same = [], []
     for peer in results["peers"]:
         name = peer["name"]
-        a, b = verdicts(results).get(name), verdicts(results, "uneven").get(name)
-        record = _guarantee_record(results, "uneven", name) or {}
+        a = verdicts(results).get(name)
         if a is None:
             continue
-        if b is None:
-            g = record.get("guarantees") or {}
-            why = g.get("error") or record.get("reason") or record.get("status") or "not in the pass"
-            differ.append(f"- {name}: no verdicts on the uneven store ({why}).")
-            continue
-        changed = [f"{c} {a[c]} on the even store, {b[c]} on the uneven one" for c in a if kept(a[c]) != kept(b[c])]
-        if not changed:
+        found = [line for which in uneven_passes(results) if (line := _uneven_differences(results, which, name, a))]
+        differ += found
+        if not found:
             same.append(name)
-            continue
-        batches = _batches(record.get("guarantees") or {})
-        ours = _batches((_guarantee_record(results, "uneven", "zarrtorch") or {}).get("guarantees") or {})
-        against = f", zarrtorch {ours}" if ours and name != "zarrtorch" else ""
-        per_rank = f" ({batches} batches per rank on the uneven store{against})" if batches else ""
-        differ.append(f"- {name}: " + "; ".join(changed) + per_rank + "." + _overlap_note(b))
     if differ:
         lines += ["A guarantee kept on one store and not on the other:", "", *differ, ""]
     if same:
-        text = f"""Every guarantee kept, or not, on both stores alike: {", ".join(same)}. Their counts follow the
-        store (a `drop_last` remainder of fewer than {uneven["ranks"]} x {batch} rows on the uneven one, and the
-        rows a wrong resume reads twice or misses)."""
+        text = f"""Every guarantee kept, or not, on both stores alike, in every pass: {", ".join(same)}. Their
+        counts follow the store (a `drop_last` remainder of fewer than {uneven["ranks"]} x {batch} rows on the
+        uneven one, and the rows a wrong resume reads twice or misses)."""
         lines += [_paragraph(text), ""]
     return "\n".join(lines)
+
+
+def _pass_suffix(results: dict, which: str) -> str:
+    """Where a finding was measured, when the run has more than one pass: `` on the even store``, `` on the
+    uneven store, workers forked``; "" for a run with one pass."""
+    if not uneven_passes(results):
+        return ""
+    if which == "even":
+        return " on the even store"
+    return f" on the uneven store, workers {STARTED[_start_method(results, which)]}"
+
+
+def _failed_columns(row: dict[str, str]) -> set[str]:
+    """The guarantee columns a loader's verdicts do not keep."""
+    return {column for column, v in row.items() if not kept(v)}
 
 
 def _page_findings(results: dict) -> str:
     verdict = verdicts(results)
     safe = keeps_all(results)
-    both = bool(results.get("uneven"))
+    both = bool(uneven_passes(results))
     where = "on both stores" if both else "on this store"
+    checked = f" on both stores, the uneven one with {_workers_started(results)} workers" if both else ""
     lines = [
         "## What the run shows",
         "",
-        f"- **All six guarantees kept {where}** ({len(safe)} of {len(verdict)} loaders checked"
-        + (" on both stores" if both else "")
-        + "): "
+        f"- **All six guarantees kept {where}** ({len(safe)} of {len(verdict)} loaders checked{checked}): "
         + (", ".join(safe) or "none")
         + ".",
     ]
-    for store in ("even", "uneven") if both else ("even",):
-        suffix = f" on the {store} store" if both else ""
-        for name, row in verdicts(results, store).items():
-            failed = {c: v for c, v in row.items() if not kept(v)}
+    folded = False
+    for which in passes(results):
+        for name, row in verdicts(results, which).items():
+            failed = {c: v for c, v in row.items() if c in _failed_columns(row)}
+            if which != "even" and name in verdict and set(failed) == _failed_columns(verdict[name]):
+                folded = True  # the same guarantees as on the even store: the table has its counts
+                continue
             if failed:
-                g = (_guarantee_record(results, store, name) or {}).get("guarantees") or {}
-                batches = f" ({_batches(g)} batches per rank)" if store == "uneven" and _batches(g) else ""
+                g = (_guarantee_record(results, which, name) or {}).get("guarantees") or {}
+                batches = f" ({_batches(g)} batches per rank)" if which != "even" and _batches(g) else ""
                 listed = "; ".join(f"{c}: {v}" for c, v in failed.items())
-                lines.append(f"- {name} fails {len(failed)}{suffix}: {listed}{batches}.")
+                lines.append(f"- {name} fails {len(failed)}{_pass_suffix(results, which)}: {listed}{batches}.")
+    if folded:
+        lines.append(
+            "- In the uneven passes, every other loader that ran fails the guarantees it fails on the even store, "
+            "no more and no fewer (its counts, which follow the store, are in the table above)."
+        )
     one_rank = runs(results, ranks=1)
     for w in sorted({r["workers"] for r in one_rank}):
         among = [r for r in one_rank if r["workers"] == w and r["loader"] in safe]
@@ -750,8 +832,8 @@ def _rate(v: float | None) -> str:
 def _page_figure(results: dict) -> str:
     name = Path(FIGURE).name
     where = (
-        "on both stores, the even one and the uneven one with spawned workers"
-        if results.get("uneven")
+        f"on both stores, the even one and the uneven one with {_workers_started(results)} workers"
+        if uneven_passes(results)
         else "on this store (see above for what that store cannot show)"
     )
     text = f"""One point per loader and worker count, with one rank: rows/s over both epochs across, held memory up
