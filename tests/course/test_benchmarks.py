@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import harness  # noqa: E402
+import pagecache  # noqa: E402
 
 EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
     ("1x", "l0", 1): 1,
@@ -322,3 +323,61 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
+
+
+def test_dropping_a_file_from_the_page_cache_makes_its_next_read_cold(tmp_path):
+    """benchmarks/pagecache.py, what ``--cold`` relies on without root: a file of a few MB, written and read (all
+    of it in the page cache), is no longer resident after ``drop_from_cache``, and reading it brings it back."""
+    if pagecache.MINCORE is None:
+        pytest.skip("this platform's libc has no mincore: the page cache's contents cannot be measured")
+    store = tmp_path / "store"
+    (store / "c").mkdir(parents=True)
+    for name in ("c/0", "c/1"):
+        (store / name).write_bytes(np.random.default_rng(0).bytes(3 * 2**20))
+    assert pagecache.load_into_cache(store) == 6 * 2**20
+    assert pagecache.resident_fraction(store) > 0.9
+    assert pagecache.drop_from_cache(store) == 6 * 2**20
+    assert pagecache.resident_fraction(store) < 0.1
+    (store / "c/1").read_bytes()
+    assert 0.4 < pagecache.resident_fraction(store) <= 0.6  # the file read, not the other
+
+
+def layouts_run(tmp_path, *options) -> dict:
+    """``benchmarks/layouts.py`` in a subprocess on a tiny store; returns its JSON output."""
+    out = tmp_path / "layouts.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "layouts.py"), "--repeats", "1", "--no-gil-probe"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(out), *options]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text()) | {"stdout": proc.stdout}
+
+
+@pytest.mark.slow
+def test_layouts_cold_measures_every_figure_warm_and_cold_from_an_evicted_store(tmp_path):
+    """``layouts.py --cold`` (issue 43 item 6): each figure warm and cold in one run, and the store's pages resident
+    before the timed passes were all of them warm and (almost) none cold."""
+    data = layouts_run(tmp_path, "--cold", "--rows", "8", "--layouts", "v3 zstd", "v2 no compressor")
+    figures = {"raw_1t", "raw_2t", "raw_2t_cpu_per_wall", "zarr 0w", "direct 0w"}
+    for layout in ("v3 zstd", "v2 no compressor"):
+        run = data["layouts"][layout]
+        assert {k for k in run if k not in ("path", "resident", "stored_mb")} == figures | {
+            f"{f} cold" for f in figures
+        }
+        assert all(run[f]["median"] > 0 and run[f"{f} cold"]["median"] > 0 for f in figures)
+        if pagecache.MINCORE is not None:
+            assert run["resident"]["warm"]["min"] > 0.9 and run["resident"]["cold"]["max"] < 0.1, run["resident"]
+    assert "cold/warm" in data["stdout"]
+
+
+@pytest.mark.slow
+def test_layouts_era5_reads_three_fields_a_sample_with_0_and_2_workers(tmp_path):
+    """``layouts.py --era5`` on a small grid (the hidden ``--era5-grid``): a group of t2m, u10 and v10, one time step
+    a chunk, every sample the three fields; rows/s of raw and of both loaders with 0 and 2 workers, and MB/s."""
+    data = layouts_run(tmp_path, "--era5", "--rows", "6", "--era5-grid", "9", "16", "--layouts", "v2 blosc lz4 shuffle")
+    assert data["row_bytes"] == 3 * 9 * 16 * 4 and data["workers"] == [0, 2]
+    run = data["layouts"]["v2 blosc lz4 shuffle"]
+    for figure in ("raw_1t", "raw_2t", "zarr 0w", "direct 0w", "zarr 2w", "direct 2w"):
+        assert run[figure]["median"] > 0, figure
+    store = tmp_path / "data" / "era5-v2-blosc-lz4-shuffle-6x9x16.zarr"
+    assert sorted(p.name for p in store.iterdir() if p.is_dir()) == ["t2m", "u10", "v10"]
+    assert "warm MB/s" in data["stdout"]
