@@ -198,16 +198,6 @@ def a_loader(arrays: dict[str, zarr.Array], batch_size: int = BATCH, workers: in
     return ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers, **persistent)
 
 
-def cache_state(root: Path, cold: bool) -> float:
-    """Make the store's files cold (dropped from the page cache) or warm (read once); returns the share of their
-    pages resident just after, which the table reports."""
-    if cold:
-        pagecache.drop_from_cache(root)
-    else:
-        pagecache.load_into_cache(root)
-    return pagecache.resident_fraction(root)
-
-
 def measure_layout(
     arrays: dict[str, zarr.Array], repeats: int, *, batch_size: int = BATCH, workers=(0,), cold: bool = False
 ) -> dict:
@@ -232,7 +222,7 @@ def measure_layout(
     for r in range(repeats):
         for is_cold in states:
             for threads in (1, 2):
-                resident["cold" if is_cold else "warm"].append(cache_state(root, is_cold))
+                resident["cold" if is_cold else "warm"].append(pagecache.prepare_pass(root, is_cold))
                 rate, cpu = raw_rate(arrays, threads)
                 record(f"raw_{threads}t", is_cold, rate)
                 if threads == 2:
@@ -242,7 +232,7 @@ def measure_layout(
             for is_cold in states:
 
                 def before(c=is_cold):
-                    resident["cold" if c else "warm"].append(cache_state(root, c))
+                    resident["cold" if c else "warm"].append(pagecache.prepare_pass(root, c))
 
                 rate = epoch_rate(loaders[name], r + 1, through_zarr=name.startswith("zarr"), before=before)
                 record(name, is_cold, rate)

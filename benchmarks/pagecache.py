@@ -92,3 +92,13 @@ def resident_fraction(path: str | os.PathLike) -> float:
         h, t = resident_pages(f)
         held, total = held + h, total + t
     return held / total if total else 0.0
+
+
+def prepare_pass(path: str | os.PathLike, cold: bool) -> float:
+    """Make the store's files cold (dropped from the page cache) or warm (read once) for the next timed pass;
+    returns the share of their pages resident just after, for the table to report."""
+    if cold:
+        drop_from_cache(path)
+    else:
+        load_into_cache(path)
+    return resident_fraction(path)
