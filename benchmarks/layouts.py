@@ -11,24 +11,25 @@ one-row inner chunks with zstd, v2 with no compressor, v2 big-endian with Blosc 
   chunk files (whole shards) and decode them into an array of their own, nothing else
   (:func:`zarrtorch._read.fastpath.stored_decoder`); 1 and 2 threads: a codec that holds the GIL gains nothing
   from the second;
-* ``zarr's path``: ``ZarrDataLoader`` with 0 workers and default settings, shuffled, every array forced through
-  zarr's codecs (:mod:`zarrtorch._read.chunks`: what every layout but v3 zstd took before issue 43);
+* ``zarr's path``: ``ZarrDataLoader`` with 0 workers (``--workers``) and default settings, shuffled, every array
+  forced through zarr's codecs (:mod:`zarrtorch._read.chunks`: what every layout but v3 zstd took before issue
+  43);
 * ``direct``: the same loader as it now reads the layout (:mod:`zarrtorch._read.fastpath`).
 
 Each figure is the median of ``--repeats`` runs (epochs for the loader), with the lowest and highest, the runs
-of one layout interleaved; ratios are from this one run. The machine's load average is printed before and
-after: on a shared machine the spread says how much to trust a ratio. Last, whether each codec (and each way to
-byte-swap) releases the GIL while it decodes, by how late a thread waking every millisecond wakes meanwhile
-(a 2-thread rate says it only on an idle machine).
+of one layout interleaved, each after the store's files were read into the page cache; ratios are from this
+one run. The machine's load average is printed before and after: on a shared machine the spread says how much
+to trust a ratio. Last, whether each codec (and each way to byte-swap) releases the GIL while it decodes, by
+how late a thread waking every millisecond wakes meanwhile (a 2-thread rate says it only on an idle machine).
 
-``--cold`` measures every figure twice in the same run, interleaved: warm (the store's files read into the page
-cache first) and cold (dropped from it first, :mod:`pagecache`, no root needed), with the share of the store's
-pages resident just before each timed pass, and the ratio cold / warm. ``--era5`` replaces the stores by ERA5's
-scale per field: three fields (t2m, u10, v10) of 721 x 1440 float32, three arrays of one time step a chunk (4
-MiB), a sample the three fields of a time step; layouts v3 zstd, v2 Blosc lz4 shuffle and v2 no compressor,
-the loaders with 0 and 2 workers, MB/s of decoded bytes beside rows/s:
+``--cold`` measures every figure twice in the same run, interleaved: warm (as above) and cold (the store's files
+dropped from the page cache first, :mod:`pagecache`, no root needed), with the share of the store's pages
+resident just before each timed pass, and the ratio cold / warm. ``--era5`` replaces the stores by ERA5's scale
+per field: three fields (t2m, u10, v10) of 721 x 1440 float32, three arrays of one time step a chunk (4 MiB), a
+sample the three fields of a time step; layouts v3 zstd, v2 Blosc lz4 shuffle and v2 no compressor, the
+loaders with 0 and 2 workers, MB/s of decoded bytes beside rows/s:
 
-    .venv/bin/python benchmarks/layouts.py --cold                       # the table above, warm and cold
+    .venv/bin/python benchmarks/layouts.py --cold                       # every layout, warm and cold
     .venv/bin/python benchmarks/layouts.py --era5 --cold --rows 96 --repeats 2   # ~3 GB under data/bench
 """
 
