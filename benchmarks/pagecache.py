@@ -31,6 +31,8 @@ def store_files(path: str | os.PathLike) -> list[Path]:
 def drop_from_cache(path: str | os.PathLike) -> int:
     """Evict every file under ``path`` from the page cache; returns the bytes asked to go. Dirty pages cannot be
     dropped, hence the ``fsync`` first."""
+    if not hasattr(os, "posix_fadvise"):
+        raise OSError("this platform has no posix_fadvise (Linux has): --cold cannot drop the store from the cache")
     total = 0
     for f in store_files(path):
         fd = os.open(f, os.O_RDONLY)
@@ -96,9 +98,10 @@ def resident_fraction(path: str | os.PathLike) -> float:
 
 def prepare_pass(path: str | os.PathLike, cold: bool) -> float:
     """Make the store's files cold (dropped from the page cache) or warm (read once) for the next timed pass;
-    returns the share of their pages resident just after, for the table to report."""
+    returns the share of their pages resident just after, for the table to report (NaN where the platform
+    cannot tell: no ``mincore``)."""
     if cold:
         drop_from_cache(path)
     else:
         load_into_cache(path)
-    return resident_fraction(path)
+    return resident_fraction(path) if MINCORE is not None else float("nan")
