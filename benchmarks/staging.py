@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pagecache
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -37,17 +39,6 @@ sys.path.insert(0, str(ROOT))
 def store_files(folder: Path) -> dict[str, int]:
     """Every file of a store, by path relative to it, with its size."""
     return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def drop_from_page_cache(folder: Path) -> None:
-    """Ask the kernel to forget the store's cached pages (written ones first go to disk: dirty pages stay)."""
-    for name in store_files(folder):
-        fd = os.open(folder / name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def copy_store(source: Path, dest: Path) -> float:
@@ -92,7 +83,7 @@ def measure(
     source, dest_dir = Path(source), Path(dest_dir)
     threads = decode_threads or max(1, available_cpus() - 1)
     dest = dest_dir / f"{source.name}.staged-{os.getpid()}"
-    drop_from_page_cache(source)  # the copy reads the source as a job's first read would
+    pagecache.drop_from_cache(source)  # the copy reads the source as a job's first read would
     copy_s = copy_store(source, dest)
     try:
         files, copied = store_files(source), store_files(dest)
@@ -117,7 +108,7 @@ def measure(
                 for where in order:
                     store = source if where == "in_place" else dest
                     if mode == "cold":
-                        drop_from_page_cache(store)
+                        pagecache.drop_from_cache(store)
                     else:
                         epoch_seconds(store, batch_size=batch_size, decode_threads=threads, epoch=r)  # warms it
                     seconds, rows = epoch_seconds(store, batch_size=batch_size, decode_threads=threads, epoch=r)

@@ -13,7 +13,9 @@ worker's plan makes (``zarrtorch.window_stream.chunk_reads``, what the worker ru
 trade-off for ten years of hourly one-step chunks (``--trade-steps``), on window ids alone: decodes per chunk
 and the most chunks a worker holds (4 ranks x 2 workers), and shuffle quality of one rank's epoch (1 rank x 2
 workers; lesson 03's measures, on 100-step stretches) against a perfect shuffle of window starts. Figures are
-medians of ``--repeats`` epochs; ratios are from this one run.
+medians of ``--repeats`` epochs; ratios are from this one run. ``--cold``: every figure of the stores also
+with the store's files dropped from the page cache before each pass (``pagecache.py``, as ``layouts.py --cold``),
+the warm ones read into it first, with the share of the store's pages resident before the passes and cold / warm.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numcodecs
 import numpy as np
+import pagecache
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -132,17 +135,22 @@ class StepByStep(torch.utils.data.Dataset):
         return torch.from_numpy(steps[: self.history]), torch.from_numpy(steps[self.history :])
 
 
-def timed_epochs(make_iter, repeats: int) -> tuple[float, int]:
+def timed_epochs(make_iter, repeats: int, before=None) -> tuple[float, int]:
+    """Median windows/s of ``repeats`` epochs and the windows of the last; ``before()`` runs just before each
+    epoch's clock starts (the page cache made cold or warm)."""
     rates, n = [], 0
     for epoch in range(repeats):
+        epoch_iter = make_iter(epoch)
+        if before is not None:
+            before()
         start, n = time.perf_counter(), 0
-        for batch in make_iter(epoch):
+        for batch in epoch_iter:
             n += len(batch[0] if isinstance(batch, (list, tuple)) else batch["fields"])
         rates.append(n / (time.perf_counter() - start))
     return statistics.median(rates), n
 
 
-def zarrtorch_run(path: Path, workers: int, repeats: int, decode_threads: int | None = None) -> dict:
+def zarrtorch_run(path: Path, workers: int, repeats: int, decode_threads: int | None = None, before=None) -> dict:
     ds = ZarrIterableDataset(path, windows=WINDOWS, seed=0, read=ReadOptions(decode_threads=decode_threads))
     loader = ZarrDataLoader(ds, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
     reads = []
@@ -160,7 +168,7 @@ def zarrtorch_run(path: Path, workers: int, repeats: int, decode_threads: int | 
             return loader
 
         with MemorySampler(every_s=0.005) as sampler:
-            rate, windows = timed_epochs(epoch_iter, repeats)
+            rate, windows = timed_epochs(epoch_iter, repeats, before)
     finally:
         PieceReader.read_piece = original
     held = sampler.held
@@ -184,7 +192,7 @@ def planned_reads(ds, spec, topology: Topology, epoch: int) -> int:
     return total
 
 
-def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -> dict:
+def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int, before=None) -> dict:
     ds = StepByStep(path, WINDOWS)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=BATCH, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(0)
@@ -197,7 +205,7 @@ def step_by_step_run(path: Path, workers: int, repeats: int, max_batches: int) -
             yield batch
 
     with MemorySampler(every_s=0.005) as sampler:
-        rate, windows = timed_epochs(epoch_iter, repeats)
+        rate, windows = timed_epochs(epoch_iter, repeats, before)
     chunk_rows = zarr.open_group(path, mode="r")["fields"].chunks[0]
     # every step of every window decodes its chunk: steps x windows reads over windows / chunk_rows chunks
     decodes = WINDOWS.steps * chunk_rows
@@ -264,6 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "windows.json"))
     p.add_argument("--figure", default=None, help="write the block-length figure here (png)")
     p.add_argument("--data-dir", default=str(DATA), help="where the generated stores are kept")
+    p.add_argument("--cold", action="store_true", help="every figure also with the store dropped from the page cache")
     p.add_argument("--threads", type=int, default=available_cpus(), help="threads of the limits (default: the CPUs)")
     p.add_argument(
         "--decode-threads",
@@ -276,28 +285,17 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"rows": args.rows, "stores": {}, "blocks": None}
     for chunk in args.chunks:
         path = generated_store(args.rows, chunk, args.data_dir)
-        l0 = statistics.median(decode_limit(path, args.threads) for _ in range(args.repeats))
-        l0r = statistics.median(reader_limit(path, args.threads) for _ in range(args.repeats))
-        raw = statistics.median(raw_limit(path, args.threads) for _ in range(args.repeats))
-        runs = {"L0 steps/s": l0, "L0r steps/s": l0r, "raw steps/s": raw}
-        for workers in (0, 2):
-            runs[f"zarrtorch {workers}w"] = zarrtorch_run(path, workers, args.repeats)
-            runs[f"step by step {workers}w"] = step_by_step_run(path, workers, args.repeats, args.step_by_step_batches)
-        for threads in args.decode_threads:
-            runs[f"zarrtorch 0w {threads}t"] = zarrtorch_run(path, 0, args.repeats, threads)
+        states = (False, True) if args.cold else (None,)
+        runs, resident = {}, {"warm": [], "cold": []}
+        for cold in states:
+            runs |= store_figures(path, args, cold, resident)
+        if args.cold:
+            runs["resident"] = {k: {"min": min(v), "max": max(v)} for k, v in resident.items()}
         result["stores"][chunk] = runs
         kib = np.prod(ROW_SHAPE) * 4 // 1024
-        print(
-            f"\n{args.rows} time steps of {kib} KiB, {chunk}-step chunks, limits in {args.threads} threads: "
-            f"L0 {l0:,.0f}, L0r {l0r:,.0f}, raw {raw:,.0f} steps/s"
-        )
-        head = f"  {'reader':<22}{'windows/s':>11}{'x L0':>7}{'x L0r':>7}{'x raw':>7}{'decodes/chunk':>15}"
-        print(head + f"{'held MiB':>10}")
-        for name, r in runs.items():
-            if isinstance(r, dict):
-                rate, decodes, held = r["windows_s"], r["decodes_per_chunk"], r["held_mib"]
-                ratios = f"{rate / l0:>7.2f}{rate / l0r:>7.2f}{rate / raw:>7.2f}"
-                print(f"  {name:<22}{rate:>11,.0f}{ratios}{decodes:>15.2f}{held:>10.0f}")
+        for cold in states:
+            print_store(runs, args, chunk, kib, " cold" if cold else "")
+
     result["blocks"] = block_tradeoff(args.trade_steps, [None, *args.blocks])
     kib = np.prod(ROW_SHAPE) * 4 // 1024
     print(f"\nblock length ({args.trade_steps:,} one-step chunks of {kib} KiB, buffer 8 blocks, window ids only):")
@@ -319,6 +317,52 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def store_figures(path: Path, args, cold: bool | None, resident: dict) -> dict:
+    """Every figure of one store; ``cold`` True or False: the store's files dropped from the page cache or read
+    into it before each pass (the share of its pages resident then appended to ``resident``), and the names of
+    cold figures ending in " cold"; None: the cache left as it is."""
+
+    def before() -> None:
+        if cold is not None:
+            resident["cold" if cold else "warm"].append(pagecache.prepare_pass(path, cold))
+
+    def limit(measure) -> float:
+        before()
+        return measure(path, args.threads)
+
+    suffix, runs = " cold" if cold else "", {}
+    for name, measure in {"L0": decode_limit, "L0r": reader_limit, "raw": raw_limit}.items():
+        runs[f"{name} steps/s{suffix}"] = statistics.median(limit(measure) for _ in range(args.repeats))
+    for workers in (0, 2):
+        runs[f"zarrtorch {workers}w{suffix}"] = zarrtorch_run(path, workers, args.repeats, before=before)
+        runs[f"step by step {workers}w{suffix}"] = step_by_step_run(
+            path, workers, args.repeats, args.step_by_step_batches, before=before
+        )
+    for threads in args.decode_threads:
+        runs[f"zarrtorch 0w {threads}t{suffix}"] = zarrtorch_run(path, 0, args.repeats, threads, before=before)
+    return runs
+
+
+def print_store(runs: dict, args, chunk: int, kib: int, suffix: str) -> None:
+    """One store's table (``suffix`` " cold": its cold figures, with cold / warm and the resident share)."""
+    l0, l0r, raw = (runs[f"{name} steps/s{suffix}"] for name in ("L0", "L0r", "raw"))
+    print(
+        f"\n{args.rows} time steps of {kib} KiB, {chunk}-step chunks{suffix}, limits in {args.threads} threads: "
+        f"L0 {l0:,.0f}, L0r {l0r:,.0f}, raw {raw:,.0f} steps/s"
+    )
+    if "resident" in runs:
+        shares = ", ".join(f"{k} {v['min']:.2f}-{v['max']:.2f}" for k, v in runs["resident"].items())
+        print(f"  share of the store's pages in the page cache before each pass: {shares}")
+    head = f"  {'reader':<22}{'windows/s':>11}{'x L0':>7}{'x L0r':>7}{'x raw':>7}{'decodes/chunk':>15}"
+    print(head + f"{'held MiB':>10}" + (f"{'cold/warm':>11}" if suffix else ""))
+    for name, r in runs.items():
+        if isinstance(r, dict) and name != "resident" and name.endswith(suffix) and (suffix or "cold" not in name):
+            rate, decodes, held = r["windows_s"], r["decodes_per_chunk"], r["held_mib"]
+            ratios = f"{rate / l0:>7.2f}{rate / l0r:>7.2f}{rate / raw:>7.2f}"
+            warm = f"{rate / runs[name.removesuffix(suffix)]['windows_s']:>11.2f}" if suffix else ""
+            print(f"  {name.removesuffix(suffix):<22}{rate:>11,.0f}{ratios}{decodes:>15.2f}{held:>10.0f}{warm}")
 
 
 def plot(blocks: list[dict], path: str) -> None:

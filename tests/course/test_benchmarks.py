@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import harness  # noqa: E402
+import pagecache  # noqa: E402
 
 EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
     ("1x", "l0", 1): 1,
@@ -322,3 +323,71 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
+
+
+def test_dropping_a_file_from_the_page_cache_makes_its_next_read_cold(tmp_path):
+    """benchmarks/pagecache.py, what ``--cold`` relies on without root: a file of a few MB, written and read (all
+    of it in the page cache), is no longer resident after ``drop_from_cache``, and reading it brings it back."""
+    if pagecache.MINCORE is None:
+        pytest.skip("this platform's libc has no mincore: the page cache's contents cannot be measured")
+    store = tmp_path / "store"
+    (store / "c").mkdir(parents=True)
+    for name in ("c/0", "c/1"):
+        (store / name).write_bytes(np.random.default_rng(0).bytes(3 * 2**20))
+    assert pagecache.load_into_cache(store) == 6 * 2**20
+    assert pagecache.resident_fraction(store) > 0.9
+    assert pagecache.drop_from_cache(store) == 6 * 2**20
+    assert pagecache.resident_fraction(store) < 0.1
+    (store / "c/1").read_bytes()
+    assert 0.4 < pagecache.resident_fraction(store) <= 0.6  # the file read, not the other
+
+
+def layouts_run(tmp_path, *options) -> dict:
+    """``benchmarks/layouts.py`` in a subprocess on a tiny store; returns its JSON output."""
+    out = tmp_path / "layouts.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "layouts.py"), "--repeats", "1", "--no-gil-probe"]
+    cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(out), *options]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text()) | {"stdout": proc.stdout}
+
+
+@pytest.mark.slow
+def test_layouts_era5_cold_reads_three_fields_a_sample_warm_and_cold_with_0_and_2_workers(tmp_path):
+    """``layouts.py --era5 --cold`` (issue 43 item 6) on a small grid (the hidden ``--era5-grid``): a group of t2m,
+    u10 and v10, one time step a chunk; every figure (raw 1 and 2 threads, zarr's path and direct with 0 and 2
+    workers) warm and cold in one run, the store's pages all resident before each warm pass and (almost) none
+    before each cold one, and MB/s and cold/warm in the table."""
+    options = ["--era5", "--cold", "--rows", "6", "--era5-grid", "9", "16", "--layouts", "v2 blosc lz4 shuffle"]
+    data = layouts_run(tmp_path, *options)
+    assert data["row_bytes"] == 3 * 9 * 16 * 4 and data["workers"] == [0, 2]
+    figures = {"raw_1t", "raw_2t", "raw_2t_cpu_per_wall", "zarr 0w", "direct 0w", "zarr 2w", "direct 2w"}
+    for layout, run in data["layouts"].items():
+        assert {k for k in run if k not in ("path", "resident", "stored_mb")} == figures | {
+            f"{f} cold" for f in figures
+        }
+        assert all(run[f]["median"] > 0 and run[f"{f} cold"]["median"] > 0 for f in figures), layout
+        if pagecache.MINCORE is not None:
+            assert run["resident"]["warm"]["min"] > 0.9 and run["resident"]["cold"]["max"] < 0.1, run["resident"]
+    store = tmp_path / "data" / "era5-v2-blosc-lz4-shuffle-6x9x16.zarr"
+    assert sorted(p.name for p in store.iterdir() if p.is_dir()) == ["t2m", "u10", "v10"]
+    assert "warm MB/s" in data["stdout"] and "cold/warm" in data["stdout"]
+
+
+@pytest.mark.slow
+def test_windows_cold_measures_every_figure_again_from_an_evicted_store(tmp_path):
+    """``windows.py --cold`` (issue 43 item 6): every limit and reader of the store also cold, each pass after the
+    store's pages were dropped (the warm ones after they were read in), and the table prints cold / warm."""
+    out = tmp_path / "windows.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "windows.py"), "--cold", "--rows", "100", "--chunks", "8"]
+    cmd += ["--repeats", "1", "--blocks", "4", "--trade-steps", "300", "--step-by-step-batches", "1"]
+    cmd += ["--data-dir", str(tmp_path), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    runs = json.loads(out.read_text())["stores"]["8"]
+    warm = {name for name in runs if not name.endswith(" cold") and name != "resident"}
+    assert len(warm) == 7 and {name for name in runs if name.endswith(" cold")} == {f"{n} cold" for n in warm}
+    assert all((r["windows_s"] if isinstance(r, dict) else r) > 0 for n, r in runs.items() if n != "resident")
+    if pagecache.MINCORE is not None:
+        assert runs["resident"]["warm"]["min"] > 0.9 and runs["resident"]["cold"]["max"] < 0.1, runs["resident"]
+    assert "cold/warm" in proc.stdout
