@@ -17,8 +17,9 @@ own shuffle and its own resume. The mixed loader only decides which source the n
   continues exactly; on another one each source resumes as its loader does elastically, and the rest of the
   epoch's targets (less the rows already drawn) are split again in global batches of the new topology.
 
-Batches of one step come from one source (different grids cannot share a batch): ``batches="mixed"`` is refused
-with the reason (see :data:`MIXED_BATCHES`).
+Batches are per source (the default: different grids cannot share a batch) or, for sources of one grid,
+``batches="mixed"``: every batch holds a fixed number of rows of every source (its loader's batch size, which is
+its share), so each source's state is exact at every step and every guarantee above holds as it is.
 """
 
 from __future__ import annotations
@@ -39,13 +40,6 @@ MIX_VERSION = 1
 SOURCE = "source"  # the batch key that names a batch's source
 MIX_STREAM = 0x6D6978  # rng_for stream of the mix order ("mix"): apart from every plan's streams
 PER_SOURCE, MIXED = "per_source", "mixed"
-MIXED_BATCHES = (
-    "batches='mixed' (rows of several sources in one batch) is not supported: a mixed batch's rows would come from "
-    "several source batches, so a state saved inside it could not be resumed on another world size without reading "
-    "some rows twice or losing some. Use batches='per_source' (every batch from one source, named in "
-    "batch['source']; average the loss over steps), or, for stores of one grid, write them into one store "
-    "(prepare_zarr) and load it with one ZarrDataLoader"
-)
 
 
 def quotas_of(targets: Sequence[float], global_batches: Sequence[int]) -> tuple[int, ...]:
@@ -73,13 +67,12 @@ class MixPoint:
     world_size: int
     steps: int
 
-    def on(self, world: int, order: np.ndarray, global_batches: Sequence[int]) -> MixPoint:
-        """This point as a new segment on ``world`` ranks when it ran on another: the rows its yielded steps drew
-        move into ``drawn_before``. On the same world size, itself."""
+    def on(self, world: int, batches: Sequence[int], global_batches: Sequence[int]) -> MixPoint:
+        """This point as a new segment on ``world`` ranks when it ran on another: the rows of the ``batches`` per rank
+        of each source its yielded steps drew move into ``drawn_before``. On the same world size, itself."""
         if world == self.world_size:
             return self
-        counts = np.bincount(order[: self.steps], minlength=len(self.drawn_before))
-        drawn = tuple(d + int(c) * g for d, c, g in zip(self.drawn_before, counts, global_batches, strict=True))
+        drawn = tuple(d + c * g for d, c, g in zip(self.drawn_before, batches, global_batches, strict=True))
         return MixPoint(self.epoch, drawn, self.segment + 1, world, 0)
 
 
@@ -87,15 +80,17 @@ class MixedLoader:
     """Batches of several :class:`~zarrtorch.ZarrDataLoader` sources, mixed by weight or by rows per epoch.
 
     Args:
-        sources: ``{name: loader}`` (or a list: names ``"0"``, ``"1"``...). Every loader has the same
-            ``batch_size`` (a step's size does not change with its source) and is used by this loader only.
+        sources: ``{name: loader}`` (or a list: names ``"0"``, ``"1"``...), each used by this loader only. With
+            per-source batches every loader has the same ``batch_size`` (a step's size does not change with its
+            source).
         weights: each source's share of an epoch's rows (``{name: w}`` or a list), >= 0 with a positive sum.
         rows: each source's rows per epoch, over all ranks (instead of ``weights``).
         epoch_rows: rows of a mix epoch with ``weights`` (default: the rows of every source together).
         Neither ``weights`` nor ``rows``: every source's rows once per epoch (its own size).
         seed: fixes every epoch's order of sources (shared by every rank).
-        batches: ``"per_source"`` (every batch from one source). ``"mixed"`` is refused: see
-            :data:`MIXED_BATCHES`.
+        batches: ``"per_source"``: every batch from one source, ``batch["source"]`` its name. ``"mixed"``: every
+            batch holds ``batch_size`` rows of every source's loader (its share: no ``weights``/``rows``; sources of
+            the same columns, shapes and dtypes), ``batch["source"]`` each row's source index in :attr:`names`.
 
     A source's rows beyond its quota wait for the next mix epoch; a quota above its size runs into its next own
     epoch (a new shuffle). Memory: every source's loader keeps its workers and buffers, so two sources of
@@ -114,12 +109,16 @@ class MixedLoader:
     ):
         self.sources = named_sources(sources)
         names = list(self.sources)
-        if batches == MIXED:
-            raise ValueError(MIXED_BATCHES)
-        if batches != PER_SOURCE:
-            raise ValueError(f"batches must be 'per_source' (or 'mixed', refused: see MIXED_BATCHES), got {batches!r}")
-        self.batch_size = common_batch_size(self.sources)
-        self.targets = epoch_targets(self.sources, weights, rows, epoch_rows)
+        if batches not in (PER_SOURCE, MIXED):
+            raise ValueError(f"batches must be 'per_source' or 'mixed', got {batches!r}")
+        self.mixed = batches == MIXED
+        if self.mixed:
+            self.batch_sizes = mixed_batch_sizes(self.sources, weights, rows)
+            self.targets = epoch_targets(self.sources, list(self.batch_sizes), None, epoch_rows)
+        else:
+            self.batch_sizes = (common_batch_size(self.sources),) * len(names)
+            self.targets = epoch_targets(self.sources, weights, rows, epoch_rows)
+        self.batch_size = sum(self.batch_sizes) if self.mixed else self.batch_sizes[0]
         self.seed = whole_number(seed, "seed (shared by every rank)", least=0, below=INT64_LIMIT)
         self.epoch = 0
         self._start: MixPoint | None = None  # where the next iter() starts: None, a loaded state's point
@@ -128,6 +127,11 @@ class MixedLoader:
         self._names = names
 
     # -- the schedule --------------------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """The sources' names, in order (mixed batches give each row's source as an index into them)."""
+        return list(self._names)
+
     def topology(self) -> tuple[int, int]:
         """(rank, world size) of the sources, which must agree."""
         found = {name: loader.topology() for name, loader in self.sources.items()}
@@ -140,7 +144,7 @@ class MixedLoader:
 
     def global_batches(self, world: int) -> tuple[int, ...]:
         """Rows of one global batch of each source on ``world`` ranks."""
-        return tuple(world * self.batch_size for _ in self._names)
+        return tuple(world * b for b in self.batch_sizes)
 
     def start_point(self, world: int) -> MixPoint:
         """Where the next ``iter()`` starts its epoch on ``world`` ranks (a loaded state's point, moved to a new
@@ -149,21 +153,33 @@ class MixedLoader:
         if start is None or start.epoch != self.epoch:
             return MixPoint(self.epoch, (0,) * len(self._names), 0, world, 0)
         saved_order = self.order(start)
-        return start.on(world, saved_order, self.global_batches(start.world_size))
+        return start.on(world, self.batches_drawn(saved_order[: start.steps]), self.global_batches(start.world_size))
 
     def quotas(self, point: MixPoint) -> tuple[int, ...]:
-        """Batches per rank of each source in ``point``'s segment: what is left of every target, on its world."""
+        """Batches per rank of each source in ``point``'s segment: what is left of every target, on its world. Mixed
+        batches: the same for every source, the steps left of the whole epoch."""
         left = [t - d for t, d in zip(self.targets, point.drawn_before, strict=True)]
+        if self.mixed:
+            steps = quotas_of([sum(left)], [point.world_size * self.batch_size])[0]
+            return (steps,) * len(left)
         return quotas_of(left, self.global_batches(point.world_size))
 
     def order(self, point: MixPoint) -> np.ndarray:
-        """The source index of every step of ``point``'s segment."""
+        """The source index of every step of ``point``'s segment (mixed batches: ``-1``, every source)."""
+        if self.mixed:
+            return np.full(self.quotas(point)[0], -1, dtype=np.int64)
         return step_order(self.quotas(point), seed=self.seed, epoch=point.epoch, segment=point.segment)
+
+    def batches_drawn(self, steps: np.ndarray) -> tuple[int, ...]:
+        """Batches per rank of each source that ``steps`` (of an order) draw."""
+        if self.mixed:
+            return (len(steps),) * len(self._names)
+        return tuple(int(c) for c in np.bincount(steps, minlength=len(self._names)))
 
     def __len__(self) -> int:
         """Steps this rank yields in the epoch the next ``iter()`` runs, from its start (a state resumed on the
         saved world size counts the whole epoch; on another one, the rest of it)."""
-        return int(sum(self.quotas(self.start_point(self.topology()[1]))))
+        return len(self.order(self.start_point(self.topology()[1])))
 
     def set_epoch(self, epoch: int) -> None:
         """Make ``epoch`` the mix epoch the next ``iter()`` runs (its order of sources). The sources run their own
@@ -194,10 +210,13 @@ class MixedLoader:
                     "this iterator of a MixedLoader was superseded: iter() was called again since it was made; "
                     "use the newest iterator"
                 )
-            name = self._names[int(run.order[step])]
-            batch = self._next_of(name)
+            index = int(run.order[step])
+            if index < 0:
+                batch = mixed_batch([self._next_of(name) for name in self._names])
+            else:
+                batch = {**self._next_of(self._names[index]), SOURCE: self._names[index]}
             run.seen = step + 1 - run.point.steps
-            yield {**batch, SOURCE: name}
+            yield batch
         run.done = True
         self._start = None
         self.epoch = run.point.epoch + 1  # the next iter() runs the next mix epoch unless set_epoch says otherwise
@@ -241,7 +260,8 @@ class MixedLoader:
             "mix_version": MIX_VERSION,
             "names": list(self._names),
             "targets": list(self.targets),
-            "batch_size": self.batch_size,
+            "batch_sizes": list(self.batch_sizes),
+            "batches": MIXED if self.mixed else PER_SOURCE,
             "seed": self.seed,
             "epoch": point.epoch,
             "segment": point.segment,
@@ -261,7 +281,8 @@ class MixedLoader:
                 ("mix_version", MIX_VERSION),
                 ("names", list(self._names)),
                 ("targets", list(self.targets)),
-                ("batch_size", self.batch_size),
+                ("batch_sizes", list(self.batch_sizes)),
+                ("batches", MIXED if self.mixed else PER_SOURCE),
                 ("seed", self.seed),
             )
             if state.get(key) != now
@@ -358,6 +379,45 @@ def common_batch_size(sources: dict[str, ZarrDataLoader]) -> int:
             "rate) would change with the source. Give every source's ZarrDataLoader the same batch_size"
         )
     return next(iter(sizes.values()))
+
+
+def mixed_batch_sizes(sources: dict[str, ZarrDataLoader], weights, rows) -> tuple[int, ...]:
+    """Each source's rows in a mixed batch: its loader's batch size, which is its share (no ``weights``/``rows``).
+    Refused when the sources' batches cannot be stacked: other columns, shapes or dtypes (other grids), or other
+    extra keys (``return_index``, ``return_padding``)."""
+    if weights is not None or rows is not None:
+        sizes = {name: loader.spec.batch_size for name, loader in sources.items()}
+        raise ValueError(
+            "with batches='mixed' a source's share is its ZarrDataLoader's batch_size (every batch holds that many "
+            f"rows of it; here {sizes}): leave weights= and rows= out, and give each source's loader the batch size "
+            "of its share"
+        )
+    first_name, first = next(iter(sources.items()))
+    for name, loader in sources.items():
+        kept = [(ds.out_columns, ds.return_index, ds.return_padding) for ds in (first.data, loader.data)]
+        if kept[0] != kept[1]:
+            raise ValueError(
+                f"batches='mixed' stacks the rows of every source in one batch, but sources {first_name!r} and "
+                f"{name!r} give other columns (name: (row shape, dtype), return_index, return_padding): {kept[0]} and "
+                f"{kept[1]}. Different grids cannot share a batch: use batches='per_source'"
+            )
+    return tuple(loader.spec.batch_size for loader in sources.values())
+
+
+def mixed_batch(batches: list[dict]) -> dict:
+    """One batch of the rows of every source's batch, in the sources' order; ``"source"`` gives each row's source
+    (its index in the loader's ``names``)."""
+    import torch
+
+    keys = [sorted(b) for b in batches]
+    if any(k != keys[0] for k in keys):
+        raise ValueError(
+            f"batches='mixed': the sources' batches have other keys {keys} (a transform?): they must agree"
+        )
+    out = {key: torch.cat([b[key] for b in batches]) for key in batches[0]}
+    counts = [len(next(iter(b.values()))) for b in batches]
+    out[SOURCE] = torch.repeat_interleave(torch.arange(len(batches)), torch.tensor(counts))
+    return out
 
 
 def per_source(value, names: list[str], what: str) -> list:

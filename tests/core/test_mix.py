@@ -33,11 +33,11 @@ def stores(tmp_path_factory):
     return paths
 
 
-def mix_for(stores, rank=0, world=1, *, batch_size=BATCH, **mix_args) -> MixedLoader:
+def mix_for(stores, rank=0, world=1, *, sizes=None, **mix_args) -> MixedLoader:
     loaders = {
         name: ZarrDataLoader(
             ZarrIterableDataset(path, seed=3, buffer_chunks=2, return_index=True),
-            batch_size=batch_size,
+            batch_size=(sizes or {}).get(name, BATCH),
             drop_last=True,
             rank=rank,
             world_size=world,
@@ -49,12 +49,16 @@ def mix_for(stores, rank=0, world=1, *, batch_size=BATCH, **mix_args) -> MixedLo
 
 
 def drawn(batches) -> dict[str, list[int]]:
-    """Rows drawn per source, in order; checks every batch holds rows of the source it names."""
+    """Rows drawn per source, in order; checks every row is of the source its batch names (a mixed batch: each row's
+    source, an index into the names)."""
     out: dict[str, list[int]] = {name: [] for name in SIZES}
+    names = list(SIZES)
     for b in batches:
-        rows = (b["x"].numpy() - OFFSET[b["source"]]).astype(int).tolist()
-        assert rows == b["index"].tolist(), f"a batch named {b['source']!r} holds rows of another source"
-        out[b["source"]] += rows
+        named = b["source"]
+        row_sources = [named] * len(b["x"]) if isinstance(named, str) else [names[i] for i in named.tolist()]
+        for name, x, index in zip(row_sources, b["x"].tolist(), b["index"].tolist(), strict=True):
+            assert x - OFFSET[name] == index, f"a row named {name!r} is of another source"
+            out[name].append(index)
     return out
 
 
@@ -65,7 +69,7 @@ def epoch_of_all_ranks(mixes) -> tuple[list[list], dict[str, list[int]]]:
     for batches in per_rank:
         for name, r in drawn(batches).items():
             rows[name] += r
-    return [[b["source"] for b in batches] for batches in per_rank], rows
+    return [[str(b["source"]) for b in batches] for batches in per_rank], rows
 
 
 @pytest.mark.parametrize("world", [1, 3])
@@ -131,12 +135,20 @@ def test_a_mix_resumed_mid_epoch_continues_exactly_as_the_uninterrupted_run(stor
     assert [b["index"].tolist() for b in again] == [b["index"].tolist() for b in rest]
 
 
-@pytest.mark.parametrize("new_world", [1, 3])
-def test_a_mix_resumed_on_another_world_size_keeps_every_target_and_reads_no_row_twice(stores, new_world):
+@pytest.mark.parametrize(
+    ("new_world", "form"),
+    [
+        (1, {"rows": {"era": 120, "cerra": 96}}),
+        (3, {"rows": {"era": 120, "cerra": 96}}),
+        (3, {"batches": "mixed", "epoch_rows": 320}),
+    ],
+)
+def test_a_mix_resumed_on_another_world_size_keeps_every_target_and_reads_no_row_twice(stores, new_world, form):
     """Saved after 5 steps of 2 ranks, resumed on 1 or 3: over the epoch, each source's rows are within one global
     batch of its target, none twice; the new ranks draw the same source at each step."""
-    form = {"rows": {"era": 120, "cerra": 96}}
+    form = {"sizes": {"era": 6, "cerra": 2}, **form} if "batches" in form else form
     old = [mix_for(stores, r, 2, **form) for r in range(2)]
+    targets = dict(zip(SIZES, old[0].targets, strict=True))
     before = [run_steps(m, 5) for m in old]
     state = json.loads(json.dumps(old[0].state_dict()))
     new = [mix_for(stores, r, new_world, **form) for r in range(new_world)]
@@ -147,7 +159,7 @@ def test_a_mix_resumed_on_another_world_size_keeps_every_target_and_reads_no_row
     for batches in before:
         for name, r in drawn(batches).items():
             rows[name] += r
-    for name, target in form["rows"].items():
+    for name, target in targets.items():
         assert len(rows[name]) == len(set(rows[name])), f"{name}: a row drawn twice"
         assert abs(len(rows[name]) - target) <= max(2, new_world) * BATCH, (name, len(rows[name]))
 
@@ -178,7 +190,8 @@ def loaders(stores, **over):
         ({"weights": {"era": 1}}, "must name every source once"),
         ({"rows": {"era": 10, "cerra": -3}}, "rows of source 'cerra'"),
         ({"weights": [1, 1], "rows": [1, 1]}, "not both"),
-        ({"batches": "mixed"}, "batches='mixed'"),
+        ({"batches": "mixed", "weights": [1, 1]}, "with batches='mixed' a source's share is its ZarrDataLoader's"),
+        ({"batches": "both"}, "batches must be 'per_source' or 'mixed'"),
     ],
 )
 def test_bad_mix_settings_are_refused_at_construction_by_name(stores, kwargs, says):
@@ -189,6 +202,33 @@ def test_bad_mix_settings_are_refused_at_construction_by_name(stores, kwargs, sa
 def test_sources_with_other_batch_sizes_are_refused_by_name(stores):
     with pytest.raises(ValueError, match=r"other batch sizes \{'era': 8, 'cerra': 4\}"):
         MixedLoader(loaders(stores, cerra={"batch_size": 4}))
+
+
+def test_mixed_batches_of_sources_on_other_grids_are_refused_by_name(stores, tmp_path):
+    """Two grids cannot share a batch: the error names the sources and their columns, and the way out."""
+    path = tmp_path / "fine.zarr"
+    prepare_zarr({"x": np.zeros((24, 2, 2), np.float32)}, path, chunk_rows=12, progress=False)
+    sources = {"era": loaders(stores)["era"], "fine": ZarrDataLoader(ZarrIterableDataset(path), batch_size=BATCH)}
+    with pytest.raises(ValueError, match=r"sources 'era' and 'fine' give other columns .* use batches='per_source'"):
+        MixedLoader(sources, batches="mixed")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_mixed_batches_hold_every_sources_share_and_each_row_once(stores, world):
+    """batches='mixed', era 6 rows and cerra 2 a batch: every batch holds exactly that, each row's source named; an
+    epoch of 320 rows draws era's share (3/4: its 240 rows, each once) and cerra's (80 rows) within a global batch."""
+    sizes = {"era": 6, "cerra": 2}
+    mixes = [mix_for(stores, r, world, sizes=sizes, batches="mixed", epoch_rows=320) for r in range(world)]
+    per_rank = [list(m) for m in mixes]
+    for batch in per_rank[0]:
+        assert batch["source"].tolist() == [0] * 6 + [1] * 2
+    rows: dict[str, list[int]] = {name: [] for name in SIZES}
+    for batches in per_rank:
+        for name, r in drawn(batches).items():
+            rows[name] += r
+    for name, share in (("era", 6 / 8), ("cerra", 2 / 8)):
+        assert abs(len(rows[name]) - share * 320) <= world * sizes[name]
+    assert sorted(rows["era"]) == list(range(240))
 
 
 def test_one_loader_given_as_two_sources_is_refused(stores):
