@@ -15,7 +15,7 @@ from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError
 from zarrtorch._read.source import open_arrays
 from zarrtorch._util.process import available_cpus
-from zarrtorch.audit import AuditReport, audit
+from zarrtorch.audit import AuditReport, MixAuditReport, audit, audit_mix
 from zarrtorch.budget import MemoryBudget, loader_memory
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import FirstAxisLayout, LayoutError, check_first_axis_layout
@@ -38,6 +38,7 @@ __all__ = [
     "LayoutError",
     "LoaderCheckpoint",
     "MemoryBudget",
+    "MixAuditReport",
     "MixedLoader",
     "RankPlan",
     "ReadOptions",
@@ -49,6 +50,7 @@ __all__ = [
     "ZarrIterableDataset",
     "__version__",
     "audit",
+    "audit_mix",
     "available_cpus",
     "check_first_axis_layout",
     "epoch_plan",

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zarrtorch import MixedLoader, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import MixedLoader, ZarrDataLoader, ZarrIterableDataset, audit_mix, loader_memory, prepare_zarr
 
 BATCH = 8
 SIZES = {"era": 240, "cerra": 96}  # rows; chunks of 12
@@ -273,3 +273,33 @@ def test_two_gloo_ranks_draw_the_same_source_at_every_step(stores, tmp_path):
         a, b = (set(r["rows"][name]) for r in ranks)
         assert not a & b, f"{name}: both ranks drew rows {sorted(a & b)[:5]}"
     assert sorted(ranks[0]["rows"]["cerra"] + ranks[1]["rows"]["cerra"]) == list(range(96))
+
+
+# -- audit and memory ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2])
+def test_audit_mix_gives_each_sources_share_as_the_loader_yields_it(stores, world):
+    """audit_mix, from the plans only, says each source's rows and own epochs of the next mix epoch as the ranks then
+    yield them; cerra's quota (150 rows of its 96) runs into its next own epoch."""
+    mixes = [mix_for(stores, r, world, rows={"era": 100, "cerra": 150}) for r in range(world)]
+    run_steps(mixes[0])  # epoch 0 on rank 0 only: the audit is of rank 0's sources, now in epoch 1
+    for m in mixes[1:]:
+        run_steps(m)
+    report = audit_mix(mixes[0])
+    _, rows = epoch_of_all_ranks(mixes)
+    shares = {s.name: s for s in report.sources}
+    assert report.ok and report.epoch == 1 and report.world_size == world
+    for name in SIZES:
+        assert shares[name].rows == len(rows[name]) and shares[name].duplicates == 0
+    assert shares["cerra"].own_epochs[1] > shares["cerra"].own_epochs[0]
+    assert "'cerra'" in report.summary() and "OK" in report.summary()
+
+
+def test_loader_memory_of_a_mix_counts_every_sources_loader(stores):
+    """Two sources of two workers each: four worker processes, every one counted."""
+    sources = {
+        name: ZarrDataLoader(ZarrIterableDataset(path), batch_size=BATCH, num_workers=2)
+        for name, path in stores.items()
+    }
+    memory = loader_memory(MixedLoader(sources))
+    assert memory.total == sum(loader_memory(s).total for s in sources.values())
+    assert sum(budget.readers for budget in memory.sources.values()) == 4
