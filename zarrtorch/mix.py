@@ -9,7 +9,10 @@ own shuffle and its own resume. The mixed loader only decides which source the n
   one, so each source's count per epoch over all ranks is within half a global batch of its target.
 * **Order.** The epoch's steps are the quotas' source indices in an order drawn from (seed, mix epoch) only:
   every rank draws the same source at the same step, so a model with a head per source under DDP runs the same
-  parameters on every rank at every step. Each batch carries ``"source"``, the name of the source it holds.
+  parameters on every rank at every step. Each batch carries ``"source"``, the name of the source it holds. The
+  order: each source's index repeated its quota's times, in the sources' order, permuted by NumPy's generator
+  seeded with ``SeedSequence([seed, epoch, MIX_ORDER, segment])`` (``segment``: 0, or the count of resumes on
+  another world size within the epoch).
 * **Each row once, then the stated repeat rule.** A source runs its own epochs on through the mix epochs: a quota
   below its epoch continues where it stopped at the next mix epoch, a quota above it runs into its next own epoch
   (a new shuffle). Within one of its own epochs every row (or window start) is drawn once.
@@ -33,12 +36,12 @@ import numpy as np
 
 from zarrtorch._util.arguments import INT64_LIMIT, whole_number
 from zarrtorch._util.process import check_ranks_agree
+from zarrtorch._util.random_streams import MIX_ORDER
 from zarrtorch.loader import ZarrDataLoader
 from zarrtorch.plan import rng_for
 
 MIX_VERSION = 1
 SOURCE = "source"  # the batch key that names a batch's source
-MIX_STREAM = 0x6D6978  # rng_for stream of the mix order ("mix"): apart from every plan's streams
 PER_SOURCE, MIXED = "per_source", "mixed"
 
 
@@ -53,7 +56,7 @@ def step_order(quotas: Sequence[int], *, seed: int, epoch: int, segment: int) ->
     """The source of every step of an epoch's segment: each source index its quota's times, in an order that
     depends only on (seed, epoch, segment, quotas), so every rank computes the same."""
     steps = np.repeat(np.arange(len(quotas), dtype=np.int64), np.asarray(quotas, dtype=np.int64))
-    return rng_for(seed, epoch, MIX_STREAM, segment).permutation(steps)
+    return rng_for(seed, epoch, MIX_ORDER, segment).permutation(steps)
 
 
 @dataclass(frozen=True)
@@ -252,8 +255,10 @@ class MixedLoader:
         rank, world = self.topology()
         run = self._run
         if run is not None and not run.done:
-            p = run.point
-            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, p.steps + run.seen)
+            p, steps = run.point, run.point.steps + run.seen
+            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, steps)
+            if steps == len(run.order):  # every step yielded: the next epoch's start
+                point = MixPoint(p.epoch + 1, (0,) * len(self._names), 0, world, 0)
         else:
             point = self.start_point(world)
         return {
