@@ -192,9 +192,12 @@ class MixedLoader:
     # -- iterating -----------------------------------------------------------------------------------------------
     def __iter__(self):
         rank, world = self.topology()
+        last = self._run
+        if last is not None and not last.done and last.point.steps + last.seen == len(last.order):
+            self._finished(last)  # its every step was taken, only its end not asked for: it is over
         point = self.start_point(world)
-        if self._run is not None and not self._run.done and self._run.point.epoch == point.epoch:
-            self._restart(self._run)
+        if last is not None and not last.done and last.point.epoch == point.epoch:
+            self._restart(last)
         order = self.order(point)
         if self._checks_ranks():
             check_ranks_agree(
@@ -220,9 +223,16 @@ class MixedLoader:
                 batch = {**self._next_of(self._names[index]), SOURCE: self._names[index]}
             run.seen = step + 1 - run.point.steps
             yield batch
+        if not run.done:
+            self._finished(run)
+
+    def _finished(self, run: MixRun) -> None:
+        """``run`` took every step of its epoch: the next ``iter()`` runs the next mix epoch (unless ``set_epoch``
+        says another)."""
         run.done = True
         self._start = None
-        self.epoch = run.point.epoch + 1  # the next iter() runs the next mix epoch unless set_epoch says otherwise
+        if self.epoch == run.point.epoch:
+            self.epoch = run.point.epoch + 1
 
     def _next_of(self, name: str) -> dict:
         """The next batch of source ``name``, into its next own epoch when its current one has ended."""

@@ -176,6 +176,18 @@ def test_an_abandoned_epoch_iterated_again_restarts_where_it_began(stores):
     assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
 
 
+def test_an_epoch_whose_every_step_was_taken_is_over_though_its_end_was_not_asked_for(stores):
+    """A loop that takes exactly len(mix) batches (zip, islice) never asks for the end: the next iter() runs the
+    next mix epoch (the state already said so), not the same epoch again from its start."""
+    mix = mix_for(stores, rows={"era": 120, "cerra": 48})
+    it = iter(mix)
+    first = [next(it) for _ in range(len(mix))]
+    assert mix.state_dict()["epoch"] == 1
+    second = list(mix)
+    rows = {name: drawn(first)[name] + drawn(second)[name] for name in SIZES}
+    assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
+
+
 def loaders(stores, **over):
     out = {}
     for name, path in stores.items():
