@@ -45,7 +45,8 @@ lab: setup
 	$(PY) -m jupyter lab notebooks/00_index.ipynb
 
 ## every benchmark in one run: the loader table, a plan's and a resume's cost at scale, requests in flight vs latency,
-## forecast windows (reads per chunk, windows/s, block length), store layouts (zarr's path vs the direct decode)
+## forecast windows (reads per chunk, windows/s, block length), store layouts (zarr's path vs the direct decode),
+## two stores mixed (MixedLoader) vs one store of the same bytes
 bench: setup
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 	$(PY) benchmarks/scale.py
@@ -54,6 +55,7 @@ bench: setup
 	$(PY) benchmarks/head_of_line.py
 	$(PY) benchmarks/windows.py --figure benchmarks/windows.png
 	$(PY) benchmarks/layouts.py
+	$(PY) benchmarks/mix.py
 
 ## zarrtorch against the loaders its users would pick instead (LitData, MosaicML Streaming, xbatcher, torchdata,
 ## Grain, anemoi-datasets, zarr-torch-dataset): each peer in its own environment under .peers/, built on first use

@@ -242,6 +242,118 @@ def audit(
     )
 
 
+@dataclass(frozen=True)
+class SourceShare:
+    """One source of a :class:`zarrtorch.MixedLoader` in one mix epoch, over all ranks: its target and what it gets
+    (``rows``, from its own epochs ``own_epochs[0]`` to ``own_epochs[1]``), rows drawn twice within one of its own
+    epochs beyond the padding (``duplicates``, must be 0) and its loader's memory per rank."""
+
+    name: str
+    target_rows: int
+    global_batch: int  # rows of one of its global batches (world_size x its batch size)
+    batches_per_rank: int
+    rows: int
+    own_epochs: tuple[int, int]
+    padding_rows: int
+    duplicates: int
+    loader_bytes_per_rank: int
+
+    @property
+    def on_target(self) -> bool:
+        """Within one global batch of its target."""
+        return abs(self.rows - self.target_rows) <= self.global_batch
+
+
+@dataclass(frozen=True)
+class MixAuditReport:
+    """The mix epoch the next ``iter()`` of a :class:`zarrtorch.MixedLoader` runs, computed from the plans without
+    reading data: each source's share, its own epochs, duplicates and memory; ``ok`` when every guarantee holds."""
+
+    epoch: int
+    world_size: int
+    steps_per_rank: int
+    sources: tuple[SourceShare, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.sources)
+
+    @property
+    def loader_bytes_per_rank(self) -> int:
+        return sum(s.loader_bytes_per_rank for s in self.sources)
+
+    @property
+    def ok(self) -> bool:
+        return all(s.on_target and s.duplicates == 0 for s in self.sources)
+
+    def summary(self) -> str:
+        lines = [f"mix epoch {self.epoch}: {self.world_size} rank(s), {self.steps_per_rank} steps per rank"]
+        for s in self.sources:
+            share = s.rows / self.rows if self.rows else 0.0
+            target = s.target_rows / max(1, sum(x.target_rows for x in self.sources))
+            epochs = f"{s.own_epochs[0]}" if s.own_epochs[0] == s.own_epochs[1] else "{}-{}".format(*s.own_epochs)
+            lines.append(
+                f"  {s.name!r:14} {s.rows:>9,} rows ({share:6.1%}, target {s.target_rows:,} = {target:.1%}), "
+                f"{s.batches_per_rank} batches per rank, own epoch {epochs}, duplicates {s.duplicates}, "
+                f"padding {s.padding_rows}, loader {s.loader_bytes_per_rank / 2**20:,.0f} MiB per rank"
+            )
+        lines.append(f"  loader memory        {self.loader_bytes_per_rank / 2**20:,.0f} MiB per rank, every source")
+        lines.append(
+            "  OK: every source within one global batch of its target, no row twice within its own epoch"
+            if self.ok
+            else "  PROBLEM: see above"
+        )
+        return "\n".join(lines)
+
+
+def audit_mix(mix, *, world_size: int | None = None) -> MixAuditReport:
+    """Audit the mix epoch the next ``iter()`` of ``mix`` (a :class:`zarrtorch.MixedLoader`) runs, on ``world_size``
+    ranks (default: the sources' own): each source's rows against its target, the own epochs they come from (each
+    source continues where it stands now), duplicates and memory. Only plans are computed: no data is read."""
+    from zarrtorch.budget import loader_memory
+
+    world = int(world_size) if world_size is not None else mix.topology()[1]
+    point = mix.start_point(world)
+    quotas = mix.quotas(point)
+    global_batches = mix.global_batches(world)
+    shares = []
+    for (name, loader), quota, target, done, batch in zip(
+        mix.sources.items(), quotas, mix.targets, point.drawn_before, global_batches, strict=True
+    ):
+        rows, epochs, padding, duplicates = source_draw(loader, quota, world)
+        memory = loader_memory(loader).total
+        shares.append(SourceShare(name, target - done, batch, quota, rows, epochs, padding, duplicates, memory))
+    return MixAuditReport(point.epoch, world, len(mix.order(point)), tuple(shares))
+
+
+def source_draw(loader, quota: int, world: int) -> tuple[int, tuple[int, int], int, int]:
+    """(rows, (first, last own epoch), padding rows, duplicates) of ``quota`` batches per rank of ``loader`` on
+    ``world`` ranks, from where it stands (its state), into its next own epochs as the mix runs it."""
+    from zarrtorch.position import resumed_history
+
+    saved = LoaderCheckpoint.from_dict(loader.state_dict())
+    spec, workers, epoch = saved.spec, loader.num_workers, saved.epoch
+    history = resumed_history(saved, world, workers)
+    skip = saved.batches_seen - sum(seg.batches for seg in history)
+    rows = padding = duplicates = 0
+    first, left = epoch, quota
+    while left > 0:
+        plans = [resumed_plan(spec, epoch, history, Topology(r, world, workers)) for r in range(world)]
+        drawn = [batches_of(spec, plan)[skip : skip + left] for plan in plans]
+        taken = len(drawn[0])
+        if taken == 0:
+            raise ValueError(f"{loader!r} yields no batch in its epoch {epoch} on {world} ranks")
+        ids = np.concatenate([b for rank in drawn for b in rank])
+        ended = skip + taken == plans[0].batches
+        epoch_padding = plans[0].budget.padding_rows if ended else 0
+        rows, padding = rows + len(ids), padding + epoch_padding
+        duplicates += max(0, len(ids) - len(np.unique(ids)) - epoch_padding)
+        left -= taken
+        if left:
+            epoch, history, skip = epoch + 1, (), 0
+    return rows, (first, epoch), padding, duplicates
+
+
 def windows_of(saved: LoaderCheckpoint, given: Windows | None) -> Windows | None:
     """The windows a state was saved with, rebuilt from its description (:meth:`Windows.describe`), or ``given``
     where they agree."""

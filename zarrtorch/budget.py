@@ -67,6 +67,27 @@ class MemoryBudget:
         return within_memory_limit(self.total, self.memory_limit)
 
 
+@dataclass(frozen=True)
+class MixMemory:
+    """The memory of a :class:`zarrtorch.MixedLoader`: every source's loader holds its own processes, buffers and
+    ring at once (a source not drawn at a step keeps its workers and its work-ahead batches), so the figure to size
+    a job with is their sum."""
+
+    sources: dict[str, MemoryBudget]
+
+    @property
+    def total(self) -> int:
+        return sum(budget.total for budget in self.sources.values())
+
+    @property
+    def memory_limit(self) -> int:
+        return max((budget.memory_limit for budget in self.sources.values()), default=0)
+
+    @property
+    def within_memory_limit(self) -> bool:
+        return within_memory_limit(self.total, self.memory_limit)
+
+
 def within_memory_limit(need: int, limit: int) -> bool:
     """``need`` bytes of loaders take at most :data:`MEMORY_LIMIT_SHARE` of a ``limit`` (0: no limit)."""
     return not limit or need <= MEMORY_LIMIT_SHARE * limit
@@ -141,8 +162,9 @@ def decode_bytes(data, batch_size: int) -> int:
     return gathered + max(decode_block_bytes(v, int(batch_size)) for v in values.values())
 
 
-def loader_memory(loader) -> MemoryBudget:
-    """The memory budget of a :class:`~zarrtorch.ZarrDataLoader` with its current settings.
+def loader_memory(loader) -> MemoryBudget | MixMemory:
+    """The memory budget of a :class:`~zarrtorch.ZarrDataLoader` with its current settings (of a
+    :class:`~zarrtorch.MixedLoader`: every source's, :class:`MixMemory`).
 
     Outside the ring the main process holds the work-ahead queue's batches, one more in the work-ahead
     thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
@@ -152,6 +174,9 @@ def loader_memory(loader) -> MemoryBudget:
     store's requests in flight hold their answers (:func:`fetched_bytes`), counted with the most requests in
     flight the loader may reach. The budget also carries this process's cgroup memory limit
     (:attr:`MemoryBudget.within_memory_limit`)."""
+    mixed_sources = getattr(loader, "sources", None)
+    if mixed_sources is not None:
+        return MixMemory({name: loader_memory(source) for name, source in mixed_sources.items()})
     job = loader.job
     ds, workers, batch = job.data, job.num_workers, job.spec.batch_size
     per_reader = reader_bytes(ds, job.read_plan, batch)

@@ -296,3 +296,83 @@ class ModelLoader:
             self.start = previous
             raise
         self.epoch, self.run, self.set_since_run = state.epoch, None, True
+
+
+MIX_ORDER = 3  # the mix order's tag, named in zarrtorch._util.random_streams
+
+
+@dataclass(frozen=True)
+class MixState:
+    """What a ``MixedLoader``'s state says: the mix point and every source's state."""
+
+    epoch: int
+    drawn_before: tuple
+    segment: int
+    world: int
+    steps: int
+    sources: tuple
+
+
+class ModelMix:
+    """One rank's ``MixedLoader`` of per-source batches over :class:`ModelLoader` sources of one batch size: each
+    source's target rows per mix epoch in global batches rounded once (halves up), the step order of the mix
+    module's docstring, each source running its own epochs on (the next one when its iteration ends), and the
+    rest of an epoch resumed on another world size as a new segment of the targets left."""
+
+    def __init__(self, sources: list[ModelLoader], targets: list[int], seed: int):
+        self.sources, self.targets, self.seed = sources, list(targets), seed
+        self.world, self.batch = sources[0].world, sources[0].setup.batch
+        self.epoch = 0
+        self.point = (0, (0,) * len(sources), 0, self.world, 0)  # epoch, drawn before, segment, world, steps
+        self.left: list[list | None] = [None] * len(sources)  # each source's batches not yet drawn of its iteration
+
+    def order(self) -> list[int]:
+        epoch, drawn, segment, world, _ = self.point
+        quotas = [
+            max(0, int(np.floor((t - d) / (world * self.batch) + 0.5)))
+            for t, d in zip(self.targets, drawn, strict=True)
+        ]
+        steps = [k for k, q in enumerate(quotas) for _ in range(q)]
+        return generator(self.seed, epoch, MIX_ORDER, segment).permutation(np.array(steps, dtype=np.int64)).tolist()
+
+    def draw(self, k: int) -> list[int]:
+        """The next batch of source ``k``: its current iteration's, or its next own epoch's first."""
+        source = self.sources[k]
+        if self.left[k] is None:
+            self.left[k] = source.iter()
+        while not self.left[k]:  # its iteration ended (or, resumed on more ranks, had no batch left)
+            source.finished()
+            source.set_epoch(source.epoch + 1)
+            self.left[k] = source.iter()
+        source.took()
+        return self.left[k].pop(0)
+
+    def steps(self) -> list[int]:
+        """The sources of the steps the next ``iter()`` yields; when none is left, that iteration ends the epoch."""
+        left = self.order()[self.point[4] :]
+        if not left:
+            self.epoch = self.point[0] + 1
+            self.point = (self.epoch, (0,) * len(self.sources), 0, self.world, 0)
+        return left
+
+    def took(self) -> None:
+        epoch, drawn, segment, world, steps = self.point
+        self.point = (epoch, drawn, segment, world, steps + 1)
+        if steps + 1 == len(self.order()):
+            self.epoch = epoch + 1
+            self.point = (epoch + 1, (0,) * len(self.sources), 0, self.world, 0)
+
+    def state(self) -> MixState:
+        return MixState(*self.point, tuple(s.state() for s in self.sources))
+
+    def load(self, state: MixState) -> None:
+        """Take up ``state`` (the sources are this rank's, on the new world)."""
+        for source, saved in zip(self.sources, state.sources, strict=True):
+            source.load(saved)
+        self.left = [None] * len(self.sources)
+        epoch, drawn, segment, world, steps = state.epoch, state.drawn_before, state.segment, state.world, state.steps
+        self.point, self.epoch = (epoch, drawn, segment, world, steps), epoch
+        if world != self.world:
+            counts = [self.order()[:steps].count(k) for k in range(len(self.sources))]
+            drawn = tuple(d + c * world * self.batch for d, c in zip(drawn, counts, strict=True))
+            self.point = (epoch, drawn, segment + 1, self.world, 0)

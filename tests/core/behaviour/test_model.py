@@ -20,6 +20,7 @@ runs many more, randomized.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import os
 import shutil
@@ -34,9 +35,9 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from loader_model import ModelLoader, Refused, Setup, State
+from loader_model import ModelLoader, ModelMix, Refused, Setup, State
 
-from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import MixedLoader, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch.windows import Windows
 
 EXAMPLES = int(os.environ.get("ZARRTORCH_FUZZ_EXAMPLES", "25"))
@@ -375,6 +376,66 @@ class LoaderMachine(RuleBasedStateMachine):
             if k % every == 0 and self.iters is not None:
                 self.take(1)
         assert got == expected
+
+    @rule(weight=st.integers(0, 2), stop=st.integers(0, 12), world=st.integers(1, 3))
+    @deadline
+    def mix_with_another_store(self, weight, stop, world):
+        """A ``MixedLoader`` of this dataset and a second store (37 rows in chunks of 5, its own seed) by weights
+        (1, ``weight``), every rank of this job's world: each step's source and rows equal the model's on every rank;
+        after ``stop`` steps rank 0's state resumes on ``world`` ranks, and the rest of the epoch and the next one
+        equal the model's too."""
+        setup = dataclasses.replace(self.setup, cache=False)
+        other = Setup(37, 5, setup.batch, setup.drop_last, True, 1, False, 2)
+        datasets = [
+            ZarrIterableDataset(store_path(*self.store), **{**self.dataset_settings, "keep_in_memory": False}),
+            ZarrIterableDataset(store_path(37, 5), seed=2, buffer_chunks=1, return_index=True),
+        ]
+        epoch_rows = setup.rows + other.rows
+        targets = [round(epoch_rows * w / (1 + weight)) for w in (1, weight)]
+
+        def job(ranks: int):
+            mixes, models = [], []
+            for rank in range(ranks):
+                loaders = [
+                    ZarrDataLoader(ds, batch_size=setup.batch, drop_last=setup.drop_last, rank=rank, world_size=ranks)
+                    for ds in datasets
+                ]
+                mixes.append(MixedLoader(loaders, weights=[1, weight], epoch_rows=epoch_rows, seed=self.setup.seed))
+                sources = [ModelLoader(s, ranks, 0, rank) for s in (setup, other)]
+                models.append(ModelMix(sources, targets, self.setup.seed))
+            return mixes, models
+
+        def steps(mixes, models, count=None) -> None:
+            expected = [m.steps() for m in models]
+            iters = [iter(m) for m in mixes]
+            for step, k in enumerate(expected[0][:count]):
+                assert all(e[step] == k for e in expected)
+                for it, model in zip(iters, models, strict=True):
+                    batch = next(it)
+                    assert batch["source"] == str(k), f"step {step}: source {batch['source']}, the model's {k}"
+                    if k == 0:
+                        assert self.check_data(batch) == model.draw(0)
+                    else:
+                        np.testing.assert_array_equal(batch["x"].numpy()[:, 1], -batch["index"].numpy())
+                        assert batch["index"].tolist() == model.draw(1)
+                    model.took()
+            if count is None:
+                assert all(next(it, None) is None for it in iters), "a rank yielded more steps than the model"
+
+        mixes, models = job(self.world)
+        steps(mixes, models, stop)
+        state = mixes[0].state_dict()
+        expected = models[0].state()
+        assert (state["epoch"], state["steps"], state["segment"]) == (expected.epoch, expected.steps, expected.segment)
+        assert [(s["epoch"], s["batches_seen"]) for s in state["sources"].values()] == [
+            (s.epoch, s.position) for s in expected.sources
+        ]
+        mixes, models = job(world)
+        for mix, model in zip(mixes, models, strict=True):
+            mix.load_state_dict(state)
+            model.load(expected)
+        steps(mixes, models)
+        steps(mixes, models)
 
     @rule()
     @deadline

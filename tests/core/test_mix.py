@@ -1,0 +1,320 @@
+"""Several stores mixed by weight (``zarrtorch.MixedLoader``): each source's count per epoch within a global batch
+of its target, its rows once within its quota and then the stated repeat rule, the same source at the same step
+on every rank, exact resume (also on another world size), and bad input refused at construction by name.
+Ranks are simulated in one process (``rank=``/``world_size=``), except the one test that runs two gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zarrtorch import MixedLoader, ZarrDataLoader, ZarrIterableDataset, audit_mix, loader_memory, prepare_zarr
+
+BATCH = 8
+SIZES = {"era": 240, "cerra": 96}  # rows; chunks of 12
+OFFSET = {"era": 0, "cerra": 10_000}  # x holds OFFSET + row: a row's value names its source
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    paths = {}
+    for name, rows in SIZES.items():
+        paths[name] = root / f"{name}.zarr"
+        x = OFFSET[name] + np.arange(rows, dtype=np.float32)
+        prepare_zarr({"x": x}, paths[name], chunk_rows=12, progress=False)
+    return paths
+
+
+def mix_for(stores, rank=0, world=1, *, sizes=None, **mix_args) -> MixedLoader:
+    loaders = {
+        name: ZarrDataLoader(
+            ZarrIterableDataset(path, seed=3, buffer_chunks=2, return_index=True),
+            batch_size=(sizes or {}).get(name, BATCH),
+            drop_last=True,
+            rank=rank,
+            world_size=world,
+            work_ahead=0,
+        )
+        for name, path in stores.items()
+    }
+    return MixedLoader(loaders, seed=5, **mix_args)
+
+
+def drawn(batches) -> dict[str, list[int]]:
+    """Rows drawn per source, in order; checks every row is of the source its batch names (a mixed batch: each row's
+    source, an index into the names)."""
+    out: dict[str, list[int]] = {name: [] for name in SIZES}
+    names = list(SIZES)
+    for b in batches:
+        named = b["source"]
+        row_sources = [named] * len(b["x"]) if isinstance(named, str) else [names[i] for i in named.tolist()]
+        for name, x, index in zip(row_sources, b["x"].tolist(), b["index"].tolist(), strict=True):
+            assert x - OFFSET[name] == index, f"a row named {name!r} is of another source"
+            out[name].append(index)
+    return out
+
+
+def epoch_of_all_ranks(mixes) -> tuple[list[list], dict[str, list[int]]]:
+    """One epoch of every simulated rank: the sources per step of each rank, and the rows drawn over all ranks."""
+    per_rank = [list(m) for m in mixes]
+    rows: dict[str, list[int]] = {name: [] for name in SIZES}
+    for batches in per_rank:
+        for name, r in drawn(batches).items():
+            rows[name] += r
+    return [[str(b["source"]) for b in batches] for batches in per_rank], rows
+
+
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize(
+    "form", [{"weights": {"era": 1, "cerra": 3}, "epoch_rows": 200}, {"rows": {"era": 100, "cerra": 150}}]
+)
+def test_each_sources_count_per_epoch_is_within_one_global_batch_of_its_target(stores, world, form):
+    """Weights (x epoch_rows) or rows per epoch per source: over all ranks, each source's rows of every epoch are
+    within one global batch (world x batch rows) of its target, and every rank draws the same source per step."""
+    targets = {"era": 50, "cerra": 150} if "weights" in form else form["rows"]
+    mixes = [mix_for(stores, r, world, **form) for r in range(world)]
+    for _ in range(3):  # cerra's quota (150) runs past its 96 rows: its next own epochs
+        sources, rows = epoch_of_all_ranks(mixes)
+        assert all(s == sources[0] for s in sources), "ranks drew other sources at the same step"
+        for name, target in targets.items():
+            assert abs(len(rows[name]) - target) <= world * BATCH, (name, len(rows[name]), target)
+
+
+def test_a_sources_rows_are_drawn_once_within_its_quota_and_continue_at_the_next_epoch(stores):
+    """era's quota (96 of its 240 rows a mix epoch) continues where it stopped: over its own epoch (2.5 mix epochs)
+    every row exactly once. cerra's (192 a mix epoch, twice its 96 rows) runs into its next own epoch, a new
+    shuffle: each of its own epochs holds every row once, in another order."""
+    mix = mix_for(stores, rows={"era": 96, "cerra": 192})
+    era, cerra = [], []
+    for _ in range(5):
+        rows = drawn(list(mix))
+        era += rows["era"]
+        cerra += rows["cerra"]
+    assert len(era) == 5 * 96 and len(cerra) == 5 * 192
+    for own_epoch in range(2):
+        assert sorted(era[240 * own_epoch : 240 * (own_epoch + 1)]) == list(range(240))
+    own = [cerra[96 * e : 96 * (e + 1)] for e in range(10)]
+    assert all(sorted(rows) == list(range(96)) for rows in own)
+    assert own[0] != own[1], "cerra's second own epoch repeated the first's order"
+
+
+def test_every_source_is_drawn_in_the_default_mix_once_per_epoch(stores):
+    """No weights nor rows: every source's rows once per mix epoch."""
+    rows = drawn(list(mix_for(stores)))
+    assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
+
+
+def run_steps(mix, steps=None) -> list[dict]:
+    it = iter(mix)
+    return [next(it) for _ in range(steps)] if steps is not None else list(it)
+
+
+def test_a_mix_resumed_mid_epoch_continues_exactly_as_the_uninterrupted_run(stores):
+    """A state saved after 7 steps of mix epoch 1 (a fresh loader, its sources fresh too) yields the rest of that
+    epoch and the next one batch for batch as the run that went on."""
+    form = {"weights": [2, 1], "epoch_rows": 160}
+    whole = mix_for(stores, **form)
+    run_steps(whole)
+    epoch_1 = iter(whole)
+    for _ in range(7):
+        next(epoch_1)
+    state = json.loads(json.dumps(whole.state_dict()))
+    rest = list(epoch_1) + run_steps(whole)
+    resumed = mix_for(stores, **form)
+    resumed.load_state_dict(state)
+    again = run_steps(resumed) + run_steps(resumed)
+    assert [b["source"] for b in again] == [b["source"] for b in rest]
+    assert [b["index"].tolist() for b in again] == [b["index"].tolist() for b in rest]
+
+
+@pytest.mark.parametrize(
+    ("new_world", "form"),
+    [
+        (1, {"rows": {"era": 120, "cerra": 60}}),
+        (3, {"rows": {"era": 120, "cerra": 60}}),
+        (3, {"batches": "mixed", "epoch_rows": 320}),
+    ],
+)
+def test_a_mix_resumed_on_another_world_size_keeps_every_target_and_reads_no_row_twice(stores, new_world, form):
+    """Saved after 5 steps of 2 ranks, resumed on 1 or 3: over the epoch, each source's rows are within one global
+    batch of its target, none twice; the new ranks draw the same source at each step. The targets stay a global
+    batch and more below each source's rows: a target of all of them (cerra's 96) may, rounded up on the new
+    topology, take a batch from the source's next own epoch (the repeat rule), as drop_last leaves rows out of
+    the resumed rest."""
+    form = {"sizes": {"era": 6, "cerra": 2}, **form} if "batches" in form else form
+    old = [mix_for(stores, r, 2, **form) for r in range(2)]
+    targets = dict(zip(SIZES, old[0].targets, strict=True))
+    before = [run_steps(m, 5) for m in old]
+    state = json.loads(json.dumps(old[0].state_dict()))
+    new = [mix_for(stores, r, new_world, **form) for r in range(new_world)]
+    for m in new:
+        m.load_state_dict(state)
+    sources, rows = epoch_of_all_ranks(new)
+    assert all(s == sources[0] for s in sources)
+    for batches in before:
+        for name, r in drawn(batches).items():
+            rows[name] += r
+    for name, target in targets.items():
+        assert len(rows[name]) == len(set(rows[name])), f"{name}: a row drawn twice"
+        assert abs(len(rows[name]) - target) <= max(2, new_world) * BATCH, (name, len(rows[name]))
+
+
+def test_an_abandoned_epoch_iterated_again_restarts_where_it_began(stores):
+    """iter() again after a break in the same epoch: the sources go back to where the epoch began, so the rows of
+    the abandoned steps are drawn in the restarted epoch (none lost)."""
+    mix = mix_for(stores)
+    run_steps(mix, 9)
+    rows = drawn(list(mix))
+    assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
+
+
+def test_an_epoch_whose_every_step_was_taken_is_over_though_its_end_was_not_asked_for(stores):
+    """A loop that takes exactly len(mix) batches (zip, islice) never asks for the end: the next iter() runs the
+    next mix epoch (the state already said so), not the same epoch again from its start."""
+    mix = mix_for(stores, rows={"era": 120, "cerra": 48})
+    it = iter(mix)
+    first = [next(it) for _ in range(len(mix))]
+    assert mix.state_dict()["epoch"] == 1
+    second = list(mix)
+    rows = {name: drawn(first)[name] + drawn(second)[name] for name in SIZES}
+    assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
+
+
+def loaders(stores, **over):
+    out = {}
+    for name, path in stores.items():
+        args = {"batch_size": BATCH, **over.get(name, {})}
+        out[name] = ZarrDataLoader(ZarrIterableDataset(path), **args)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"weights": {"era": -1, "cerra": 2}}, "weight of source 'era' must be a finite number >= 0"),
+        ({"weights": [0, 0]}, "sum to 0"),
+        ({"weights": [1, float("nan")]}, "weight of source 'cerra'"),
+        ({"weights": {"era": 1}}, "must name every source once"),
+        ({"rows": {"era": 10, "cerra": -3}}, "rows of source 'cerra'"),
+        ({"weights": [1, 1], "rows": [1, 1]}, "not both"),
+        ({"batches": "mixed", "weights": [1, 1]}, "with batches='mixed' a source's share is its ZarrDataLoader's"),
+        ({"batches": "both"}, "batches must be 'per_source' or 'mixed'"),
+    ],
+)
+def test_bad_mix_settings_are_refused_at_construction_by_name(stores, kwargs, says):
+    with pytest.raises((ValueError, TypeError), match=says.replace("(", r"\(").replace(")", r"\)")):
+        MixedLoader(loaders(stores), **kwargs)
+
+
+def test_sources_with_other_batch_sizes_are_refused_by_name(stores):
+    with pytest.raises(ValueError, match=r"other batch sizes \{'era': 8, 'cerra': 4\}"):
+        MixedLoader(loaders(stores, cerra={"batch_size": 4}))
+
+
+def test_mixed_batches_of_sources_on_other_grids_are_refused_by_name(stores, tmp_path):
+    """Two grids cannot share a batch: the error names the sources and their columns, and the way out."""
+    path = tmp_path / "fine.zarr"
+    prepare_zarr({"x": np.zeros((24, 2, 2), np.float32)}, path, chunk_rows=12, progress=False)
+    sources = {"era": loaders(stores)["era"], "fine": ZarrDataLoader(ZarrIterableDataset(path), batch_size=BATCH)}
+    with pytest.raises(ValueError, match=r"sources 'era' and 'fine' give other columns .* use batches='per_source'"):
+        MixedLoader(sources, batches="mixed")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_mixed_batches_hold_every_sources_share_and_each_row_once(stores, world):
+    """batches='mixed', era 6 rows and cerra 2 a batch: every batch holds exactly that, each row's source named; an
+    epoch of 320 rows draws era's share (3/4: its 240 rows, each once) and cerra's (80 rows) within a global batch."""
+    sizes = {"era": 6, "cerra": 2}
+    mixes = [mix_for(stores, r, world, sizes=sizes, batches="mixed", epoch_rows=320) for r in range(world)]
+    per_rank = [list(m) for m in mixes]
+    for batch in per_rank[0]:
+        assert batch["source"].tolist() == [0] * 6 + [1] * 2
+    rows: dict[str, list[int]] = {name: [] for name in SIZES}
+    for batches in per_rank:
+        for name, r in drawn(batches).items():
+            rows[name] += r
+    for name, share in (("era", 6 / 8), ("cerra", 2 / 8)):
+        assert abs(len(rows[name]) - share * 320) <= world * sizes[name]
+    assert sorted(rows["era"]) == list(range(240))
+
+
+def test_one_loader_given_as_two_sources_is_refused(stores):
+    one = loaders(stores)["era"]
+    with pytest.raises(ValueError, match="sources 'a' and 'b' are the same ZarrDataLoader"):
+        MixedLoader({"a": one, "b": one})
+
+
+# -- two real ranks ----------------------------------------------------------------------------------------------
+WORKER = Path(__file__).with_name("mix_ddp_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_draw_the_same_source_at_every_step(stores, tmp_path):
+    """Two ranks (gloo, as torchrun starts them) with a head per source: each step all-reduces the source's index,
+    so ranks drawing other sources would fail there; they must also draw other rows of the same source (two mix
+    epochs take cerra's 96 rows once: the ranks share them)."""
+    port, world = free_port(), 2
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank)}
+        env.update(WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        cmd = [sys.executable, str(WORKER), str(stores["era"]), str(stores["cerra"]), str(tmp_path)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        logs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"rank {rank}:\n{log[-3000:]}"
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert ranks[0]["sources"] == ranks[1]["sources"] and len(set(ranks[0]["sources"])) == 2
+    for name in SIZES:
+        a, b = (set(r["rows"][name]) for r in ranks)
+        assert not a & b, f"{name}: both ranks drew rows {sorted(a & b)[:5]}"
+    assert sorted(ranks[0]["rows"]["cerra"] + ranks[1]["rows"]["cerra"]) == list(range(96))
+
+
+# -- audit and memory ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2])
+def test_audit_mix_gives_each_sources_share_as_the_loader_yields_it(stores, world):
+    """audit_mix, from the plans only, says each source's rows and own epochs of the next mix epoch as the ranks then
+    yield them; cerra's quota (150 rows of its 96) runs into its next own epoch."""
+    mixes = [mix_for(stores, r, world, rows={"era": 100, "cerra": 150}) for r in range(world)]
+    run_steps(mixes[0])  # epoch 0 on rank 0 only: the audit is of rank 0's sources, now in epoch 1
+    for m in mixes[1:]:
+        run_steps(m)
+    report = audit_mix(mixes[0])
+    _, rows = epoch_of_all_ranks(mixes)
+    shares = {s.name: s for s in report.sources}
+    assert report.ok and report.epoch == 1 and report.world_size == world
+    for name in SIZES:
+        assert shares[name].rows == len(rows[name]) and shares[name].duplicates == 0
+    assert shares["cerra"].own_epochs[1] > shares["cerra"].own_epochs[0]
+    assert "'cerra'" in report.summary() and "OK" in report.summary()
+
+
+def test_loader_memory_of_a_mix_counts_every_sources_loader(stores):
+    """Two sources of two workers each: four worker processes, every one counted."""
+    sources = {
+        name: ZarrDataLoader(ZarrIterableDataset(path), batch_size=BATCH, num_workers=2)
+        for name, path in stores.items()
+    }
+    memory = loader_memory(MixedLoader(sources))
+    assert memory.total == sum(loader_memory(s).total for s in sources.values())
+    assert sum(budget.readers for budget in memory.sources.values()) == 4

@@ -1,0 +1,489 @@
+"""``MixedLoader``: one training stream drawn from several stores, by weight or by rows per epoch.
+
+Each source is a :class:`~zarrtorch.ZarrDataLoader` of its own (its arrays, chunking, windows, period, workers),
+which keeps every guarantee it has alone: its own partition over ranks x workers, equal batches per rank, its
+own shuffle and its own resume. The mixed loader only decides which source the next batch comes from:
+
+* **Quotas.** Every mix epoch has a target in rows per source (``rows=``, or ``weights=`` times ``epoch_rows``);
+  a source's quota is its target in global batches (``world_size x batch_size`` rows), rounded to the nearest
+  one, so each source's count per epoch over all ranks is within half a global batch of its target.
+* **Order.** The epoch's steps are the quotas' source indices in an order drawn from (seed, mix epoch) only:
+  every rank draws the same source at the same step, so a model with a head per source under DDP runs the same
+  parameters on every rank at every step. Each batch carries ``"source"``, the name of the source it holds. The
+  order: each source's index repeated its quota's times, in the sources' order, permuted by NumPy's generator
+  seeded with ``SeedSequence([seed, epoch, MIX_ORDER, segment])`` (``segment``: 0, or the count of resumes on
+  another world size within the epoch).
+* **Each row once, then the stated repeat rule.** A source runs its own epochs on through the mix epochs: a quota
+  below its epoch continues where it stopped at the next mix epoch, a quota above it runs into its next own epoch
+  (a new shuffle). Within one of its own epochs every row (or window start) is drawn once.
+* **Resume.** The state holds the mix position and every source's loader state. On the saved topology it
+  continues exactly; on another one each source resumes as its loader does elastically, and the rest of the
+  epoch's targets (less the rows already drawn) are split again in global batches of the new topology.
+
+Batches are per source (the default: different grids cannot share a batch) or, for sources of one grid,
+``batches="mixed"``: every batch holds a fixed number of rows of every source (its loader's batch size, which is
+its share), so each source's state is exact at every step and every guarantee above holds as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zarrtorch._util.arguments import INT64_LIMIT, whole_number
+from zarrtorch._util.process import check_ranks_agree
+from zarrtorch._util.random_streams import MIX_ORDER
+from zarrtorch.loader import ZarrDataLoader
+from zarrtorch.plan import rng_for
+
+MIX_VERSION = 1
+SOURCE = "source"  # the batch key that names a batch's source
+PER_SOURCE, MIXED = "per_source", "mixed"
+
+
+def quotas_of(targets: Sequence[float], global_batches: Sequence[int]) -> tuple[int, ...]:
+    """Batches per rank of each source: its target rows in global batches of its own (``world x batch_size``),
+    rounded to the nearest whole one (halves up), never below 0. Rounding once keeps every source within half a
+    global batch of its target."""
+    return tuple(max(0, math.floor(t / g + 0.5)) for t, g in zip(targets, global_batches, strict=True))
+
+
+def step_order(quotas: Sequence[int], *, seed: int, epoch: int, segment: int) -> np.ndarray:
+    """The source of every step of an epoch's segment: each source index its quota's times, in an order that
+    depends only on (seed, epoch, segment, quotas), so every rank computes the same."""
+    steps = np.repeat(np.arange(len(quotas), dtype=np.int64), np.asarray(quotas, dtype=np.int64))
+    return rng_for(seed, epoch, MIX_ORDER, segment).permutation(steps)
+
+
+@dataclass(frozen=True)
+class MixPoint:
+    """Where a mix epoch stands: its ``epoch``, the rows drawn per source in earlier segments (on other
+    topologies), the segment's number, the world size it runs on and the steps of it already yielded."""
+
+    epoch: int
+    drawn_before: tuple[int, ...]
+    segment: int
+    world_size: int
+    steps: int
+
+    def on(self, world: int, batches: Sequence[int], global_batches: Sequence[int]) -> MixPoint:
+        """This point as a new segment on ``world`` ranks when it ran on another: the rows of the ``batches`` per rank
+        of each source its yielded steps drew move into ``drawn_before``. On the same world size, itself."""
+        if world == self.world_size:
+            return self
+        drawn = tuple(d + c * g for d, c, g in zip(self.drawn_before, batches, global_batches, strict=True))
+        return MixPoint(self.epoch, drawn, self.segment + 1, world, 0)
+
+
+class MixedLoader:
+    """Batches of several :class:`~zarrtorch.ZarrDataLoader` sources, mixed by weight or by rows per epoch.
+
+    Args:
+        sources: ``{name: loader}`` (or a list: names ``"0"``, ``"1"``...), each used by this loader only. With
+            per-source batches every loader has the same ``batch_size`` (a step's size does not change with its
+            source).
+        weights: each source's share of an epoch's rows (``{name: w}`` or a list), >= 0 with a positive sum.
+        rows: each source's rows per epoch, over all ranks (instead of ``weights``).
+        epoch_rows: rows of a mix epoch with ``weights`` (default: the rows of every source together).
+        Neither ``weights`` nor ``rows``: every source's rows once per epoch (its own size).
+        seed: fixes every epoch's order of sources (shared by every rank).
+        batches: ``"per_source"``: every batch from one source, ``batch["source"]`` its name. ``"mixed"``: every
+            batch holds ``batch_size`` rows of every source's loader (its share: no ``weights``/``rows``; sources of
+            the same columns, shapes and dtypes), ``batch["source"]`` each row's source index in :attr:`names`.
+
+    A source's rows beyond its quota wait for the next mix epoch; a quota above its size runs into its next own
+    epoch (a new shuffle). Memory: every source's loader keeps its workers and buffers, so two sources of
+    ``num_workers=2`` start 4 worker processes (:func:`zarrtorch.loader_memory` counts them all).
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, ZarrDataLoader] | Sequence[ZarrDataLoader],
+        *,
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        rows: Mapping[str, int] | Sequence[int] | None = None,
+        epoch_rows: int | None = None,
+        seed: int = 0,
+        batches: str = PER_SOURCE,
+    ):
+        self.sources = named_sources(sources)
+        names = list(self.sources)
+        if batches not in (PER_SOURCE, MIXED):
+            raise ValueError(f"batches must be 'per_source' or 'mixed', got {batches!r}")
+        self.mixed = batches == MIXED
+        if self.mixed:
+            self.batch_sizes = mixed_batch_sizes(self.sources, weights, rows)
+            self.targets = epoch_targets(self.sources, list(self.batch_sizes), None, epoch_rows)
+        else:
+            self.batch_sizes = (common_batch_size(self.sources),) * len(names)
+            self.targets = epoch_targets(self.sources, weights, rows, epoch_rows)
+        self.batch_size = sum(self.batch_sizes) if self.mixed else self.batch_sizes[0]
+        self.seed = whole_number(seed, "seed (shared by every rank)", least=0, below=INT64_LIMIT)
+        self.epoch = 0
+        self._start: MixPoint | None = None  # where the next iter() starts: None, a loaded state's point
+        self._iters: dict[str, object] = {}  # each source's iterator in flight, kept across mix epochs
+        self._run: MixRun | None = None  # the newest iteration
+        self._names = names
+
+    # -- the schedule --------------------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """The sources' names, in order (mixed batches give each row's source as an index into them)."""
+        return list(self._names)
+
+    def topology(self) -> tuple[int, int]:
+        """(rank, world size) of the sources, which must agree."""
+        found = {name: loader.topology() for name, loader in self.sources.items()}
+        if len(set(found.values())) > 1:
+            raise ValueError(
+                f"the sources of a MixedLoader run on different topologies (name: (rank, world_size)) {found}: give "
+                "them the same rank=/world_size=, or none (the process group's)"
+            )
+        return next(iter(found.values()))
+
+    def global_batches(self, world: int) -> tuple[int, ...]:
+        """Rows of one global batch of each source on ``world`` ranks."""
+        return tuple(world * b for b in self.batch_sizes)
+
+    def start_point(self, world: int) -> MixPoint:
+        """Where the next ``iter()`` starts its epoch on ``world`` ranks (a loaded state's point, moved to a new
+        segment when it was saved on another world size), in the epoch ``set_epoch`` chose."""
+        start = self._start
+        if start is None or start.epoch != self.epoch:
+            return MixPoint(self.epoch, (0,) * len(self._names), 0, world, 0)
+        saved_order = self.order(start)
+        return start.on(world, self.batches_drawn(saved_order[: start.steps]), self.global_batches(start.world_size))
+
+    def quotas(self, point: MixPoint) -> tuple[int, ...]:
+        """Batches per rank of each source in ``point``'s segment: what is left of every target, on its world. Mixed
+        batches: the same for every source, the steps left of the whole epoch."""
+        left = [t - d for t, d in zip(self.targets, point.drawn_before, strict=True)]
+        if self.mixed:
+            steps = quotas_of([sum(left)], [point.world_size * self.batch_size])[0]
+            return (steps,) * len(left)
+        return quotas_of(left, self.global_batches(point.world_size))
+
+    def order(self, point: MixPoint) -> np.ndarray:
+        """The source index of every step of ``point``'s segment (mixed batches: ``-1``, every source)."""
+        if self.mixed:
+            return np.full(self.quotas(point)[0], -1, dtype=np.int64)
+        return step_order(self.quotas(point), seed=self.seed, epoch=point.epoch, segment=point.segment)
+
+    def batches_drawn(self, steps: np.ndarray) -> tuple[int, ...]:
+        """Batches per rank of each source that ``steps`` (of an order) draw."""
+        if self.mixed:
+            return (len(steps),) * len(self._names)
+        return tuple(int(c) for c in np.bincount(steps, minlength=len(self._names)))
+
+    def __len__(self) -> int:
+        """Steps this rank yields in the epoch the next ``iter()`` runs, from its start (a state resumed on the
+        saved world size counts the whole epoch; on another one, the rest of it)."""
+        return len(self.order(self.start_point(self.topology()[1])))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make ``epoch`` the mix epoch the next ``iter()`` runs (its order of sources). The sources run their own
+        epochs on: their rows continue where the last mix epoch left them."""
+        self.epoch = whole_number(epoch, "epoch", least=0, below=INT64_LIMIT)
+
+    # -- iterating -----------------------------------------------------------------------------------------------
+    def __iter__(self):
+        rank, world = self.topology()
+        last = self._run
+        if last is not None and not last.done and last.point.steps + last.seen == len(last.order):
+            self._finished(last)  # its every step was taken, only its end not asked for: it is over
+        point = self.start_point(world)
+        if last is not None and not last.done and last.point.epoch == point.epoch:
+            self._restart(last)
+        order = self.order(point)
+        if self._checks_ranks():
+            check_ranks_agree(
+                f"mix of {self._names}, targets {self.targets}, epoch {point.epoch}, segment {point.segment}, "
+                f"{len(order)} steps from step {point.steps}, order {_digest(order)}",
+                f"epoch {point.epoch} of a MixedLoader",
+            )
+        run = MixRun(point, order, {name: loader.state_dict() for name, loader in self.sources.items()})
+        self._run = run
+        return self._steps(run)
+
+    def _steps(self, run: MixRun):
+        for step in range(run.point.steps, len(run.order)):
+            if self._run is not run:
+                raise RuntimeError(
+                    "this iterator of a MixedLoader was superseded: iter() was called again since it was made; "
+                    "use the newest iterator"
+                )
+            index = int(run.order[step])
+            if index < 0:
+                batch = mixed_batch([self._next_of(name) for name in self._names])
+            else:
+                batch = {**self._next_of(self._names[index]), SOURCE: self._names[index]}
+            run.seen = step + 1 - run.point.steps
+            yield batch
+        if not run.done:
+            self._finished(run)
+
+    def _finished(self, run: MixRun) -> None:
+        """``run`` took every step of its epoch: the next ``iter()`` runs the next mix epoch (unless ``set_epoch``
+        says another)."""
+        run.done = True
+        self._start = None
+        if self.epoch == run.point.epoch:
+            self.epoch = run.point.epoch + 1
+
+    def _next_of(self, name: str) -> dict:
+        """The next batch of source ``name``, into its next own epoch when its current one has ended."""
+        loader = self.sources[name]
+        for _ in range(2):
+            if name not in self._iters:
+                self._iters[name] = iter(loader)
+            try:
+                return next(self._iters[name])
+            except StopIteration:
+                del self._iters[name]
+                loader.set_epoch(loader.epoch + 1)
+        raise RuntimeError(f"source {name!r} of a MixedLoader yielded no batch in a whole epoch of its own")
+
+    def _restart(self, run: MixRun) -> None:
+        """An unfinished iteration of this epoch is run again from its start: every source goes back to where it
+        stood then, so no row of the abandoned steps is lost."""
+        load_all(self.sources, run.source_states)
+        self._iters = {}
+
+    def _checks_ranks(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized() and all(s.check_ranks for s in self.sources.values())
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The mix position (epoch, segment, steps yielded, rows drawn in earlier segments, world size) and every
+        source's loader state, as a plain dict. A finished epoch is saved as the next one's start."""
+        rank, world = self.topology()
+        run = self._run
+        if run is not None and not run.done:
+            p, steps = run.point, run.point.steps + run.seen
+            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, steps)
+            if steps == len(run.order):  # every step yielded: the next epoch's start
+                point = MixPoint(p.epoch + 1, (0,) * len(self._names), 0, world, 0)
+        else:
+            point = self.start_point(world)
+        return {
+            "mix_version": MIX_VERSION,
+            "names": list(self._names),
+            "targets": list(self.targets),
+            "batch_sizes": list(self.batch_sizes),
+            "batches": MIXED if self.mixed else PER_SOURCE,
+            "seed": self.seed,
+            "epoch": point.epoch,
+            "segment": point.segment,
+            "world_size": point.world_size,
+            "steps": point.steps,
+            "drawn_before": list(point.drawn_before),
+            "sources": {name: loader.state_dict() for name, loader in self.sources.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the saved mix epoch: exactly on the saved world size; on another, every source resumes as its
+        loader does elastically and the rest of each target is split in the new global batches. The sources,
+        targets, batch size and seed must be the saved ones. Everything is checked before anything changes."""
+        differences = [
+            f"{key}: saved {state.get(key)!r}, now {now!r}"
+            for key, now in (
+                ("mix_version", MIX_VERSION),
+                ("names", list(self._names)),
+                ("targets", list(self.targets)),
+                ("batch_sizes", list(self.batch_sizes)),
+                ("batches", MIXED if self.mixed else PER_SOURCE),
+                ("seed", self.seed),
+            )
+            if state.get(key) != now
+        ]
+        if differences:
+            raise ValueError(
+                "cannot resume this MixedLoader: the state was saved with other sources or settings ("
+                + "; ".join(differences)
+                + "). Build it with the saved sources (same names, order), weights or rows, batch size and seed"
+            )
+        point = MixPoint(
+            whole_number(state["epoch"], "epoch", least=0),
+            tuple(int(d) for d in state["drawn_before"]),
+            whole_number(state["segment"], "segment", least=0),
+            whole_number(state["world_size"], "world_size", least=1),
+            whole_number(state["steps"], "steps", least=0),
+        )
+        saved_sources = state.get("sources")
+        if not isinstance(saved_sources, Mapping) or set(saved_sources) != set(self._names):
+            raise ValueError(f"the state's sources {list(saved_sources or ())} are not this loader's {self._names}")
+        load_all(self.sources, saved_sources)
+        self._start, self.epoch = point, point.epoch
+        self._run, self._iters = None, {}
+
+
+@dataclass
+class MixRun:
+    """One iteration of a mix epoch: where it started, its order, the sources' states when it began (a restart
+    goes back to them) and the steps it has yielded."""
+
+    point: MixPoint
+    order: np.ndarray
+    source_states: dict
+    seen: int = 0
+    done: bool = False
+
+
+def load_all(sources: dict[str, ZarrDataLoader], states: Mapping[str, dict]) -> None:
+    """Load every source's state, or none: a source that refuses its state puts the ones loaded before back."""
+    before = {name: loader.state_dict() for name, loader in sources.items()}
+    done = []
+    try:
+        for name, loader in sources.items():
+            loader.load_state_dict(states[name])
+            done.append(name)
+    except Exception:
+        for name in done:
+            sources[name].load_state_dict(before[name])
+        raise
+
+
+def _digest(order: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(order, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+
+
+# -- checking what a user passes ----------------------------------------------------------------------------------
+def named_sources(sources) -> dict[str, ZarrDataLoader]:
+    """``{name: loader}`` from a mapping or a list, each a ZarrDataLoader given once, with no column ``"source"``."""
+    if isinstance(sources, Mapping):
+        named = {str(k): v for k, v in sources.items()}
+        if len(named) != len(sources):
+            raise ValueError(f"the names of a MixedLoader's sources must differ as strings, got {list(sources)}")
+    elif isinstance(sources, Sequence) and not isinstance(sources, str):
+        named = {str(i): v for i, v in enumerate(sources)}
+    else:
+        raise TypeError(f"sources must be {{name: ZarrDataLoader}} or a list of them, got {type(sources).__name__}")
+    if len(named) < 1:
+        raise ValueError("a MixedLoader needs at least one source")
+    for name, loader in named.items():
+        if not isinstance(loader, ZarrDataLoader):
+            raise TypeError(f"source {name!r} must be a zarrtorch.ZarrDataLoader, got {type(loader).__name__}")
+        if SOURCE in loader.data.out_columns:
+            raise ValueError(
+                f"source {name!r} has a column named {SOURCE!r}, the key a MixedLoader adds to say a batch's "
+                "source: rename it (ZarrIterableDataset(variables=...) or stack=)"
+            )
+    seen: dict[int, str] = {}
+    for name, loader in named.items():
+        if id(loader) in seen:
+            raise ValueError(
+                f"sources {seen[id(loader)]!r} and {name!r} are the same ZarrDataLoader: give each source a loader of "
+                "its own (two loaders may share one dataset)"
+            )
+        seen[id(loader)] = name
+    return named
+
+
+def common_batch_size(sources: dict[str, ZarrDataLoader]) -> int:
+    """The batch size every source has; refused when they differ (a step's size would change with its source)."""
+    sizes = {name: loader.spec.batch_size for name, loader in sources.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(
+            f"the sources of a MixedLoader have other batch sizes {sizes}: a training step's size (and its learning "
+            "rate) would change with the source. Give every source's ZarrDataLoader the same batch_size"
+        )
+    return next(iter(sizes.values()))
+
+
+def mixed_batch_sizes(sources: dict[str, ZarrDataLoader], weights, rows) -> tuple[int, ...]:
+    """Each source's rows in a mixed batch: its loader's batch size, which is its share (no ``weights``/``rows``).
+    Refused when the sources' batches cannot be stacked: other columns, shapes or dtypes (other grids), or other
+    extra keys (``return_index``, ``return_padding``)."""
+    if weights is not None or rows is not None:
+        sizes = {name: loader.spec.batch_size for name, loader in sources.items()}
+        raise ValueError(
+            "with batches='mixed' a source's share is its ZarrDataLoader's batch_size (every batch holds that many "
+            f"rows of it; here {sizes}): leave weights= and rows= out, and give each source's loader the batch size "
+            "of its share"
+        )
+    first_name, first = next(iter(sources.items()))
+    for name, loader in sources.items():
+        kept = [(ds.out_columns, ds.return_index, ds.return_padding) for ds in (first.data, loader.data)]
+        if kept[0] != kept[1]:
+            raise ValueError(
+                f"batches='mixed' stacks the rows of every source in one batch, but sources {first_name!r} and "
+                f"{name!r} give other columns (name: (row shape, dtype), return_index, return_padding): {kept[0]} and "
+                f"{kept[1]}. Different grids cannot share a batch: use batches='per_source'"
+            )
+    return tuple(loader.spec.batch_size for loader in sources.values())
+
+
+def mixed_batch(batches: list[dict]) -> dict:
+    """One batch of the rows of every source's batch, in the sources' order; ``"source"`` gives each row's source
+    (its index in the loader's ``names``)."""
+    import torch
+
+    keys = [sorted(b) for b in batches]
+    if any(k != keys[0] for k in keys):
+        raise ValueError(
+            f"batches='mixed': the sources' batches have other keys {keys} (a transform?): they must agree"
+        )
+    out = {key: torch.cat([b[key] for b in batches]) for key in batches[0]}
+    counts = [len(next(iter(b.values()))) for b in batches]
+    out[SOURCE] = torch.repeat_interleave(torch.arange(len(batches)), torch.tensor(counts))
+    return out
+
+
+def per_source(value, names: list[str], what: str) -> list:
+    """``value`` (``{name: x}`` or a list in the sources' order) as a list in the sources' order."""
+    if isinstance(value, Mapping):
+        given = {str(k): v for k, v in value.items()}
+        if set(given) != set(names):
+            raise ValueError(f"{what} must name every source once: sources {names}, {what} names {list(given)}")
+        return [given[n] for n in names]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence | np.ndarray):
+        raise TypeError(f"{what} must be {{name: value}} or a list of one value per source, got {value!r}")
+    if len(value) != len(names):
+        raise ValueError(f"{what} has {len(value)} values for {len(names)} sources {names}")
+    return list(value)
+
+
+def epoch_targets(sources: dict[str, ZarrDataLoader], weights, rows, epoch_rows) -> tuple[int, ...]:
+    """Rows per mix epoch of each source (over all ranks), from ``weights`` (times ``epoch_rows``), ``rows``, or
+    every source's own size."""
+    names = list(sources)
+    sizes = [loader.spec.rows for loader in sources.values()]
+    if weights is not None and rows is not None:
+        raise ValueError("give a MixedLoader weights= or rows=, not both")
+    if rows is not None:
+        if epoch_rows is not None:
+            raise ValueError("epoch_rows= goes with weights=; with rows= the epoch is their sum")
+        counts = [
+            whole_number(r, f"rows of source {n!r}", least=0)
+            for n, r in zip(names, per_source(rows, names, "rows"), strict=True)
+        ]
+        if sum(counts) == 0:
+            raise ValueError(f"rows {dict(zip(names, counts, strict=True))} sum to 0: an epoch needs a row")
+        return tuple(counts)
+    if weights is None:
+        if epoch_rows is not None:
+            raise ValueError("epoch_rows= goes with weights=")
+        return tuple(sizes)
+    shares = [_weight(w, n) for n, w in zip(names, per_source(weights, names, "weights"), strict=True)]
+    if sum(shares) <= 0:
+        raise ValueError(
+            f"weights {dict(zip(names, shares, strict=True))} sum to 0: give at least one source a positive weight"
+        )
+    total = sum(sizes) if epoch_rows is None else whole_number(epoch_rows, "epoch_rows", least=1)
+    return tuple(round(total * s / sum(shares)) for s in shares)
+
+
+def _weight(value, name: str) -> float:
+    try:
+        w = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"weight of source {name!r} must be a number >= 0, got {value!r}") from None
+    if not math.isfinite(w) or w < 0:
+        raise ValueError(f"weight of source {name!r} must be a finite number >= 0, got {value!r}")
+    return w
