@@ -13,6 +13,10 @@ chains the stages a batch crosses on its way from the store to the rank:
 4. **deliver**: a batch written into a shared slot is sent as a reference to it, any other as tensors (stacked
    columns, the row numbers dropped unless asked for, the dataset's transform).
 
+With ``batch_order="rank"`` and workers the stages are split: a worker's epoch is only its turn of the pieces
+the rank's one stream reads (:mod:`zarrtorch._workers.dealt`), and the training process runs the same four stages
+on the pieces it receives (:func:`assemble_epoch`).
+
 What a process keeps from one epoch to the next lives in its :class:`ProcessState`.
 """
 

@@ -5,9 +5,11 @@ changes) and its own settings: the spec that fixes every epoch's batches, its wo
 slots its workers write into and the small shared tensor in which it publishes each epoch (the epoch, the resume
 point, the rank and the world size). DataLoader iterates an :class:`EpochRunner` over that job: in each worker,
 or in the training process with ``num_workers=0``, one ``iter()`` runs one epoch through
-:func:`zarrtorch.epoch.run_epoch`. Nothing flows back into the dataset: a process's state across epochs (its
-connections, buffers, the level of its requests in flight, the next epoch's first reads, rows kept in memory)
-is the runner's in that process, so every loader, and every process of one, has its own.
+:func:`zarrtorch.epoch.run_epoch` (with ``batch_order="rank"`` and workers, a worker's epoch is its turn of the
+pieces, and the training process forms the batches: :func:`zarrtorch.epoch.assemble_epoch`). Nothing flows
+back into the dataset: a process's state across epochs (its connections, buffers, the level of its requests in
+flight, the next epoch's first reads, rows kept in memory) is the runner's in that process, so every loader, and
+every process of one, has its own.
 """
 
 from __future__ import annotations

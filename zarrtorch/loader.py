@@ -186,6 +186,13 @@ class ZarrDataLoader(DataLoader):
     up a minute after ``timeout``; with ``work_ahead=0`` and ``transport="queue"`` nothing bounds that wait.
     ``check_ranks``: under a process
     group, every epoch's first ``iter()`` checks that all ranks computed the same plan (one small all-gather).
+    ``batch_order``: ``"worker"`` (the default) each worker forms its own batches from its own run of the rank's
+    rows, so the batches change with ``num_workers``; ``"rank"``: each rank's batches (rows, in order) are those of
+    ``num_workers=0``, a function of the seed, the epoch, the batch size, ``drop_last`` and the number of ranks only:
+    the workers read and decode the pieces of the rank's one stream, dealt out in turn, and the training process
+    forms the batches (:mod:`zarrtorch._workers.dealt`; ``docs/batch-order.md``). Its states say ``num_workers`` 0,
+    so a resume with any number of workers continues the sequence exactly. Not with ``transport="ring"`` or
+    ``keep_in_memory=True`` and workers.
     Every argument after ``batch_size`` is passed by name (``DataLoader``'s third positional one is
     ``shuffle``).
     """

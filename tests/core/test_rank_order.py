@@ -7,6 +7,7 @@ count."""
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import numpy as np
 import pytest
@@ -187,3 +188,44 @@ def test_keep_in_memory_with_workers_is_refused_at_construction(store):
     with pytest.raises(ValueError, match="keep_in_memory=True with batch_order='rank'"):
         ZarrDataLoader(ds, batch_size=BATCH, num_workers=2, persistent_workers=True, batch_order="rank")
     ZarrDataLoader(ds, batch_size=BATCH, num_workers=0, batch_order="rank")  # one process: nothing to refuse
+
+
+def test_a_worker_forked_while_another_thread_computes_a_plans_pieces_does_not_deadlock():
+    """With batch_order="rank" the work-ahead thread of one loader computes its plan's pieces while the next
+    loader forks its workers (a job of several ranks' loaders in one process: the model test hung there). A
+    ``functools.cached_property`` on Python 3.11 holds one lock per class while it computes, so a worker forked
+    meanwhile inherited it held by a thread it does not have, and hung on its first plan. A plan's row ranges are
+    computed without a lock (two threads may both compute them: the same pure function)."""
+    import multiprocessing
+    import threading
+    from functools import partial
+
+    from zarrtorch.plan import WorkerPlan
+
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_source():
+        inside.set()
+        release.wait()
+        return np.zeros((0, 2), np.int64)
+
+    def plan(source):
+        return WorkerPlan(worker=0, first_batch=0, batch_sizes=np.zeros(0, np.int64), source=source)
+
+    computing = threading.Thread(target=lambda: plan(slow_source).pieces, daemon=True)
+    computing.start()
+    assert inside.wait(60)
+    try:
+        other = plan(partial(np.ones, (1, 2), np.int64))
+        child = multiprocessing.get_context("fork").Process(target=lambda: sys.exit(int(other.pieces.sum()) != 2))
+        child.start()
+        child.join(60)
+        hung = child.exitcode is None
+        if hung:
+            child.kill()
+            child.join()
+        assert not hung, "the forked process hung computing a plan's pieces"
+        assert child.exitcode == 0
+    finally:
+        release.set()
+        computing.join()
