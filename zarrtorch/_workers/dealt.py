@@ -12,11 +12,11 @@ items come back as pieces 0, 1, 2, ... The training process's shuffle buffer and
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from zarrtorch._read.inflight import InFlight
 from zarrtorch._util.sizes import native
 
 PIECE = "_zarrtorch_piece"  # the key of a sent piece's [start, stop) store rows
@@ -40,6 +40,14 @@ def sent(piece: np.ndarray, data: dict[str, np.ndarray]) -> dict[str, torch.Tens
     return out
 
 
+@dataclass(frozen=True)
+class NothingAhead:
+    """The requests in flight of :class:`DealtPieces`, as :func:`zarrtorch.window_stream.stream_windows` counts
+    them: none, each piece is copied where it goes as it is taken."""
+
+    most_held: int = 0
+
+
 class DealtPieces:
     """The reader of the training process with ``batch_order="rank"`` (in place of a
     :class:`~zarrtorch._read.reader.PieceReader` for :func:`zarrtorch.stream.stream_batches` and
@@ -56,7 +64,7 @@ class DealtPieces:
         self.received = received
         self.arrays = arrays
         self.chunk_rows = chunk_rows
-        self.in_flight = InFlight(1, 1)  # a piece is copied where it goes as it is taken: none held ahead here
+        self.in_flight = NothingAhead()
         self._rows_reader = rows_reader
         self._taken: dict[str, np.ndarray] | None = None
 
