@@ -110,15 +110,20 @@ def check_loader_settings(
     check_batch_order(dataset, num_workers, transport, batch_order)
 
 
-def check_batch_order(dataset, num_workers, transport, batch_order) -> None:
-    """Refuse a ``batch_order`` that is not one, and what ``batch_order="rank"`` cannot combine with when workers
-    read (with ``num_workers=0`` the one process reads and assembles, as in the default order)."""
+def check_batch_order_name(batch_order) -> None:
+    """Refuse a ``batch_order`` that is not one of :data:`BATCH_ORDERS`, saying what each means."""
     if batch_order not in BATCH_ORDERS:
         raise ValueError(
             f"batch_order must be 'worker' (the default: each DataLoader worker forms its own batches, which then "
             f"depend on num_workers) or 'rank' (the rank's batches are the same for any num_workers), got "
             f"{batch_order!r}"
         )
+
+
+def check_batch_order(dataset, num_workers, transport, batch_order) -> None:
+    """Refuse a ``batch_order`` that is not one, and what ``batch_order="rank"`` cannot combine with when workers
+    read (with ``num_workers=0`` the one process reads and assembles, as in the default order)."""
+    check_batch_order_name(batch_order)
     if batch_order != "rank" or num_workers == 0:
         return
     if transport == "ring":
