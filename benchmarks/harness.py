@@ -380,14 +380,16 @@ def zarrtorch_loader(spec: dict, cache: bool = False, **loader_options) -> ZarrD
 
 def run_zarrtorch(spec: dict, sampler: MemorySampler) -> dict:
     """``ZarrDataLoader(ZarrIterableDataset(store))``, persistent workers (kind ``cache``: with
-    ``cache=True``; kind ``remote``: over HTTP); ``spec['variant']``: another ``transport`` (``queue``), or the patch
-    of ``prototypes.PATCHES`` applied first."""
+    ``cache=True``; kind ``remote``: over HTTP; kind ``rank``: ``batch_order="rank"``); ``spec['variant']``:
+    another ``transport`` (``queue``), or the patch of ``prototypes.PATCHES`` applied first."""
     w, variant = spec["workers"], spec.get("variant")
     receive, kwargs = None, {}
     if variant in prototypes.TRANSPORTS:
         kwargs["transport"] = variant
     elif variant:
         receive = prototypes.PATCHES[variant](workers=w, batch_size=spec["batch_size"], row_shape=SAMPLE_SHAPE)
+    if spec["kind"] == "rank":
+        kwargs["batch_order"] = "rank"
     loader = zarrtorch_loader(spec, cache=spec["kind"] == "cache", **kwargs)
     budget = loader_memory(loader)  # the package's prediction of what the loader holds at most
     epochs = timed_epochs(loader, spec, sampler, spec["epochs"], set_epoch=True, receive=receive)
@@ -497,6 +499,7 @@ RUNNERS = {
     "zarrtorch": run_zarrtorch,
     "prototype": run_zarrtorch,
     "paced": run_paced,
+    "rank": run_zarrtorch,  # batch_order="rank": the workers read, the main process forms the batches
     "cache": run_zarrtorch,  # cache=True: the rows a process read stay in RAM for the next epochs
     "remote": run_zarrtorch,  # the store over HTTP (a server in the orchestrator), requests in flight fixed
     "reference": run_reference,

@@ -38,13 +38,14 @@ from zarrtorch import available_cpus  # noqa: E402
 
 PRELOAD = ["harness", "prototypes", "numpy", "torch", "zarr", "zarrtorch", "zarrtorch.course.baselines", "zarrdataset"]
 MiB = 2**20
-MEMORY_KINDS = ("zarrtorch", "cache", "remote")  # the runs whose memory is compared with loader_memory
+MEMORY_KINDS = ("zarrtorch", "rank", "cache", "remote")  # the runs whose memory is compared with loader_memory
 PROTOTYPES = {2: "queue"}  # --prototypes: the variant run per number of workers (a transport or a patch)
 
 # Targets (information only, never a test): thresholds and tolerances.
 TARGET_L0_RATIO = 0.9  # zarrtorch, every epoch, 0 and 2 workers, vs L0 with 2 threads
 TARGET_MEMORY_PREDICTION = 0.15  # zarrtorch.loader_memory >= memory held, and at most 15% above it
 TARGET_MEMORY_FRACTION = 0.25  # zarrtorch memory vs the reference's
+TARGET_RANK_ORDER_RATIO = 0.95  # batch_order="rank" vs the default order, same workers
 TARGET_TTFB_CHUNKS = 3  # time to first batch, in single-thread chunk reads
 FLAT_TOLERANCE = 0.25  # "flat when the array grows": at most +25% (plus one chunk read for times,
 FLAT_SLACK_MIB = 16  # 16 MiB for memory, below the noise of sampling)
@@ -69,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--naive-batches", type=int, default=20, help="batches timed for the row-by-row loader")
     add("--naive-seconds", type=float, default=30, help="... or fewer: it stops after this many seconds")
     add("--epochs", type=int, default=2, help="epochs per run for zarrtorch and the reference")
-    kinds = "l0,zarrtorch,cache,reference,naive,numpy,prototype; remote (zarrtorch over HTTP) only if named"
+    kinds = "l0,zarrtorch,rank,cache,reference,naive,numpy,prototype; remote (zarrtorch over HTTP) only if named"
     add("--only", default="", help=f"comma list of kinds: {kinds}")
     add("--cache", choices=("warm", "cold"), default="warm", help="cold: drop the OS page cache (root) before each run")
     add("--touch", action="store_true", help="the consumer reads one float per page of every batch")
@@ -133,6 +134,8 @@ def make_specs(args, stores: dict, kinds: set[str]) -> list[dict]:
         if first:
             specs += [{"kind": "l0", "threads": t, **store} for t in (1, 2)]
         specs += [{"kind": "zarrtorch", "workers": w, **loaders} for w in (0, 2)]
+        if first:
+            specs += [{"kind": "rank", "workers": w, **loaders} for w in (0, 2)]  # batch_order="rank"
         specs += [{"kind": "reference", "workers": w, **loaders} for w in (0, 2)]
         if first or args.every_size:
             specs += [{"kind": "cache", "workers": w, **loaders} for w in (0, 2)]
@@ -157,6 +160,7 @@ def label_of(kind: str, par: int) -> str:
     return {
         "l0": f"L0 raw decode, {par} thread{'s' * (par > 1)}",
         "zarrtorch": f"zarrtorch, {par} workers",
+        "rank": f"zarrtorch batch_order='rank', {par} workers",
         "reference": f"reference 0.0.9, {par} workers",
         "naive": f"naive row-by-row, {par} workers",
         "numpy": f"numpy in RAM, {par} workers",
@@ -280,6 +284,14 @@ def targets(summary: list[dict], chunk_rows: int, scaled: bool) -> list[dict]:
                 zmem <= TARGET_MEMORY_FRACTION * rmem,
                 f"{s['label']}: ... holding <= {TARGET_MEMORY_FRACTION:.2f} of the reference's memory",
                 f"held {zmem:,.0f} MiB vs {rmem:,.0f} MiB ({zmem / rmem:.2f}; held = main RSS growth + workers' USS)",
+            )
+    for s in find(summary, "1x", "rank"):  # the batches of no worker, whatever the workers: at the default's speed
+        for z in find(summary, "1x", "zarrtorch", s["par"]):
+            rate, default = _min_epoch_rate(s), _min_epoch_rate(z)
+            add(
+                rate >= TARGET_RANK_ORDER_RATIO * default,
+                f"{s['label']}: every epoch >= {TARGET_RANK_ORDER_RATIO}x the default order's (same workers)",
+                f"slowest epoch {rate:,.0f}/s vs {default:,.0f}/s ({rate / default:.2f}x)",
             )
     for s in find(summary, "1x", "cache"):  # the comparable mode: rows kept in RAM after epoch 1
         for r in find(summary, "1x", "reference", s["par"]):

@@ -55,6 +55,7 @@ class AuditReport:
     missing_chunks: dict[str, list[int]] | None = None  # array -> chunks with no stored object; None: not listed
     missing_chunks_read_as: str = "error"  # ReadOptions(missing_chunks=...): "error" stops the loader at the first
     read_paths: dict[str, str] = field(default_factory=dict)  # array -> how its chunks are decoded (and why)
+    batch_order: str = "worker"  # ZarrDataLoader(batch_order=...): "rank", the batches are those of 0 workers
 
     @property
     def loader_bytes_per_node(self) -> int:
@@ -76,8 +77,9 @@ class AuditReport:
         counts = sorted(set(self.batches_per_rank))
         per_rank = f"{counts[0]}" if len(counts) == 1 else f"UNEQUAL {self.batches_per_rank}"
         lines = [
-            f"epoch {self.epoch}: {self.world_size} rank(s) x {self.num_workers} worker(s), batch {self.batch_size}, "
-            f"drop_last={self.drop_last}, {self.rows} rows",
+            f"epoch {self.epoch}: {self.world_size} rank(s) x {self.num_workers} worker(s)"
+            + (", batch_order='rank'" if self.batch_order == "rank" else "")
+            + f", batch {self.batch_size}, drop_last={self.drop_last}, {self.rows} rows",
             f"  batches per rank     {per_rank}",
             f"  rows read            {self.rows_read}"
             + (f" (after {self.rows_consumed_before} consumed before the resume)" if self.rows_consumed_before else ""),
@@ -154,6 +156,7 @@ def audit(
     ranks_per_node: int = 0,
     node_memory_gib: float = 0.0,
     windows=None,
+    batch_order: str = "worker",
 ) -> AuditReport:
     """Audit one epoch of ``source`` (anything :class:`zarrtorch.ZarrIterableDataset` opens; only metadata is
     read). With ``state`` (a ``ZarrDataLoader.state_dict()``), audit the rest of the saved epoch on this
@@ -164,8 +167,10 @@ def audit(
     loaders would take more than :data:`zarrtorch.budget.MEMORY_LIMIT_SHARE` of it; a warning only, since the
     audit may run elsewhere than the training (a login node), whose limit is not the job's.
     ``windows`` (:class:`zarrtorch.windows.Windows`): samples are windows; "rows" then counts window starts; a
-    windows loader's ``state`` says its windows. The chunks the epoch reads with no stored object are listed (where
-    the store can list), and make the report a problem unless ``read`` has ``missing_chunks='fill'``."""
+    windows loader's ``state`` says its windows. ``batch_order="rank"``: the loader's
+    (:class:`~zarrtorch.ZarrDataLoader`): the batches are those of no worker, whatever ``num_workers``. The chunks
+    the epoch reads with no stored object are listed (where the store can list), and make the report a problem
+    unless ``read`` has ``missing_chunks='fill'``."""
     from zarrtorch._util.cgroup import cgroup_memory_limit
     from zarrtorch.budget import loader_memory
     from zarrtorch.dataset import ZarrIterableDataset
@@ -205,10 +210,13 @@ def audit(
         for rank in range(past.world_size):
             plan = resumed_plan(spec, epoch, history[:i], Topology(rank, past.world_size, past.num_workers))
             consumed += batches_of(spec, plan)[: past.batches]
+    loader = ZarrDataLoader(
+        ds, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers, batch_order=batch_order
+    )
     ranks = []
     padding = 0
     for rank in range(world_size):
-        plan = resumed_plan(spec, epoch, history, Topology(rank, world_size, num_workers))
+        plan = resumed_plan(spec, epoch, history, Topology(rank, world_size, loader.job.plan_workers))
         ranks.append(batches_of(spec, plan))
         padding = plan.budget.padding_rows
     old = np.concatenate(consumed) if consumed else np.zeros(0, np.int64)
@@ -230,15 +238,14 @@ def audit(
         duplicates=len(new) - len(np.unique(new)) - padding + int(np.isin(new, old).sum()),
         chunk_diversity=chunk_diversity(first, ds.rows, ds.chunk_rows) if len(first) else float("nan"),
         order_correlation=order_correlation(first) if len(first) else float("nan"),
-        loader_bytes_per_rank=loader_memory(
-            ZarrDataLoader(ds, batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
-        ).total,
+        loader_bytes_per_rank=loader_memory(loader).total,
         ranks_per_node=int(ranks_per_node),
         node_memory_bytes=int(node_memory_gib * 2**30),
         memory_limit_bytes=cgroup_memory_limit() or 0,
         missing_chunks=listed_missing_chunks(ds),
         missing_chunks_read_as=read.missing_chunks,
         read_paths={name: read_path_text(arr) for name, arr in ds.arrays.items()},
+        batch_order=batch_order,
     )
 
 
@@ -454,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
         help="what the job reads a chunk with no stored object as: ReadOptions(missing_chunks=...)",
     )
     p.add_argument("--allow-shards", action="store_true", help="a sharded store: ReadOptions(allow_shards=True)")
+    p.add_argument(
+        "--batch-order",
+        choices=("worker", "rank"),
+        default="worker",
+        help="ZarrDataLoader(batch_order=...): 'rank', each rank's batches are the same for any --num-workers",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     a = p.parse_args(argv)
     if a.batch_size is None and a.state is None:
@@ -483,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             node_memory_gib=a.node_memory_gib,
             read=ReadOptions(missing_chunks=a.missing_chunks, allow_shards=a.allow_shards),
             windows=Windows(history=a.windows[0], lead=a.windows[1], stride=a.windows[2]) if a.windows else None,
+            batch_order=a.batch_order,
         )
     except (ValueError, OSError, LookupError, TypeError) as exc:  # OSError: a missing path, an unreachable server
         print(f"audit: {exc}", file=sys.stderr)

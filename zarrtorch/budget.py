@@ -12,6 +12,7 @@ holds besides its data (:data:`MAIN_PROCESS_BYTES`, :data:`WORKER_PROCESS_BYTES`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -43,7 +44,9 @@ MEMORY_LIMIT_SHARE = 0.5
 class MemoryBudget:
     """Bytes, at most: ``readers`` processes holding ``per_reader`` decoded data each, the rows ``kept`` by
     all of them together (``keep_in_memory=True``), their ``read_buffers`` (compressed chunk files), the ``ring``
-    of shared batch slots, and ``batches`` of ``batch_bytes`` held in the main process outside the ring."""
+    of shared batch slots, ``batches`` of ``batch_bytes`` held in the main process outside the ring, and with
+    ``batch_order="rank"`` and workers, the decoded data the main process forms the batches from (``assembler``:
+    its shuffle buffer and the pieces the workers sent ahead)."""
 
     readers: int
     per_reader: int
@@ -54,10 +57,11 @@ class MemoryBudget:
     read_buffers: int = 0
     processes: int = 0  # what the main process and the workers hold besides the data
     memory_limit: int = 0  # the cgroup memory limit of the process that computed this budget; 0: none
+    assembler: int = 0
 
     @property
     def total(self) -> int:
-        decoded = self.readers * self.per_reader + self.kept
+        decoded = self.readers * self.per_reader + self.kept + self.assembler
         return decoded + self.read_buffers + self.ring + self.batches * self.batch_bytes + self.processes
 
     @property
@@ -178,6 +182,8 @@ def loader_memory(loader) -> MemoryBudget | MixMemory:
     if mixed_sources is not None:
         return MixMemory({name: loader_memory(source) for name, source in mixed_sources.items()})
     job = loader.job
+    if job.deals_pieces:
+        return dealt_memory(loader)
     ds, workers, batch = job.data, job.num_workers, job.spec.batch_size
     per_reader = reader_bytes(ds, job.read_plan, batch)
     read_buffers = max(1, workers) * fetched_bytes(ds.arrays, job.read_plan.threads)
@@ -196,3 +202,27 @@ def loader_memory(loader) -> MemoryBudget | MixMemory:
     processes = MAIN_PROCESS_BYTES + workers * WORKER_PROCESS_BYTES
     limit = cgroup_memory_limit() or 0
     return MemoryBudget(max(1, workers), per_reader, ring, batches, batch_bytes, kept, read_buffers, processes, limit)
+
+
+def dealt_memory(loader) -> MemoryBudget:
+    """:func:`loader_memory` with ``batch_order="rank"`` and workers: each worker holds the pieces it reads ahead
+    and the one it copies into shared memory to send (no buffer, no batch); the main process holds the shuffle
+    buffer (or the chunks held for windows), the pieces the workers sent ahead (``prefetch_factor`` each, waiting
+    in DataLoader's queue or its reorder buffer) and the one it takes rows from, and the batches it formed."""
+    job = loader.job
+    ds, workers, plan = job.data, job.num_workers, job.read_plan
+    piece_bytes = (ds.store_chunk_rows if ds.windows is not None else ds.chunk_rows) * ds.row_bytes
+    sent_ahead = workers * (loader.prefetch_factor or 2)
+    assembling = dataclasses.replace(plan, pieces_ahead=sent_ahead, pieces_per_read=1)
+    batches = (loader.work_ahead + 1 if loader.work_ahead else 0) + 2
+    return MemoryBudget(
+        readers=workers,
+        per_reader=(plan.chunks_ahead + 1) * piece_bytes,
+        ring=0,
+        batches=batches,
+        batch_bytes=job.spec.batch_size * (ds.batch_row_bytes + 8),
+        read_buffers=workers * fetched_bytes(ds.arrays, plan.threads) + fetched_bytes(ds.arrays, 1),
+        processes=MAIN_PROCESS_BYTES + workers * WORKER_PROCESS_BYTES,
+        memory_limit=cgroup_memory_limit() or 0,
+        assembler=reader_bytes(ds, assembling, job.spec.batch_size),
+    )

@@ -13,11 +13,16 @@ chains the stages a batch crosses on its way from the store to the rank:
 4. **deliver**: a batch written into a shared slot is sent as a reference to it, any other as tensors (stacked
    columns, the row numbers dropped unless asked for, the dataset's transform).
 
+With ``batch_order="rank"`` and workers the stages are split: a worker's epoch is only its turn of the pieces
+the rank's one stream reads (:mod:`zarrtorch._workers.dealt`), and the training process runs the same four stages
+on the pieces it receives (:func:`assemble_epoch`).
+
 What a process keeps from one epoch to the next lives in its :class:`ProcessState`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,15 +37,18 @@ from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import for_this_process
 from zarrtorch._util.pool import Pools
+from zarrtorch._workers.dealt import DealtPieces, dealt, ended, sent
 from zarrtorch._workers.shared import EpochView, epoch_view
 from zarrtorch.buffer import buffer_rng
 from zarrtorch.dataset import INDEX, PADDING
 from zarrtorch.plan import RankPlan, Topology, resume_roles
 from zarrtorch.resume import resumed_plan
-from zarrtorch.stream import RowGather, stream_batches
+from zarrtorch.stream import RowGather, pieces_read, stream_batches
 from zarrtorch.window_stream import (
+    ChunkReads,
     WindowGather,
     chunk_reads,
+    read_pieces,
     stream_windows,
     window_chunks_for_batches,
     worker_window_batches,
@@ -93,10 +101,44 @@ def run_epoch(job, local: ProcessState, info) -> Iterator[dict[str, torch.Tensor
     if n_workers != job.num_workers:
         raise RuntimeError(f"the loader was configured for {job.num_workers} workers but runs {n_workers}")
     view = epoch_view(job.epochs)
+    if job.deals_pieces:
+        return _dealt_reads(_rank_share(job, local, view), worker, n_workers)
     plan = resumed_plan(job.spec, view.epoch, view.history, Topology(view.rank, view.world_size, n_workers))
     logical, skip = resume_roles([len(w.batch_sizes) for w in plan.workers], view.skip)[worker]
     share = Share(job, local, plan, view, worker, logical, skip, lives_on=info is None or job.persistent)
     writer = job.ring.writer(worker) if job.ring is not None and info is not None else None
+    return _batches(share, writer)
+
+
+def assemble_epoch(job, local: ProcessState, received: Iterator[dict]) -> Iterator[dict[str, torch.Tensor]]:
+    """The rank's batches with ``batch_order="rank"`` and workers, formed in the training process from the pieces
+    its workers read (``received``: DataLoader's iterator over them, :mod:`zarrtorch._workers.dealt`), by the
+    same stages as with no worker: the batches are the plan's single worker's, whatever the workers."""
+    share = dataclasses.replace(_rank_share(job, local, epoch_view(job.epochs)), received=received)
+    yield from _batches(share, None)
+    ended(received)
+
+
+def _rank_share(job, local: ProcessState, view: EpochView) -> Share:
+    """The rank's one stream of the published epoch (``batch_order="rank"``): the plan's single worker, from the
+    resume point."""
+    plan = resumed_plan(job.spec, view.epoch, view.history, Topology(view.rank, view.world_size, 0))
+    return Share(job, local, plan, view, worker=0, logical=0, skip=view.skip, lives_on=False)
+
+
+def _dealt_reads(epoch: Share, worker: int, workers: int) -> Iterator[dict[str, torch.Tensor]]:
+    """What DataLoader worker ``worker`` of ``workers`` sends with ``batch_order="rank"``: its turn of the pieces
+    the rank's stream reads (:func:`zarrtorch._workers.dealt.dealt`), each decoded and sent as one item."""
+    pieces = _window_pieces(epoch) if epoch.job.data.windows is not None else _row_pieces(epoch)
+    mine = dealt(pieces, worker, workers)
+    reader = _reader(epoch.job, epoch.local, worker)
+    return (sent(piece, data) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
+
+
+def _batches(share: Share, writer) -> Iterator:
+    """The batches of ``share``, through every stage from the gather to the delivery (``writer``: its ring
+    slots' writer, or ``None``)."""
+    job, local, plan = share.job, share.local, share.plan
     dest = Destination(
         writer.out if writer is not None else local.pools.batches(job.spec.batch_size, job.data.batch_columns)
     )
@@ -149,7 +191,8 @@ def _reader(job, local: ProcessState, worker: int, **options) -> PieceReader:
 class Share:
     """This process's share of one epoch: the loader's ``job``, the process's ``local`` state, the rank's ``plan``
     and the published ``view``; this is DataLoader worker ``worker`` running the plan's worker ``logical`` (they
-    differ in a resumed epoch), from its batch ``skip``; ``lives_on``: the process goes on into the next epoch."""
+    differ in a resumed epoch), from its batch ``skip``; ``lives_on``: the process goes on into the next epoch;
+    ``received``: the pieces to gather from, when the workers read them (``batch_order="rank"``)."""
 
     job: object
     local: ProcessState
@@ -159,6 +202,7 @@ class Share:
     logical: int
     skip: int
     lives_on: bool
+    received: Iterator[dict] | None = None  # batch_order="rank": the pieces the workers read, in order
 
     def buffer_rng(self):
         """The shuffle buffer's draws for this share (``None``: rows in stream order)."""
@@ -169,42 +213,58 @@ class Share:
 def _gather_rows(epoch: Share, out) -> Iterator[Batch]:
     """Rows through the shuffle buffer (:func:`zarrtorch.stream.stream_batches`)."""
     job, local, worker, logical, skip = epoch.job, epoch.local, epoch.worker, epoch.logical, epoch.skip
-    data, spec = job.data, job.spec
+    data = job.data
     share = epoch.plan.workers[logical]
-    reader = _reader(
-        job,
-        local,
-        worker,
-        cache=local.kept_rows(logical) if data.keep_in_memory else None,
-        early=local.early,
-        first=None if skip else share.pieces + data.row_offset,
-    )
-    if reads_early(local.arrays, cache=data.keep_in_memory, lives_on=epoch.lives_on):
+    if epoch.received is not None:
+        reader = _dealt_reader(epoch)
+    else:
+        reader = _reader(
+            job,
+            local,
+            worker,
+            cache=local.kept_rows(logical) if data.keep_in_memory else None,
+            early=local.early,
+            first=None if skip else share.pieces + data.row_offset,
+        )
+    if epoch.received is None and reads_early(local.arrays, cache=data.keep_in_memory, lives_on=epoch.lives_on):
         # the reader is passed when called, not held: a reader holding itself would outlive its loader
         reader.after_last = partial(_read_next_epoch_early, job, local, epoch.view, worker)
-    gather = RowGather(
+    return stream_batches(reader, share, _row_gather(job), epoch.buffer_rng(), skip=skip, out=out, pools=local.pools)
+
+
+def _row_gather(job) -> RowGather:
+    """How the loader's rows reach its batches (:class:`~zarrtorch.stream.RowGather`)."""
+    data = job.data
+    return RowGather(
         columns=data.columns,
         row_offset=data.row_offset,
-        buffer_rows=spec.buffer_rows,
+        buffer_rows=job.spec.buffer_rows,
         warmup_rows=data.chunk_rows,
         copy_direct=data.keep_in_memory,
     )
-    return stream_batches(reader, share, gather, epoch.buffer_rng(), skip=skip, out=out, pools=local.pools)
+
+
+def _row_pieces(epoch: Share) -> np.ndarray:
+    """The pieces (store rows) the rows of ``epoch`` are gathered from, in order
+    (:func:`~zarrtorch.stream.pieces_read`)."""
+    share = epoch.plan.workers[epoch.logical]
+    return pieces_read(share, _row_gather(epoch.job), epoch.buffer_rng(), skip=epoch.skip)
+
+
+def _dealt_reader(epoch: Share) -> DealtPieces:
+    """The training process's stand-in reader over the pieces its workers send (``batch_order="rank"``)."""
+    local = epoch.local
+    rows_reader = partial(_reader, epoch.job, local, 0)
+    return DealtPieces(epoch.received, local.arrays, epoch.job.data.store_chunk_rows, rows_reader)
 
 
 def _gather_windows(epoch: Share, out) -> Iterator[Batch]:
     """Windows gathered from the chunks held for them (:mod:`zarrtorch.window_stream`): the buffer runs on
     window ids, each chunk is read once for all the windows of a block that use it."""
     job, local, worker, skip = epoch.job, epoch.local, epoch.worker, epoch.skip
-    data, spec = job.data, job.spec
-    share = epoch.plan.workers[epoch.logical]
-    rng = epoch.buffer_rng()
-    batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
+    data = job.data
+    batches, reads, most_held = _window_reads(epoch)
     offsets = data.windows.offsets
-    most_held = window_chunks_for_batches(data, spec.batch_size)
-    reads = chunk_reads(
-        batches, share.pieces, data.starts, offsets, data.store_chunk_rows, skip=skip, most_held=most_held
-    )
     gather = WindowGather(
         starts=data.starts,
         offsets=offsets,
@@ -215,10 +275,36 @@ def _gather_windows(epoch: Share, out) -> Iterator[Batch]:
         columns=gathered_columns(data),
         rows=data.store_rows,
     )
-    reader = _reader(job, local, worker)
+    reader = _dealt_reader(epoch) if epoch.received is not None else _reader(job, local, worker)
     return stream_windows(
         reader, batches, reads, gather, skip=skip, out=out, held_slots=most_held, held_arrays=local.pools.held
     )
+
+
+def _window_reads(epoch: Share) -> tuple[list[np.ndarray], ChunkReads, int]:
+    """The window ids of every batch of ``epoch``'s share, the chunk reads behind them from its batch ``skip``,
+    and the most chunks held at once (:func:`zarrtorch.window_stream.chunk_reads`)."""
+    data, spec = epoch.job.data, epoch.job.spec
+    share = epoch.plan.workers[epoch.logical]
+    rng = epoch.buffer_rng()
+    batches = worker_window_batches(share, buffer_rows=spec.buffer_rows, warmup_rows=spec.chunk_rows, rng=rng)
+    most_held = window_chunks_for_batches(data, spec.batch_size)
+    reads = chunk_reads(
+        batches,
+        share.pieces,
+        data.starts,
+        data.windows.offsets,
+        data.store_chunk_rows,
+        skip=epoch.skip,
+        most_held=most_held,
+    )
+    return batches, reads, most_held
+
+
+def _window_pieces(epoch: Share) -> np.ndarray:
+    """The chunks (store rows) the windows of ``epoch`` are gathered from, in the order they are read."""
+    data = epoch.job.data
+    return read_pieces(_window_reads(epoch)[1], data.store_chunk_rows, data.store_rows)
 
 
 def _read_next_epoch_early(job, local: ProcessState, view: EpochView, worker: int, reader: PieceReader, submit):

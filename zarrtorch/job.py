@@ -5,9 +5,11 @@ changes) and its own settings: the spec that fixes every epoch's batches, its wo
 slots its workers write into and the small shared tensor in which it publishes each epoch (the epoch, the resume
 point, the rank and the world size). DataLoader iterates an :class:`EpochRunner` over that job: in each worker,
 or in the training process with ``num_workers=0``, one ``iter()`` runs one epoch through
-:func:`zarrtorch.epoch.run_epoch`. Nothing flows back into the dataset: a process's state across epochs (its
-connections, buffers, the level of its requests in flight, the next epoch's first reads, rows kept in memory)
-is the runner's in that process, so every loader, and every process of one, has its own.
+:func:`zarrtorch.epoch.run_epoch` (with ``batch_order="rank"`` and workers, a worker's epoch is its turn of the
+pieces, and the training process forms the batches: :func:`zarrtorch.epoch.assemble_epoch`). Nothing flows
+back into the dataset: a process's state across epochs (its connections, buffers, the level of its requests in
+flight, the next epoch's first reads, rows kept in memory) is the runner's in that process, so every loader, and
+every process of one, has its own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class EpochJob:
     ``persistent``: the DataLoader's workers; ``transform_in_consumer``: the dataset's transform runs in the
     training process's thread, not here; ``read_plan``: how a process reads; ``ring``: the batch slots shared with
     the workers (``None``: batches travel through DataLoader's queue); ``epochs``: where the loader publishes each
-    epoch's view (:class:`~zarrtorch._workers.shared.EpochState`)."""
+    epoch's view (:class:`~zarrtorch._workers.shared.EpochState`); ``batch_order``: ``"worker"``, each worker forms
+    its own batches, or ``"rank"``, the rank's batches are those of one stream whatever the workers."""
 
     data: object
     spec: EpochSpec
@@ -41,6 +44,20 @@ class EpochJob:
     read_plan: ReadPlan
     ring: BatchRing | None
     epochs: EpochState
+    batch_order: str = "worker"
+
+    @property
+    def plan_workers(self) -> int:
+        """The workers the plan splits a rank's batches over (:class:`~zarrtorch.plan.Topology`): the DataLoader's,
+        or with ``batch_order="rank"`` none, one stream per rank whatever reads it. Plans, lengths, checkpoints
+        and resumes count these, not the processes."""
+        return 0 if self.batch_order == "rank" else self.num_workers
+
+    @property
+    def deals_pieces(self) -> bool:
+        """Whether the workers only read and decode the pieces of the rank's stream, dealt out in turn, and the
+        training process forms the batches from them (``batch_order="rank"`` with workers)."""
+        return self.batch_order == "rank" and self.num_workers > 0
 
 
 class EpochRunner(IterableDataset):

@@ -35,7 +35,7 @@ from zarrtorch._util.sizes import ceil_div
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
-from zarrtorch.options import ReadOptions
+from zarrtorch.options import ReadOptions, check_batch_order_name
 
 SHUFFLE_MODES = ("none", "chunks", "full")
 
@@ -190,6 +190,8 @@ class ZarrDataModule(L.LightningDataModule):
             period; a whole number of chunks, or at least the store's length (then all of it).
         allow_other_data: resume a checkpoint whose store's first bytes differ from this store's (a store
             rewritten on purpose with the same rows); by default such a checkpoint is refused.
+        batch_order: ``"rank"``: each rank's batches are the same whatever ``num_workers``
+            (:class:`~zarrtorch.ZarrDataLoader`, ``docs/batch-order.md``); default ``"worker"``.
     """
 
     def __init__(
@@ -211,6 +213,7 @@ class ZarrDataModule(L.LightningDataModule):
         windows=None,
         rows: int | None = None,
         allow_other_data: bool = False,
+        batch_order: str = "worker",
     ):
         super().__init__()
         self.windows = windows
@@ -225,6 +228,8 @@ class ZarrDataModule(L.LightningDataModule):
         self.batch_size = int(batch_size)
         self.val_batch_size = int(val_batch_size or batch_size)
         self.num_workers = int(num_workers)
+        check_batch_order_name(batch_order)
+        self.batch_order = batch_order
         self.buffer_chunks = int(buffer_chunks)
         self.seed = int(seed)
         self.val_fraction = float(val_fraction)
@@ -280,7 +285,7 @@ class ZarrDataModule(L.LightningDataModule):
         return device is not None and device.type == "cuda"
 
     def _loader_kwargs(self) -> dict:
-        kw = {"num_workers": self.num_workers, "pin_memory": self._pinned()}
+        kw = {"num_workers": self.num_workers, "pin_memory": self._pinned(), "batch_order": self.batch_order}
         if self.num_workers > 0:
             kw["persistent_workers"] = self.persistent_workers
         return kw

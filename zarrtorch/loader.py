@@ -46,6 +46,7 @@ from zarrtorch._workers.ring import make_ring, pin_copy
 from zarrtorch._workers.shared import EpochState, EpochView
 from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
 from zarrtorch.dataset import ZarrIterableDataset
+from zarrtorch.epoch import assemble_epoch
 from zarrtorch.job import EpochJob, EpochRunner
 from zarrtorch.options import check_loader_settings, loader_numbers
 from zarrtorch.plan import PLAN_VERSION, EpochSpec, Segment, Topology
@@ -76,9 +77,10 @@ class EpochIterator:
     the workers at once when one of them fails, and refuses to go on once a newer epoch started. ``loader``
     gives it what it needs by name (:class:`EpochControl`): nothing here reaches into the loader."""
 
-    def __init__(self, inner, control: EpochControl, run: EpochRun, transform=None):
+    def __init__(self, inner, control: EpochControl, run: EpochRun, transform=None, *, workers=None):
         ahead = isinstance(inner, WorkAhead)
-        self._inner = inner.inner if ahead else inner  # DataLoader's own iterator
+        # DataLoader's own iterator (``workers``; under the batches formed here, with batch_order="rank")
+        self._inner = workers if workers is not None else inner.inner if ahead else inner
         self._next = inner.__next__ if ahead else lambda: control.receive(next(inner))  # received there
         self._stop_ahead = inner.stopper() if ahead else None
         self._control = control
@@ -184,6 +186,13 @@ class ZarrDataLoader(DataLoader):
     up a minute after ``timeout``; with ``work_ahead=0`` and ``transport="queue"`` nothing bounds that wait.
     ``check_ranks``: under a process
     group, every epoch's first ``iter()`` checks that all ranks computed the same plan (one small all-gather).
+    ``batch_order``: ``"worker"`` (the default) each worker forms its own batches from its own run of the rank's
+    rows, so the batches change with ``num_workers``; ``"rank"``: each rank's batches (rows, in order) are those of
+    ``num_workers=0``, a function of the seed, the epoch, the batch size, ``drop_last`` and the number of ranks only:
+    the workers read and decode the pieces of the rank's one stream, dealt out in turn, and the training process
+    forms the batches (:mod:`zarrtorch._workers.dealt`; ``docs/batch-order.md``). Its states say ``num_workers`` 0,
+    so a resume with any number of workers continues the sequence exactly. Not with ``transport="ring"`` or
+    ``keep_in_memory=True`` and workers.
     Every argument after ``batch_size`` is passed by name (``DataLoader``'s third positional one is
     ``shuffle``).
     """
@@ -200,6 +209,7 @@ class ZarrDataLoader(DataLoader):
         work_ahead: int = 2,
         transport: str | None = None,
         check_ranks: bool = True,
+        batch_order: str = "worker",
         **kwargs,
     ):
         if not isinstance(dataset, ZarrIterableDataset):
@@ -207,15 +217,19 @@ class ZarrDataLoader(DataLoader):
         batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks = loader_numbers(
             batch_size, drop_last, num_workers, rank, world_size, work_ahead, check_ranks
         )
-        check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs)
+        check_loader_settings(
+            dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs, batch_order
+        )
+        deals_pieces = batch_order == "rank" and num_workers > 0
         # seconds a worker's next batch may take: DataLoader's own default waits forever (bound_waits)
         asked = kwargs.pop("timeout", None)
         self.worker_timeout_s = float(worker_timeout_s(dataset.read.retry) if asked is None else asked)
         self.work_ahead = work_ahead
         self.check_ranks = check_ranks
-        # with no workers a random transform would run in the work-ahead thread, drawing from torch's global
-        # generator while the training step does: it runs in the consumer's thread instead, as DataLoader's
-        in_consumer = dataset.transform is not None and num_workers == 0 and work_ahead > 0
+        # with no workers (or batches formed here, batch_order="rank") a random transform would run in the
+        # work-ahead thread, drawing from torch's global generator while the training step does: it runs in the
+        # consumer's thread instead, as DataLoader's
+        in_consumer = dataset.transform is not None and (num_workers == 0 or deals_pieces) and work_ahead > 0
         prefetch = kwargs.get("prefetch_factor") or 2
         self.job = EpochJob(
             data=dataset,
@@ -224,8 +238,10 @@ class ZarrDataLoader(DataLoader):
             persistent=bool(kwargs.get("persistent_workers")),
             transform_in_consumer=in_consumer,
             read_plan=ReadPlan.of(dataset, num_workers),
-            ring=make_ring(dataset, batch_size, num_workers, prefetch, work_ahead, transport),  # allocated by iter()
+            # allocated by iter(); none where the batches are formed in this process
+            ring=make_ring(dataset, batch_size, 0 if deals_pieces else num_workers, prefetch, work_ahead, transport),
             epochs=EpochState(),
+            batch_order=batch_order,
         )
         # what receive() keeps of a slot
         self._ring_keep = None if dataset.return_index else set(dataset.out_columns) | {"padding"}
@@ -283,7 +299,7 @@ class ZarrDataLoader(DataLoader):
             drop_last=self.spec.drop_last,
             rank=own_rank if rank is None else rank,
             world_size=own_world if world_size is None else world_size,
-            num_workers=self.num_workers,
+            num_workers=self.job.plan_workers,
             history=history,
         )
 
@@ -307,7 +323,7 @@ class ZarrDataLoader(DataLoader):
         return self._fixed_topology or distributed_topology()
 
     def _plan(self, rank: int, world: int, history: tuple[Segment, ...], epoch: int | None = None):
-        topology = Topology(rank, world, self.num_workers)
+        topology = Topology(rank, world, self.job.plan_workers)
         return resumed_plan(self.spec, self.position.epoch if epoch is None else epoch, history, topology)
 
     def _length(self, rank: int, world: int, history: tuple[Segment, ...]) -> int:
@@ -318,7 +334,7 @@ class ZarrDataLoader(DataLoader):
         rank). In an epoch resumed on another topology: the batches yielded before, plus what every rank
         yields of the rest."""
         rank, world = self.topology()
-        history = self.position.start_point(world, self.num_workers)[0]
+        history = self.position.start_point(world, self.job.plan_workers)[0]
         return self._length(rank, world, history) + self.position.counted(self.position.epoch)
 
     def count_as_done(self, batches: int) -> None:
@@ -332,7 +348,7 @@ class ZarrDataLoader(DataLoader):
     def batches_before(self) -> int:
         """Batches of the epoch the next ``iter()`` runs that were yielded before it (by a loaded state)."""
         rank, world = self.topology()
-        return self.position.start_point(world, self.num_workers)[1]
+        return self.position.start_point(world, self.job.plan_workers)[1]
 
     def __iter__(self):
         if self._stop_work_ahead is not None:  # the last epoch's thread must be off DataLoader's iterator
@@ -340,7 +356,7 @@ class ZarrDataLoader(DataLoader):
             stop()
         rank, world = self.topology()
         position = self.position
-        history, skip = position.start_point(world, self.num_workers)
+        history, skip = position.start_point(world, self.job.plan_workers)
         try:
             length = self._length(rank, world, history)  # raise here, not in a worker
         except ValueError as exc:
@@ -356,7 +372,8 @@ class ZarrDataLoader(DataLoader):
         run = position.begin(history, skip, length)
         if self.check_ranks and self._checks_ranks():
             check_ranks_agree(
-                f"plan {self.spec.fingerprint()}, epoch {run.epoch}, {world} ranks x {self.num_workers} workers, "
+                f"plan {self.spec.fingerprint()}, epoch {run.epoch}, {world} ranks x {self.job.plan_workers} workers "
+                f"(batch order {self.job.batch_order}), "
                 f"{length} batches from batch {skip}, earlier segments {[tuple(s) for s in history]}, "
                 f"data {self.data.data_fingerprint()}",
                 f"epoch {run.epoch} of a ZarrDataLoader",
@@ -367,9 +384,11 @@ class ZarrDataLoader(DataLoader):
             self.job.ring.start_epoch()
         earlier = sum(seg.batches for seg in history)
         self.job.epochs.publish(EpochView(run.epoch, skip - earlier, rank, world, history))
-        inner = self._start_workers()
+        inner = workers = self._start_workers()
         bound_waits(inner, self.worker_timeout_s)
         self._last_workers = weakref.ref(inner) if self.num_workers else None
+        if self.job.deals_pieces:  # the workers send pieces: this process forms the batches
+            inner = assemble_epoch(self.job, self.dataset.process_state(), inner)
         if self.work_ahead > 0:
             # the consumer's own limit, past DataLoader's: receiving a batch whose worker stopped after queueing
             # it waits for that worker without any timeout
@@ -380,7 +399,7 @@ class ZarrDataLoader(DataLoader):
             self._stop_work_ahead = inner.stopper()
         transform = self.data.transform if self.job.transform_in_consumer else None
         control = EpochControl(self, lambda: position.run, position.finished, self._stalled, self.receive)
-        iterator = EpochIterator(inner, control, run, transform)
+        iterator = EpochIterator(inner, control, run, transform, workers=workers)
         position.run_iterator = weakref.ref(iterator)
         return iterator
 
@@ -469,9 +488,9 @@ class ZarrDataLoader(DataLoader):
         that epoch whether or not its trainer calls ``set_epoch`` before it iterates (Lightning builds the
         iterator first)."""
         rank, world = self.topology()
-        epoch, seen, history = self.position.saved(world, self.num_workers)
+        epoch, seen, history = self.position.saved(world, self.job.plan_workers)
         return checkpoint_of(
-            self.spec, self.data.data_fingerprints(), self.num_workers, epoch, seen, rank, world, history
+            self.spec, self.data.data_fingerprints(), self.job.plan_workers, epoch, seen, rank, world, history
         )
 
     def state_dict(self) -> dict:
@@ -510,12 +529,12 @@ class ZarrDataLoader(DataLoader):
         except TopologyUnknown:
             rank = world = None  # checked when the epoch starts, once the process group exists
         if world is not None:  # raises for a position this data cannot have (cache=True on another topology...)
-            self._plan(rank, world, resumed_history(saved, world, self.num_workers), epoch=saved.epoch)
+            self._plan(rank, world, resumed_history(saved, world, self.job.plan_workers), epoch=saved.epoch)
         self.position.load(saved)
 
     def _setup_checkpoint(self) -> LoaderCheckpoint:
         """A checkpoint of this loader's set-up (its position fields are placeholders)."""
-        return checkpoint_of(self.spec, self.data.data_fingerprints(), self.num_workers, 0, 0, 0, 1, ())
+        return checkpoint_of(self.spec, self.data.data_fingerprints(), self.job.plan_workers, 0, 0, 0, 1, ())
 
 
 def checkpoint_of(

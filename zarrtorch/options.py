@@ -74,7 +74,12 @@ def _cf_dtype(value) -> str:
     return name
 
 
-def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs) -> None:
+BATCH_ORDERS = ("worker", "rank")
+
+
+def check_loader_settings(
+    dataset, batch_size, num_workers, rank, world_size, work_ahead, transport, kwargs, batch_order="worker"
+) -> None:
     """Refuse ZarrDataLoader arguments that cannot work, saying what to do instead (``kwargs`` loses the
     sampler arguments, which the dataset's own settings replace). The numbers are checked by
     :func:`loader_numbers` first."""
@@ -104,6 +109,36 @@ def check_loader_settings(dataset, batch_size, num_workers, rank, world_size, wo
             f"transport='ring' carries batches in slots shaped like the stored arrays, and a {what} changes them "
             "after they are gathered: leave transport to the loader (None: the queue for such a dataset) or pass "
             "transport='queue'"
+        )
+    check_batch_order(dataset, num_workers, transport, batch_order)
+
+
+def check_batch_order_name(batch_order) -> None:
+    """Refuse a ``batch_order`` that is not one of :data:`BATCH_ORDERS`, saying what each means."""
+    if batch_order not in BATCH_ORDERS:
+        raise ValueError(
+            f"batch_order must be 'worker' (the default: each DataLoader worker forms its own batches, which then "
+            f"depend on num_workers) or 'rank' (the rank's batches are the same for any num_workers), got "
+            f"{batch_order!r}"
+        )
+
+
+def check_batch_order(dataset, num_workers, transport, batch_order) -> None:
+    """Refuse a ``batch_order`` that is not one, and what ``batch_order="rank"`` cannot combine with when workers
+    read (with ``num_workers=0`` the one process reads and assembles, as in the default order)."""
+    check_batch_order_name(batch_order)
+    if batch_order != "rank" or num_workers == 0:
+        return
+    if transport == "ring":
+        raise ValueError(
+            "transport='ring' carries batches formed in the workers, and with batch_order='rank' the training "
+            "process forms them from the pieces the workers read: leave transport out (or pass 'queue')"
+        )
+    if dataset.keep_in_memory:
+        raise ValueError(
+            "keep_in_memory=True with batch_order='rank' and num_workers > 0 is not supported: the rows would be "
+            "kept by workers that each read another share of the pieces, which changes with num_workers. Pass "
+            "num_workers=0 (the training process reads and keeps them), or batch_order='worker'"
         )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, fields
-from functools import cached_property, lru_cache, partial
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -333,10 +333,10 @@ class WorkerPlan:
     batch_sizes: np.ndarray = field(repr=False)
     source: partial = field(repr=False, compare=False)  # computes the pieces
 
-    @cached_property
+    @property
     def pieces(self) -> np.ndarray:
         """``(k, 2)`` [start, stop) global rows, in the order read."""
-        return self.source()
+        return computed_once(self, "_pieces", self.source)
 
     @property
     def rows(self) -> int:
@@ -360,11 +360,26 @@ class RankPlan:
     def batches(self) -> int:
         return self.budget.batches_per_rank
 
-    @cached_property
+    @property
     def padding(self) -> np.ndarray:
         """Rows read again by this rank only to even out the ranks (drop_last=False): never rows it also
         reads once otherwise."""
+        return computed_once(self, "_padding", self._padding_rows)
+
+    def _padding_rows(self) -> np.ndarray:
         return np.concatenate([np.arange(a, b) for a, b in self.padded().tolist()] or [np.zeros(0, np.int64)])
+
+
+def computed_once(plan, name: str, compute) -> np.ndarray:
+    """``compute()`` kept on ``plan`` (a frozen dataclass) as ``name`` after the first call. Not
+    ``functools.cached_property``: on Python 3.11 it holds one lock per class while it computes, and a process
+    forked meanwhile (a DataLoader worker started while another thread plans) inherits it held by a thread it
+    does not have. Two threads may both compute: the plan is a pure function, so either answer is the same."""
+    found = plan.__dict__.get(name)
+    if found is None:
+        found = compute()
+        object.__setattr__(plan, name, found)
+    return found
 
 
 def epoch_plan(

@@ -63,15 +63,10 @@ def stream_batches(
     if slots is None and pools and capacity:
         slots = pools.slots(capacity, buf_columns)
     buf = SlotBuffer(capacity, buf_columns, slots)
-    cursor = RowCursor(pieces)
-    if skip:  # replay the schedule on row ids only, then load what the buffer holds at that point
-        ids = SlotBuffer(capacity, INDEX_ONLY)
-        for _ in range(skip):
-            ids.apply(next(steps), cursor.read)
-        ids.flush()  # the last step's refill is deferred: run it before reading the buffer's contents
-        if ids.filled:
-            held = ids.slots["index"][: ids.filled]
-            buf.load({"index": held, **reader.read_rows(held)})
+    ids, cursor = replayed(steps, pieces, capacity, skip)
+    if ids.filled:  # load what the buffer holds at the resume point
+        held = ids.slots["index"][: ids.filled]
+        buf.load({"index": held, **reader.read_rows(held)})
     cursor.feed(reader.iter_pieces(pieces[cursor.piece :], ready=early))
     early = None
     try:
@@ -85,6 +80,27 @@ def stream_batches(
                 reader.started_early.stage(buf.slots, capacity - buf.filled - cursor.rows_left())
     finally:
         cursor.close()
+
+
+def replayed(steps, pieces: np.ndarray, capacity: int, skip: int) -> tuple[SlotBuffer, RowCursor]:
+    """The buffer (row ids only) and the row cursor after the first ``skip`` of ``steps``: the schedule replayed
+    without reading a row, to resume mid-epoch."""
+    ids, cursor = SlotBuffer(capacity, INDEX_ONLY), RowCursor(pieces)
+    if skip:
+        for _ in range(skip):
+            ids.apply(next(steps), cursor.read)
+        ids.flush()  # the last step's refill is deferred: run it before reading the buffer's contents
+    return ids, cursor
+
+
+def pieces_read(share: WorkerPlan, gather: RowGather, rng: np.random.Generator | None, skip: int = 0) -> np.ndarray:
+    """The pieces (store rows) :func:`stream_batches` reads whole, in order, for the batches of ``share`` after
+    ``skip``: what the workers read for the training process with ``batch_order="rank"``. The rows a resumed
+    buffer holds are read apart (:meth:`~zarrtorch._read.reader.PieceReader.read_rows`)."""
+    pieces, sizes = share.pieces + gather.row_offset, share.batch_sizes
+    capacity = buffer_capacity(gather.buffer_rows, sizes, rng is not None)
+    steps = schedule(sizes, share.rows, capacity=gather.buffer_rows, warmup_rows=gather.warmup_rows, rng=rng)
+    return pieces[replayed(steps, pieces, capacity, skip)[1].piece :]
 
 
 def _staged(reader: PieceReader, pieces: np.ndarray, capacity: int, columns: dict) -> tuple[dict | None, list]:

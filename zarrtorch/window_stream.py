@@ -242,6 +242,11 @@ class WindowGather:
     rows: int
 
 
+def read_pieces(reads: ChunkReads, chunk_rows: int, rows: int) -> np.ndarray:
+    """The store rows ``[start, stop)`` of each chunk ``reads`` reads, in the order read (``rows``: the store's)."""
+    return np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
+
+
 def stream_windows(
     reader: PieceReader,
     batches: list[np.ndarray],
@@ -261,7 +266,7 @@ def stream_windows(
     starts, offsets, history, rows = gather.starts, gather.offsets, gather.history, gather.rows
     inputs, targets, static, columns = gather.inputs, gather.targets, gather.static, gather.columns
     chunk_rows = reader.chunk_rows
-    pieces = np.stack([reads.chunks * chunk_rows, np.minimum((reads.chunks + 1) * chunk_rows, rows)], axis=1)
+    pieces = read_pieces(reads, chunk_rows, rows)
     # in this machine's byte order: a big-endian array is decoded (and byte-swapped) straight into its slot
     chunk_columns = {n: (tuple(a.shape[1:]), native(a.dtype)) for n, a in reader.arrays.items()}
     in_flight = reader.in_flight.most_held * reader.pieces_per_read  # taken by reads not yet handed over

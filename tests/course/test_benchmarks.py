@@ -23,6 +23,8 @@ EXPECTED = {  # (size, kind, workers or threads) -> epochs per run
     ("1x", "l0", 2): 1,
     ("1x", "zarrtorch", 0): 2,
     ("1x", "zarrtorch", 2): 2,
+    ("1x", "rank", 0): 2,  # batch_order="rank"
+    ("1x", "rank", 2): 2,
     ("1x", "cache", 0): 2,
     ("1x", "cache", 2): 2,
     ("1x", "reference", 0): 2,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 import weakref
@@ -143,8 +144,10 @@ class WorkAhead:
         return lambda timeout_s=60.0, quiet=False: _stop_and_join(stop, thread, timeout_s, quiet)
 
 
-# work-ahead threads not yet ended, with their stop, "left the iteration" and "ended" events
+# work-ahead threads not yet ended, with their stop, "left the iteration" and "ended" events; a forked process
+# (a DataLoader worker) starts with none: the parent's threads do not run in it, and its exit must not wait for them
 _RUNNING: dict[threading.Thread, tuple[threading.Event, threading.Event, threading.Event]] = {}
+os.register_at_fork(after_in_child=_RUNNING.clear)
 TEARDOWN_S = 60.0  # at exit, how long a thread that left its iteration may take to drop the iterator
 
 

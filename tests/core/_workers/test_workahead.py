@@ -340,3 +340,25 @@ def test_the_wait_at_exit_goes_on_through_an_exception_raised_in_it(monkeypatch)
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert closed.is_set() and not thread.is_alive()
+
+
+def test_a_forked_worker_does_not_wait_at_exit_for_its_parents_work_ahead_threads():
+    """Workers forked while an earlier loader's work-ahead thread was still tearing down its iterator (a state
+    loaded into a new loader with workers right after the old iterator was dropped) inherited the parent's list of
+    running threads, and at exit waited up to a minute for one that does not run in them: DataLoader then killed
+    them after its own joins, 5 s each, at the end of every epoch. A forked process starts with no such thread."""
+    stop, left, ended = threading.Event(), threading.Event(), threading.Event()
+    left.set()  # out of its iteration, still dropping the iterator: the wait at exit is for ``ended``
+    holder = threading.Thread(target=ended.wait, daemon=True)
+    holder.start()
+    workahead._stop_at_exit(stop, left, ended, holder)
+    try:
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(target=lambda: sys.exit(len(workahead._RUNNING)))
+        child.start()
+        child.join(120)
+        assert child.exitcode == 0, f"the forked process saw {child.exitcode} work-ahead thread(s) of its parent"
+    finally:
+        ended.set()
+        workahead._RUNNING.pop(holder, None)

@@ -32,14 +32,21 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--stop-after", type=int, default=0, help="stop after this many batches of epoch 0, save state")
     p.add_argument("--resume", default=None, help="a state saved by --stop-after (JSON) to continue from")
+    p.add_argument("--batch-order", default="worker", help="ZarrDataLoader(batch_order=...)")
+    p.add_argument("--context", default="spawn", help="the workers' multiprocessing context")
     args = p.parse_args()
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     ds = ZarrIterableDataset(args.store, seed=7, buffer_chunks=2, return_index=True, read=ReadOptions(decode_threads=1))
-    extra = dict(multiprocessing_context="spawn", persistent_workers=True) if args.num_workers else {}
+    extra = dict(multiprocessing_context=args.context, persistent_workers=True) if args.num_workers else {}
     loader = ZarrDataLoader(
-        ds, batch_size=args.batch_size, drop_last=bool(args.drop_last), num_workers=args.num_workers, **extra
+        ds,
+        batch_size=args.batch_size,
+        drop_last=bool(args.drop_last),
+        num_workers=args.num_workers,
+        batch_order=args.batch_order,
+        **extra,
     )  # rank and world size from torch.distributed
     result = {"topology": np.array(loader.topology()), "len": np.array(len(loader))}
     first_epoch = 0

@@ -332,3 +332,16 @@ def test_a_worker_that_exits_while_sending_is_an_error_that_says_so(store):
             del batch
     assert isinstance(raised.value, RuntimeError) and "worker" in str(raised.value), repr(raised.value)
     assert sum(1 for _ in ZarrDataLoader(ZarrIterableDataset(store), batch_size=BATCH)) > 0
+
+
+def test_with_batch_order_rank_a_stopped_worker_is_named_within_the_timeout_and_nothing_remains(store):
+    """With ``batch_order="rank"`` the training process waits for pieces, not batches: a worker that stops sending
+    is still named at the loader's timeout, its workers are stopped, and the next epoch runs with fresh ones."""
+    before = baseline()
+    loader = loader_for(store, 2, 2, timeout=3, batch_order="rank")
+    said = r"worker 1 \(pid {victim}, stopped .*no batch within 3 s.*timeout="
+    victim = fault_worker_one(loader, signal.SIGSTOP, said)
+    assert victim not in children()
+    assert sum(1 for _ in loader) == len(loader)
+    del loader
+    assert settles_to(before) == before

@@ -145,6 +145,20 @@ def test_datamodule_shuffle_modes(tmp_path):
         np.testing.assert_array_equal(rows[a:b], np.arange(rows[a], rows[a] + CHUNK))  # rows in order
 
 
+def test_datamodule_batch_order_rank_gives_the_batches_of_no_worker(tmp_path):
+    """``ZarrDataModule(batch_order="rank")``: the training batches with 2 workers are those with none (a laptop's
+    run reproduces a cluster run's batches whatever its workers)."""
+    src = make_store(tmp_path / "train.zarr")
+
+    def rows(workers):
+        dm = ZarrDataModule(src, batch_size=8, num_workers=workers, return_index=True, seed=2, batch_order="rank")
+        return [b["index"].tolist() for b in dm.train_dataloader()]
+
+    assert rows(2) == rows(0)
+    with pytest.raises(ValueError, match="batch_order must be"):
+        ZarrDataModule(src, batch_order="ranks")
+
+
 def test_split_of_an_xarray_store_keeps_dates(tmp_path):
     import pandas as pd
     import xarray as xr

@@ -1,7 +1,8 @@
 """The real ZarrDataLoader driven through random sequences of the calls users make, against the reference model
 (``loader_model.py``): every rank of a job (1-3 ranks x 0-2 workers) in lockstep, as DDP runs them.
 
-Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers, and
+Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers, the
+batch order (``batch_order="rank"``: the batches of no worker, whatever the workers), and
 samples that are rows or windows of time steps: history, lead, stride, a gap),
 ``set_epoch``, ``iter``, ``next`` k times, break, a second ``iter`` while one runs, ``state_dict`` then a new
 job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end, with a consumer that says how
@@ -94,14 +95,19 @@ class LoaderMachine(RuleBasedStateMachine):
         if workers and self.transport:
             extra["transport"] = self.transport
         settings = dict(batch_size=self.setup.batch, drop_last=self.setup.drop_last, num_workers=workers)
+        settings["batch_order"] = self.batch_order
         self.loaders = [
             ZarrDataLoader(self.dataset, rank=r, world_size=world, **settings, **extra) for r in range(world)
         ]
-        self.models = [ModelLoader(self.setup, world, workers, rank) for rank in range(world)]
+        self.models = [ModelLoader(self.setup, world, self.planned(workers), rank) for rank in range(world)]
         self.iters: list | None = None
         self.expected: list[list[list[int]]] = []
         self.yielded: list[list[list[int]]] = []  # the batches (rows) each rank yielded in the current iteration
         return old
+
+    def planned(self, workers: int) -> int:
+        """The workers the batches are planned for: with ``batch_order="rank"`` none, whatever reads them."""
+        return 0 if self.batch_order == "rank" else workers
 
     def restore_job(self, old: dict) -> None:
         for name, value in old.items():
@@ -120,6 +126,7 @@ class LoaderMachine(RuleBasedStateMachine):
         transport=st.sampled_from([None, "queue"]),
         persistent=st.booleans(),
         window=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(0, 3), st.integers(1, 2), st.booleans())),
+        batch_order=st.sampled_from(["worker", "rank"]),
     )
     @deadline
     def build(
@@ -136,6 +143,7 @@ class LoaderMachine(RuleBasedStateMachine):
         transport,
         persistent,
         window,
+        batch_order="worker",
     ):
         rows, chunk = store
         windows, self.starts = None, None
@@ -152,6 +160,9 @@ class LoaderMachine(RuleBasedStateMachine):
             # blocks (zarrtorch.windows): 20 times the chunks the halo reaches into, and at least 4 in the period
             plan_chunk = min(max(1, -(-(span - 1) // chunk) * 20), max(1, len(self.starts) // (4 * chunk))) * chunk
         batch = min(batch, samples // 3)  # every rank of up to 3 gets a batch with drop_last
+        self.batch_order = batch_order
+        if batch_order == "rank":  # not with workers, which a resume may bring (refused at construction)
+            cache = False
         self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers
         self.transport = transport
@@ -293,7 +304,7 @@ class LoaderMachine(RuleBasedStateMachine):
             assert [tuple(h) for h in state["history"]] == list(expected.history)
         carried = self.carried_rows(expected)
         worlds = self.carried_worlds(expected)
-        saved_on = (self.world, self.workers)
+        saved_on = (self.world, self.planned(self.workers))
         old = self.make_job(world, workers)
         refused = False
         for loader, model in zip(self.loaders, self.models, strict=True):
