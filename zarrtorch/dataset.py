@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 
 import numpy as np
+import zarr
 from torch.utils.data import IterableDataset
 
+from zarrtorch._read.cache import through_cache
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
 from zarrtorch._read.listing import check_listed, written_whole
@@ -140,10 +142,26 @@ class ZarrIterableDataset(IterableDataset):
             check_listed(
                 self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self.arrays.secrets
             )
+        self.arrays = self._through_cache(read, source)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
         self._check_batch_keys()
         self.transform = transform
+
+    def _through_cache(self, read: ReadOptions, source) -> Arrays:
+        """The arrays, each remote one reading its chunks through the node's chunk cache where the options ask
+        for one (:mod:`zarrtorch._read.cache`); a local store is read as it is. Its store id holds the group's
+        attributes (``prepare_zarr``'s write id) and the first bytes of its first chunk (one range request per
+        array, here)."""
+        cache = read.chunk_cache()
+        if cache is None:
+            return self.arrays
+        attrs = source.attrs.asdict() if isinstance(source, zarr.Group) else {}
+        cached = {
+            n: a if is_local(a) else through_cache(a, cache, first_bytes(a, FINGERPRINT_BYTES, read.retry), attrs)
+            for n, a in self.arrays.items()
+        }
+        return Arrays(cached, self.arrays.secrets)
 
     def _check_batch_keys(self) -> None:
         """Refuse arrays whose batch key another one takes: an array named ``index`` or ``padding`` (the loader's

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zarr
 
+from zarrtorch._read.cache import forget_cached
 from zarrtorch._read.chunks import IF_SKIPPED, chunk_key, chunk_keys, fill_text, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import Span, direct_decoder
@@ -215,7 +216,8 @@ class PieceReader:
             if local or isinstance(damaged, ChunkReadError):
                 raise
             # bytes that do not decode may have been damaged on the way (a body cut short can look whole to
-            # HTTP): fetched once more before the chunk is called damaged
+            # HTTP): fetched once more before the chunk is called damaged, from the store, not the node's cache
+            forget_cached(arr, self._keys[name](chunk))
             try:
                 if decode is not None:
                     return decode(self._keys[name](chunk), None, into, rows)
