@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
-from zarrtorch._read.cache import MARKER, ChunkCache
+from zarrtorch._read.cache import MARKER, ChunkCache, wait_for_writes
 from zarrtorch.course.servers import CUT_SHORT, HttpStoreServer
 
 ROWS, CHUNK, BATCH = 60, 8, 8  # 8 chunks, the last one partial
@@ -68,6 +68,7 @@ def check_epoch(
         np.testing.assert_array_equal(batch["x"].numpy()[:, 1], (rows * 10 + 1) * factor[rows])
         seen.append(rows)
     assert sorted(np.concatenate(seen).tolist()) == list(range(ROWS))
+    wait_for_writes()  # the epoch's last chunks are written in the background: counted once they are
 
 
 def cached_dataset(server, cache_dir, store: str = "s.zarr", **read) -> ZarrIterableDataset:

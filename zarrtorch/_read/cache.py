@@ -25,14 +25,16 @@ chunk not cached whole (a shard read inner chunk by inner chunk is fetched as be
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
+import multiprocessing.util
 import os
 import shutil
 import threading
-import uuid
 from pathlib import Path
 from urllib.parse import quote
 
@@ -47,6 +49,7 @@ MARKER = "ZARRTORCH_CACHE"  # a file in the cache's root: clear_cache removes no
 _MAGIC = b"ZTCACHE1"
 _DIGEST = 16  # bytes of BLAKE2b digest in a file's header
 _HEADER = len(_MAGIC) + 8 + _DIGEST
+_WRITES = itertools.count()  # temporary files' numbers in this process
 _LOCK = ".lock"  # the file writers under a limit lock, in the cache's root
 _THREADS_WRITING = threading.Lock()
 
@@ -89,7 +92,7 @@ class ChunkCache:
         store."""
         return self.root / store_id / quote(key, safe="")
 
-    def read(self, store_id: str, key: str) -> bytes | None:
+    def read(self, store_id: str, key: str) -> memoryview | None:
         """The chunk's bytes if a whole, intact file holds them; a damaged file is deleted (``None``: fetch it)."""
         path = self.path(store_id, key)
         try:
@@ -165,25 +168,30 @@ class ChunkCache:
             total -= file_size
 
 
-def _verified(data: bytes) -> bytes | None:
-    """The bytes after the header when the header states their length and digest, else ``None``."""
+def _verified(data: bytes) -> memoryview | None:
+    """The bytes after the header (a view: not copied) when the header states their length and digest, else
+    ``None``."""
     if len(data) < _HEADER or not data.startswith(_MAGIC):
         return None
     length = int.from_bytes(data[len(_MAGIC) : len(_MAGIC) + 8], "little")
-    body = data[_HEADER:]
+    body = memoryview(data)[_HEADER:]
     if length != len(body) or _digest(body) != data[len(_MAGIC) + 8 : _HEADER]:
         return None
     return body
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """``data`` written to a temporary file beside ``path``, then renamed onto it: never seen half written."""
-    temporary = path.parent / f".tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    """``data`` written to a temporary file beside ``path``, then renamed onto it: never seen half written. Few
+    system calls (each hands the GIL over and waits to take it back, while the reader decodes in other threads)."""
+    temporary = f"{path.parent}{os.sep}.tmp-{os.getpid()}-{threading.get_ident()}-{next(_WRITES)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        temporary.write_bytes(data)
+        with os.fdopen(fd, "wb", buffering=0) as file:
+            file.write(data)
         os.replace(temporary, path)
-    finally:
-        _remove(temporary)
+    except BaseException:
+        _remove(Path(temporary))
+        raise
 
 
 def _remove(path: Path) -> None:
@@ -225,10 +233,69 @@ def clear_cache(cache_dir: str | os.PathLike) -> int:
 
 
 # -- a store that reads through the cache -------------------------------------------------------------------
+READING_THREADS = 8  # threads per process reading the cache's files
+WRITING_THREADS = 1  # and writing them: more only fought the event loop and the decoding threads for the GIL
+
+_executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}  # this process's, made at their first use
+_pending: dict[tuple[str, str, str], concurrent.futures.Future] = {}  # writes not finished: (root, store id, key)
+_PENDING_LOCK = threading.Lock()
+
+
+def cache_threads(role: str = "read") -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that read (``role="read"``) or write (``"write"``) the cache's files: not zarr's event loop,
+    which every request in flight shares, nor its default executor (a few threads, which the network client uses
+    too)."""
+    if role not in _executors:
+        threads = READING_THREADS if role == "read" else WRITING_THREADS
+        _executors[role] = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"zarrtorch-cache-{role}")
+        if role == "write":
+            multiprocessing.util.Finalize(None, wait_for_writes, exitpriority=10)  # a worker process ends: written
+    return _executors[role]
+
+
+def write_soon(cache: ChunkCache, store_id: str, key: str, data: bytes) -> None:
+    """Keep ``data`` in the cache in a thread of its own: a fetched chunk is handed to the reader at once, not
+    after its file is written (a cold epoch as fast as without a cache)."""
+    try:
+        future = cache_threads("write").submit(cache.write, store_id, key, data)
+    except RuntimeError:  # the interpreter is shutting down: the chunk is not kept, and fetched again next time
+        return
+    where = (str(cache.root), store_id, key)
+    with _PENDING_LOCK:
+        _pending[where] = future
+    future.add_done_callback(lambda done: _written(where, done))
+
+
+def _written(where: tuple[str, str, str], future: concurrent.futures.Future) -> None:
+    with _PENDING_LOCK:
+        if _pending.get(where) is future:  # not a later write of the same chunk
+            del _pending[where]
+
+
+def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: str = "") -> None:
+    """Wait until this process's chunks handed to the cache are written (with ``cache``: that one chunk's): at the
+    end of a process (a DataLoader worker ends with ``os._exit``, which waits for no thread), before counting what
+    a cache holds, and before a chunk is dropped (its write landing after would bring it back)."""
+    with _PENDING_LOCK:
+        futures = list(_pending.values()) if cache is None else [_pending.get((str(cache.root), store_id, key))]
+    concurrent.futures.wait([f for f in futures if f is not None])
+
+
+def _after_fork() -> None:
+    # the parent's threads do not exist in a forked child, nor its writes; its locks may be held by them
+    global _PENDING_LOCK
+    _PENDING_LOCK = threading.Lock()
+    _executors.clear()
+    _pending.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class CachingStore(WrapperStore):
     """A read-through wrapper of a remote store: a whole object's bytes come from the cache when it holds them,
-    else from the store, then kept. Files are read and written in a thread, not on zarr's event loop, which
-    every request in flight shares."""
+    else from the store, then kept (:func:`write_soon`). Files are read and written in threads of their own
+    (:func:`cache_threads`)."""
 
     def __init__(self, store, *, cache: ChunkCache, store_id: str):
         super().__init__(store)
@@ -249,19 +316,24 @@ class CachingStore(WrapperStore):
     async def get(self, key: str, prototype, byte_range: ByteRequest | None = None):
         if key.endswith(_METADATA_KEYS):
             return await self._store.get(key, prototype, byte_range)
-        held = await asyncio.to_thread(self.cache.read, self.store_id, key)
+        held = await asyncio.get_running_loop().run_in_executor(cache_threads(), self.cache.read, self.store_id, key)
         if held is not None:
             return prototype.buffer.from_bytes(_cut(held, byte_range))
         got = await self._store.get(key, prototype, byte_range)
         if got is not None and byte_range is None:
-            await asyncio.to_thread(self.cache.write, self.store_id, key, got.to_bytes())
+            write_soon(self.cache, self.store_id, key, got.to_bytes())
         return got
 
     def forget(self, key: str) -> None:
+        wait_for_writes(self.cache, self.store_id, key)
         self.cache.drop(self.store_id, key)
 
+    def origin(self):
+        """The store read through: where a chunk the cache does not hold is fetched from."""
+        return self._store
 
-def _cut(data: bytes, byte_range: ByteRequest | None) -> bytes:
+
+def _cut(data: memoryview, byte_range: ByteRequest | None) -> memoryview:
     """``data``'s bytes that ``byte_range`` asks for, as a store answers it."""
     if byte_range is None:
         return data
@@ -272,6 +344,27 @@ def _cut(data: bytes, byte_range: ByteRequest | None) -> bytes:
     if isinstance(byte_range, SuffixByteRequest):
         return data[max(0, len(data) - byte_range.suffix) :]
     raise TypeError(f"unknown byte range {byte_range!r}")
+
+
+def reads_through_cache(arr: zarr.Array) -> bool:
+    """Whether ``arr`` reads its chunks through a node's chunk cache."""
+    return isinstance(arr.store_path.store, CachingStore)
+
+
+def cached_bytes(store, key: str) -> memoryview | None:
+    """The bytes of ``key`` that the cache ``store`` reads through holds (verified), else ``None``: read here, in
+    the caller's thread, not on zarr's event loop."""
+    return store.cache.read(store.store_id, key)
+
+
+def keep_cached(store, key: str, data: bytes) -> None:
+    """Keep ``data`` as ``key`` in the cache ``store`` reads through (:func:`write_soon`)."""
+    write_soon(store.cache, store.store_id, key, data)
+
+
+def uncached(store):
+    """The store a cache ``store`` reads through: what a chunk the cache does not hold is fetched from."""
+    return store.origin()
 
 
 def forget_cached(arr: zarr.Array, key: str) -> None:
