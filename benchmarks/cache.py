@@ -53,13 +53,13 @@ def chunk_traffic(store: Path, counts: dict[str, int]) -> tuple[int, int]:
     return sum(chunks.values()), sum(n * (store.parent / k).stat().st_size for k, n in chunks.items())
 
 
-def bytes_per_epoch(store: Path, delay_ms: float, batch_size: int) -> dict:
+def bytes_per_epoch(store: Path, delay_ms: float, batch_size: int, workers: int) -> dict:
     """Chunk requests and bytes the server answered in epoch 1 and epoch 2 of one loader with a fresh cache."""
     out = {}
     with tempfile.TemporaryDirectory(prefix="zarrtorch-cache-") as cache_dir:
         with servers.HttpStoreServer(store.parent, delay_ms=delay_ms) as server:
             ds = ZarrIterableDataset(f"{server.url}/{store.name}", seed=0, read=ReadOptions(cache_dir=cache_dir))
-            loader = ZarrDataLoader(ds, batch_size=batch_size)
+            loader = ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0)
             for epoch in range(2):
                 server.requests.clear()
                 loader.set_epoch(epoch)
@@ -67,6 +67,7 @@ def bytes_per_epoch(store: Path, delay_ms: float, batch_size: int) -> dict:
                     pass
                 requests, nbytes = chunk_traffic(store, server.requests)
                 out[f"epoch {epoch + 1}"] = {"chunk_requests": requests, "bytes": nbytes}
+            wait_for_writes()  # before the folder is removed
     return out
 
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
                         source, read, epochs=args.epochs, workers=args.workers, batch_size=args.batch_size
                     )
                     runs[name].append(rates)
-    traffic = bytes_per_epoch(store, args.delay_ms, args.batch_size)
+    traffic = bytes_per_epoch(store, args.delay_ms, args.batch_size, args.workers)
 
     def median_of(name: str, epochs: slice) -> float:
         return statistics.median(statistics.median(r[epochs]) for r in runs[name])

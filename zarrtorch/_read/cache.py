@@ -75,6 +75,13 @@ class ChunkCache:
     def __init__(self, root: str | os.PathLike, limit_bytes: int | None = None):
         self.root = Path(root)
         self.limit_bytes = limit_bytes
+        self._folders: set[Path] = set()  # store folders this process made or found
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "limit_bytes": self.limit_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], state["limit_bytes"])
 
     def __repr__(self) -> str:
         return f"ChunkCache({str(self.root)!r}, limit_bytes={self.limit_bytes})"
@@ -119,15 +126,17 @@ class ChunkCache:
         path = self.path(store_id, key)
         header = _MAGIC + len(data).to_bytes(8, "little") + _digest(data)
         try:
-            path.parent.mkdir(exist_ok=True)
+            if path.parent not in self._folders:  # made once per process: a system call less per chunk
+                path.parent.mkdir(exist_ok=True)
+                self._folders.add(path.parent)
             if self.limit_bytes is None:
                 _write_atomically(path, header + data)
                 return
             with self._writing_alone():  # room counted and filled by one writer of the node at a time
                 self.make_room(size)
                 _write_atomically(path, header + data)
-        except OSError:
-            pass
+        except OSError:  # the folder removed meanwhile (a clear): made again at the next write
+            self._folders.discard(path.parent)
 
     @contextlib.contextmanager
     def _writing_alone(self):
@@ -186,8 +195,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
     temporary = f"{path.parent}{os.sep}.tmp-{os.getpid()}-{threading.get_ident()}-{next(_WRITES)}"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        with os.fdopen(fd, "wb", buffering=0) as file:
-            file.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(temporary, path)
     except BaseException:
         _remove(Path(temporary))
@@ -237,7 +250,10 @@ READING_THREADS = 8  # threads per process reading the cache's files
 WRITING_THREADS = 1  # and writing them: more only fought the event loop and the decoding threads for the GIL
 
 _executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}  # this process's, made at their first use
-_pending: dict[tuple[str, str, str], concurrent.futures.Future] = {}  # writes not finished: (root, store id, key)
+# writes handed over and not finished: (root, store id, key) -> (future, bytes), and their bytes in all
+_pending: dict[tuple[str, str, str], tuple[concurrent.futures.Future, bytes]] = {}
+_pending_bytes = [0]
+PENDING_MOST_BYTES = 256 << 20  # beyond, a fetched chunk is not kept: a slow disk does not fill the memory
 _PENDING_LOCK = threading.Lock()
 
 
@@ -255,21 +271,40 @@ def cache_threads(role: str = "read") -> concurrent.futures.ThreadPoolExecutor:
 
 def write_soon(cache: ChunkCache, store_id: str, key: str, data: bytes) -> None:
     """Keep ``data`` in the cache in a thread of its own: a fetched chunk is handed to the reader at once, not
-    after its file is written (a cold epoch as fast as without a cache)."""
-    try:
-        future = cache_threads("write").submit(cache.write, store_id, key, data)
-    except RuntimeError:  # the interpreter is shutting down: the chunk is not kept, and fetched again next time
-        return
+    after its file is written. Until it is written, :func:`pending` serves it (the writes of a fast first epoch
+    lag behind its fetches, and a second epoch fetched them again); past :data:`PENDING_MOST_BYTES` waiting, it
+    is not kept."""
     where = (str(cache.root), store_id, key)
     with _PENDING_LOCK:
-        _pending[where] = future
+        if _pending_bytes[0] + len(data) > PENDING_MOST_BYTES:
+            return
+        try:
+            future = cache_threads("write").submit(cache.write, store_id, key, data)
+        except RuntimeError:  # the interpreter is shutting down: the chunk is not kept, and fetched again next time
+            return
+        _forget_pending(where)
+        _pending[where] = (future, data)
+        _pending_bytes[0] += len(data)
     future.add_done_callback(lambda done: _written(where, done))
+
+
+def _forget_pending(where: tuple[str, str, str]) -> None:
+    earlier = _pending.pop(where, None)
+    if earlier is not None:
+        _pending_bytes[0] -= len(earlier[1])
 
 
 def _written(where: tuple[str, str, str], future: concurrent.futures.Future) -> None:
     with _PENDING_LOCK:
-        if _pending.get(where) is future:  # not a later write of the same chunk
-            del _pending[where]
+        if _pending.get(where, (None,))[0] is future:  # not a later write of the same chunk
+            _forget_pending(where)
+
+
+def pending(cache: ChunkCache, store_id: str, key: str) -> memoryview | None:
+    """The bytes of a chunk handed to the cache and not written yet, else ``None``."""
+    with _PENDING_LOCK:
+        waiting = _pending.get((str(cache.root), store_id, key))
+    return None if waiting is None else memoryview(waiting[1])
 
 
 def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: str = "") -> None:
@@ -277,8 +312,8 @@ def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: st
     end of a process (a DataLoader worker ends with ``os._exit``, which waits for no thread), before counting what
     a cache holds, and before a chunk is dropped (its write landing after would bring it back)."""
     with _PENDING_LOCK:
-        futures = list(_pending.values()) if cache is None else [_pending.get((str(cache.root), store_id, key))]
-    concurrent.futures.wait([f for f in futures if f is not None])
+        waiting = list(_pending.values()) if cache is None else [_pending.get((str(cache.root), store_id, key))]
+    concurrent.futures.wait([w[0] for w in waiting if w is not None])
 
 
 def _after_fork() -> None:
@@ -287,6 +322,7 @@ def _after_fork() -> None:
     _PENDING_LOCK = threading.Lock()
     _executors.clear()
     _pending.clear()
+    _pending_bytes[0] = 0
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -316,13 +352,18 @@ class CachingStore(WrapperStore):
     async def get(self, key: str, prototype, byte_range: ByteRequest | None = None):
         if key.endswith(_METADATA_KEYS):
             return await self._store.get(key, prototype, byte_range)
-        held = await asyncio.get_running_loop().run_in_executor(cache_threads(), self.cache.read, self.store_id, key)
+        held = await asyncio.get_running_loop().run_in_executor(cache_threads(), self.held, key)
         if held is not None:
             return prototype.buffer.from_bytes(_cut(held, byte_range))
         got = await self._store.get(key, prototype, byte_range)
         if got is not None and byte_range is None:
             write_soon(self.cache, self.store_id, key, got.to_bytes())
         return got
+
+    def held(self, key: str) -> memoryview | None:
+        """The chunk's bytes from the cache's file, or from a write not finished yet; ``None``: fetch it."""
+        found = self.cache.read(self.store_id, key)
+        return found if found is not None else pending(self.cache, self.store_id, key)
 
     def forget(self, key: str) -> None:
         wait_for_writes(self.cache, self.store_id, key)
@@ -354,7 +395,7 @@ def reads_through_cache(arr: zarr.Array) -> bool:
 def cached_bytes(store, key: str) -> memoryview | None:
     """The bytes of ``key`` that the cache ``store`` reads through holds (verified), else ``None``: read here, in
     the caller's thread, not on zarr's event loop."""
-    return store.cache.read(store.store_id, key)
+    return store.held(key)
 
 
 def keep_cached(store, key: str, data: bytes) -> None:
