@@ -30,7 +30,6 @@ from zarrtorch.plan import (
     Segment,
     Topology,
     batches_consumed_per_worker,
-    epoch_stream,
     stream_budget,
     stream_slice,
     worker_spans,
@@ -158,7 +157,7 @@ class RemainderStream:
 @lru_cache(maxsize=8)
 def remaining_stream(spec: EpochSpec, epoch: int, history: tuple[Segment, ...]):
     """The stream of the segment of ``epoch`` after ``history``: rows not consumed in any earlier segment."""
-    stream = epoch_stream(spec.rows, spec.chunk_rows, seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
+    stream = spec.stream(epoch, history[0].world_size) if history else spec.stream(epoch, 1)
     for segment, past in enumerate(history):
         stream = RemainderStream(spec, epoch, stream, segment, past)
     return stream

@@ -119,6 +119,7 @@ class LoaderMachine(RuleBasedStateMachine):
         transport=st.sampled_from([None, "queue"]),
         persistent=st.booleans(),
         window=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(0, 3), st.integers(1, 2), st.booleans())),
+        redeal_every=st.sampled_from([0, 0, 2]),
     )
     @deadline
     def build(
@@ -135,6 +136,7 @@ class LoaderMachine(RuleBasedStateMachine):
         transport,
         persistent,
         window,
+        redeal_every=0,
     ):
         rows, chunk = store
         windows, self.starts = None, None
@@ -151,7 +153,8 @@ class LoaderMachine(RuleBasedStateMachine):
             # blocks (zarrtorch.windows): 20 times the chunks the halo reaches into, and at least 4 in the period
             plan_chunk = min(max(1, -(-(span - 1) // chunk) * 20), max(1, len(self.starts) // (4 * chunk))) * chunk
         batch = min(batch, samples // 3)  # every rank of up to 3 gets a batch with drop_last
-        self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
+        redeal_every = redeal_every if shuffle and not cache else 0  # the dataset refuses it otherwise
+        self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed, redeal_every)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers
         self.transport = transport
         self.store = store
@@ -160,6 +163,7 @@ class LoaderMachine(RuleBasedStateMachine):
             seed=seed,
             buffer_chunks=buffer_chunks,
             keep_in_memory=cache,
+            redeal_every=redeal_every or None,
             return_index=True,
             windows=windows,
         )

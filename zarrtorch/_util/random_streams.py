@@ -9,3 +9,4 @@ fingerprint, :func:`zarrtorch.plan.plan_fingerprint`, samples them).
 CHUNK_ORDER = 0  # the epoch's chunk order (zarrtorch.order's network keys)
 CACHED_PIECES = 1  # the order of a worker's pieces when the partition is kept in memory (keep_in_memory)
 SHUFFLE_BUFFER = 2  # a worker's shuffle buffer: which rows leave it for each batch
+PLACED_PIECES = 3  # the order of the pieces of a rank's share kept for several epochs (redeal_every)
