@@ -10,7 +10,8 @@ Rates: rows/s of each epoch of one fresh loader per setting (shuffling on, batch
 spread. The server runs in a process of its own (``servers.HttpStoreProcess``, one event loop), as a store on
 another machine would. Bytes: a second, counting run against the tests' server (in this process, which counts
 the requests as they come): the chunk requests of epoch 1 and of epoch 2 with a fresh cache, and their bytes.
-The cache lives in a temporary folder on this machine's disk.
+The cache lives in a temporary folder on this machine's disk. Last, what ``redeal_every`` costs the shuffle,
+from the plans alone (:func:`placement_cost`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -30,6 +33,9 @@ from benchmarks.remote import generated_store  # noqa: E402
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset  # noqa: E402
 from zarrtorch._read.cache import wait_for_writes  # noqa: E402
 from zarrtorch.course import servers  # noqa: E402
+from zarrtorch.plan import EpochSpec, Topology  # noqa: E402
+from zarrtorch.quality import shuffle_quality  # noqa: E402
+from zarrtorch.resume import batches_of  # noqa: E402
 
 
 def epoch_rates(source: str, read: ReadOptions, *, epochs: int, workers: int, batch_size: int) -> list[float]:
@@ -68,6 +74,31 @@ def bytes_per_epoch(store: Path, delay_ms: float, batch_size: int, workers: int)
                 requests, nbytes = chunk_traffic(store, server.requests)
                 out[f"epoch {epoch + 1}"] = {"chunk_requests": requests, "bytes": nbytes}
             wait_for_writes()  # before the folder is removed
+    return out
+
+
+def placement_cost(rows: int, epochs: int = 8, world: int = 4, workers: int = 2, batch_size: int = 64) -> dict:
+    """What ``redeal_every=K`` costs the shuffle, from the plans alone (no data read), per K: lesson 03's measures
+    (``zarrtorch.quality``: chunk diversity of a batch, |order correlation| of an epoch, means over the ranks and
+    ``epochs`` epochs) and the fraction of the store's chunks a rank sees over those epochs (1/world when its share
+    never changes)."""
+    out = {}
+    for k in (0, 2, 4, epochs):
+        spec = EpochSpec(rows, 64, batch_size, True, seed=0, buffer_chunks=8, redeal_every=k)
+        diversity, correlation, seen = [], [], [set() for _ in range(world)]
+        for epoch in range(epochs):
+            for rank in range(world):
+                batches = batches_of(spec, spec.plan(epoch, Topology(rank, world, workers)))
+                quality = shuffle_quality(batches, rows, 64)
+                diversity.append(quality.chunk_diversity)
+                correlation.append(abs(quality.order_correlation))
+                seen[rank] |= set((np.concatenate(batches) // 64).tolist())
+        chunks = -(-rows // 64)
+        out[f"redeal_every={k or None}"] = {
+            "chunk_diversity": float(np.mean(diversity)),
+            "abs_order_correlation": float(np.mean(correlation)),
+            "chunks_seen_by_a_rank": float(np.mean([len(s) / chunks for s in seen])),
+        }
     return out
 
 
@@ -121,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cold_vs_no_cache": cold / today,
         "warm_vs_local_disk": warm / local,
         "traffic": traffic,
+        "placement": placement_cost(args.rows),
     }
     print(f"{store.name} over HTTP at {args.delay_ms:g} ms per request, {args.workers} workers, rows/s (median):")
     print(f"  no cache, epoch 1:         {today:10,.0f}")
@@ -130,6 +162,11 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  local disk, epochs 2+:     {local:10,.0f}")
     for epoch, t in traffic.items():
         print(f"  {epoch}: {t['chunk_requests']} chunk requests, {t['bytes'] / 2**20:.2f} MiB from the server")
+    print("redeal_every (4 ranks x 2 workers, 8 epochs): chunk diversity, |order correlation|, chunks a rank sees")
+    for k, q in results["placement"].items():
+        print(
+            f"  {k:<20} {q['chunk_diversity']:.3f}  {q['abs_order_correlation']:.3f}  {q['chunks_seen_by_a_rank']:.2f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return results

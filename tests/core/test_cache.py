@@ -238,3 +238,26 @@ def test_a_chunk_the_server_cut_short_is_fetched_again_from_the_server_not_the_c
         cutting.requests.clear()
         check_epoch(ds, 1)  # the whole bytes were kept
         assert chunk_requests(cutting) == 0
+
+
+@pytest.mark.parametrize("redeal_every", [None, 2])
+def test_two_nodes_read_their_second_epoch_from_their_caches_when_shares_are_placed(served, tmp_path, redeal_every):
+    """Two nodes of one rank each, a cache each: with ``redeal_every=2`` each keeps its share, so epoch 2 asks the
+    server for nothing; dealt anew every epoch, a node reads chunks it never fetched (the reference)."""
+
+    def node_epoch(rank: int, epoch: int) -> None:
+        read = ReadOptions(cache_dir=tmp_path / f"node{rank}")
+        ds = ZarrIterableDataset(f"{served.url}/s.zarr", seed=5, read=read, redeal_every=redeal_every)
+        loader = ZarrDataLoader(ds, batch_size=BATCH, rank=rank, world_size=2)
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        wait_for_writes()
+
+    for rank in (0, 1):
+        node_epoch(rank, 0)
+    served.requests.clear()
+    for rank in (0, 1):
+        node_epoch(rank, 1)
+    second = chunk_requests(served) - 2 * 2  # less each dataset's range request for its store id (2 arrays)
+    assert second == 0 if redeal_every else second > 0, served.requests
