@@ -230,3 +230,22 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
+
+
+def test_cache_benchmark_counts_the_servers_chunks_and_what_placement_costs(tmp_path):
+    """benchmarks/cache.py's parts that are not timings: the chunk requests of a cached loader's two epochs (every
+    chunk, then none), and the fraction of the store a rank sees falling with ``redeal_every``."""
+    import importlib.util
+
+    from zarrtorch import prepare_zarr
+
+    spec = importlib.util.spec_from_file_location("cache_benchmark", ROOT / "benchmarks" / "cache.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    store = tmp_path / "c.zarr"
+    prepare_zarr({"x": np.ones((96, 4), "f4")}, store, chunk_rows=16, progress=False)
+    traffic = bench.bytes_per_epoch(store, 0.0, 16, 0)
+    assert traffic["epoch 1"]["chunk_requests"] == 6 and traffic["epoch 1"]["bytes"] > 0
+    assert traffic["epoch 2"] == {"chunk_requests": 0, "bytes": 0}
+    seen = [q["chunks_seen_by_a_rank"] for q in bench.placement_cost(1280, epochs=4, world=2, workers=0).values()]
+    assert seen[0] > seen[-1] == pytest.approx(0.5)  # every epoch: more than a rank's half; kept 4 epochs: its half
