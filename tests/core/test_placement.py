@@ -86,3 +86,30 @@ def test_the_loaders_model_places_the_same_rows(rows, chunk_rows, world, drop_la
         placed = spec.stream(epoch, world)
         setup = Setup(rows, chunk_rows, 4, drop_last, True, 1, False, 3, redeal_every=2)
         assert expand(placed.pieces(0, placed.length)).tolist() == placed_stream(setup, epoch, world)
+
+
+def test_a_state_saved_before_redeal_every_existed_loads_as_the_same_plan():
+    """A state without ``redeal_every`` in its spec (every state saved before it existed) is the plan that deals
+    every epoch, and a state of such a plan is saved without it; one with shares kept says so."""
+    from zarrtorch.resume import LoaderCheckpoint
+
+    spec = EpochSpec(ROWS, CHUNK, BATCH, False, seed=7, buffer_chunks=2)
+    state = LoaderCheckpoint(
+        epoch=1,
+        batches_seen=3,
+        rank=0,
+        world_size=2,
+        num_workers=0,
+        history=(),
+        spec=spec,
+        plan_version=4,
+        fingerprint=spec.fingerprint(),
+        data=(),
+    ).to_dict()
+    assert "redeal_every" not in state["spec"]
+    assert LoaderCheckpoint.from_dict(state).spec == spec
+    placed = EpochSpec(ROWS, CHUNK, BATCH, False, seed=7, buffer_chunks=2, redeal_every=2)
+    state["spec"] = LoaderCheckpoint.from_dict({**state, "spec": {**state["spec"], "redeal_every": 2}}).to_dict()[
+        "spec"
+    ]
+    assert state["spec"]["redeal_every"] == 2 and LoaderCheckpoint.from_dict(state).spec == placed
