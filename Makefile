@@ -45,13 +45,14 @@ lab: setup
 	$(PY) -m jupyter lab notebooks/00_index.ipynb
 
 ## every benchmark in one run: the loader table, a plan's and a resume's cost at scale, requests in flight vs latency,
-## forecast windows (reads per chunk, windows/s, block length), store layouts (zarr's path vs the direct decode),
-## two stores mixed (MixedLoader) vs one store of the same bytes
+## the node-local chunk cache (cold and warm epochs over HTTP), forecast windows (reads per chunk, windows/s, block
+## length), store layouts (zarr's path vs the direct decode), two stores mixed (MixedLoader) vs one store of the same bytes
 bench: setup
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/resume_first_batch.py
 	$(PY) benchmarks/remote.py
+	$(PY) benchmarks/cache.py
 	$(PY) benchmarks/head_of_line.py
 	$(PY) benchmarks/windows.py --figure benchmarks/windows.png
 	$(PY) benchmarks/layouts.py

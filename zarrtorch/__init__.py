@@ -11,6 +11,7 @@ chunks), ``_workers`` (moving batches and state between the loader's processes a
 ``zarrtorch.course`` holds what exists only for the course, and the core never imports it.
 """
 
+from zarrtorch._read.cache import clear_cache
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.reader import ChunkReadError
 from zarrtorch._read.source import open_arrays
@@ -53,6 +54,7 @@ __all__ = [
     "audit_mix",
     "available_cpus",
     "check_first_axis_layout",
+    "clear_cache",
     "epoch_plan",
     "loader_memory",
     "open_arrays",

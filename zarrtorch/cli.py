@@ -1,7 +1,7 @@
 """Command line: ``zarrtorch COMMAND`` or ``python -m zarrtorch COMMAND``.
 
-The core's commands (``audit``, ``roofline``) need numpy, zarr and torch only. Other packages add commands
-through the ``zarrtorch.commands`` entry-point group: the course registers ``make-data`` and ``train``
+The core's commands (``audit``, ``roofline``, ``cache clear``) need numpy, zarr and torch only. Other packages add
+commands through the ``zarrtorch.commands`` entry-point group: the course registers ``make-data`` and ``train``
 (``pyproject.toml``), so the core never imports it, and a command whose extra is not installed says which.
 """
 
@@ -24,7 +24,23 @@ def _roofline(argv: list[str]) -> int:
     return main(argv)
 
 
-CORE: dict[str, Callable[[list[str]], int]] = {"audit": _audit, "roofline": _roofline}
+def _cache(argv: list[str]) -> int:
+    """``cache clear DIR``: empty the chunk cache a loader keeps in DIR (``ReadOptions(cache_dir=DIR)``)."""
+    if len(argv) != 2 or argv[0] != "clear":
+        print("usage: zarrtorch cache clear DIR   (empties the chunk cache of ReadOptions(cache_dir=DIR))")
+        return 0 if argv in (["-h"], ["--help"]) else 2
+    from zarrtorch._read.cache import clear_cache
+
+    try:
+        freed = clear_cache(argv[1])
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{argv[1]}: {freed / 2**20:.1f} MiB freed")
+    return 0
+
+
+CORE: dict[str, Callable[[list[str]], int]] = {"audit": _audit, "roofline": _roofline, "cache": _cache}
 
 
 def commands() -> dict[str, Callable[[list[str]], int]]:

@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 
 import numpy as np
+import zarr
 from torch.utils.data import IterableDataset
 
+from zarrtorch._read.cache import through_cache
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
 from zarrtorch._read.listing import check_listed, written_whole
@@ -71,6 +73,10 @@ class ZarrIterableDataset(IterableDataset):
         keep_in_memory: keep the rows a process reads in RAM for later epochs (data that fits the cluster's
             memory); the chunk-to-rank assignment is then frozen at epoch 0's (the order in each process still
             changes). Memory, not disk: nothing is written.
+        redeal_every: ``K``: deal each rank its share of the chunks every ``K`` epochs instead of every epoch (the
+            order within a share still changes every epoch), so that a node's chunk cache (``ReadOptions(
+            cache_dir=...)``) holds what the node reads next (:func:`zarrtorch.plan.placed_stream`). Trades the
+            reshuffle across ranks for bytes: a rank sees the same chunks for ``K`` epochs. ``None``: every epoch.
         read: how the store is read (:class:`zarrtorch.ReadOptions`: decode threads, requests in flight,
             storage options, retries, missing chunks, shards, CF decoding). A store not written by ``prepare_zarr``
             (which writes every chunk) is listed once per array here, where it can list, and refused naming its
@@ -96,6 +102,7 @@ class ZarrIterableDataset(IterableDataset):
         return_index: bool = False,
         return_padding: bool = False,
         keep_in_memory: bool = False,
+        redeal_every: int | None = None,
         read: ReadOptions | None = None,
         windows: Windows | None = None,
         **settings,
@@ -108,6 +115,7 @@ class ZarrIterableDataset(IterableDataset):
         variables = names(variables, "variables")
         keep_in_memory = flag(keep_in_memory, "keep_in_memory")
         shuffle, return_index = flag(shuffle, "shuffle"), flag(return_index, "return_index")
+        redeal_every = _redeal_every(redeal_every, shuffle, keep_in_memory)
         return_padding = flag(return_padding, "return_padding")
         seed = whole_number(seed, "seed (shared by every process)", least=0, below=INT64_LIMIT)
         buffer_chunks = whole_number(buffer_chunks, "buffer_chunks (0: chunk order only, no row buffer)", least=0)
@@ -140,10 +148,27 @@ class ZarrIterableDataset(IterableDataset):
             check_listed(
                 self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self.arrays.secrets
             )
+        self.arrays = self._through_cache(read, source)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
+        self.redeal_every = redeal_every
         self._check_batch_keys()
         self.transform = transform
+
+    def _through_cache(self, read: ReadOptions, source) -> Arrays:
+        """The arrays, each remote one reading its chunks through the node's chunk cache where the options ask
+        for one (:mod:`zarrtorch._read.cache`); a local store is read as it is. Its store id holds the group's
+        attributes (``prepare_zarr``'s write id) and the first bytes of its first chunk (one range request per
+        array, here)."""
+        cache = read.chunk_cache()
+        if cache is None:
+            return self.arrays
+        attrs = source.attrs.asdict() if isinstance(source, zarr.Group) else {}
+        cached = {
+            n: a if is_local(a) else through_cache(a, cache, first_bytes(a, FINGERPRINT_BYTES, read.retry), attrs)
+            for n, a in self.arrays.items()
+        }
+        return Arrays(cached, self.arrays.secrets)
 
     def _check_batch_keys(self) -> None:
         """Refuse arrays whose batch key another one takes: an array named ``index`` or ``padding`` (the loader's
@@ -313,6 +338,7 @@ class ZarrIterableDataset(IterableDataset):
             shuffle=self.shuffle,
             buffer_chunks=self.buffer_chunks if self.shuffle else 0,
             freeze_partition=self.keep_in_memory,
+            redeal_every=self.redeal_every,
             row_offset=self.row_offset,
             windows=self.windows.describe() if self.windows is not None else "",
         )
@@ -381,6 +407,18 @@ class ZarrIterableDataset(IterableDataset):
 
     def __len__(self) -> int:
         raise TypeError(THROUGH_THE_LOADER)
+
+
+def _redeal_every(value, shuffle: bool, keep_in_memory: bool) -> int:
+    """``redeal_every`` as the plan's number (0: every epoch), refused by name where it cannot apply."""
+    if value is None:
+        return 0
+    epochs = whole_number(value, "redeal_every (epochs a rank keeps its share of the chunks)", least=1)
+    if not shuffle:
+        raise ValueError("redeal_every applies to a shuffled dataset: without shuffle every rank keeps its share")
+    if keep_in_memory:
+        raise ValueError("keep_in_memory=True keeps every rank's share for good: leave redeal_every out")
+    return epochs
 
 
 def _short_hash(data: bytes) -> str:

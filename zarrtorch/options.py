@@ -5,11 +5,13 @@ surface as a less readable error in every process at once."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 from torch.utils.data import default_convert
 
+from zarrtorch._read.cache import ChunkCache
 from zarrtorch._read.columns import CF_DTYPES
 from zarrtorch._read.fetch import RetryPolicy
 from zarrtorch._read.source import fork_unsafe_stores
@@ -40,6 +42,12 @@ class ReadOptions:
             does, time arrays and static arrays alike (the rule: :mod:`zarrtorch._read.columns`).
         cf_dtype: the dtype of decoded values: ``"float32"`` (xarray's values, computed in float64 as xarray computes
             them, rounded to float32) or ``"float64"`` (xarray's values exactly, twice the memory of a batch).
+        cache_dir: a folder on the node's local disk (or RAM, ``/dev/shm``) where the chunks of a remote store are
+            kept as stored, shared by the node's ranks and workers, so that later epochs read them from there
+            instead of the network (:mod:`zarrtorch._read.cache`; ``docs/cache.md``). Local stores are read as
+            they are. Emptied by ``zarrtorch.clear_cache(cache_dir)``.
+        cache_limit_bytes: the most bytes ``cache_dir`` holds (the least recently used chunks are deleted to
+            make room); ``None``: no limit.
     """
 
     decode_threads: int | None = None
@@ -50,6 +58,8 @@ class ReadOptions:
     allow_shards: bool = False
     decode_cf: bool = True
     cf_dtype: str = "float32"
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
 
     def __post_init__(self):
         for name in ("decode_threads", "requests_in_flight"):
@@ -61,6 +71,34 @@ class ReadOptions:
             raise ValueError(f"missing_chunks must be 'error' or 'fill', got {self.missing_chunks!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a zarrtorch.RetryPolicy, got {type(self.retry).__name__}")
+        self._check_cache()
+
+    def _check_cache(self) -> None:
+        """Refuse a cache that cannot work now, by name: a folder that cannot be made or written, a limit that
+        is not a positive whole number, a limit without a folder."""
+        if self.cache_limit_bytes is not None:
+            limit = whole_number(self.cache_limit_bytes, "cache_limit_bytes (the cache's size in bytes)", least=1)
+            object.__setattr__(self, "cache_limit_bytes", limit)
+            if self.cache_dir is None:
+                raise ValueError(
+                    "cache_limit_bytes bounds the chunk cache: give its folder too, ReadOptions(cache_dir=...)"
+                )
+        if self.cache_dir is None:
+            return
+        if not isinstance(self.cache_dir, (str, os.PathLike)) or not str(self.cache_dir):
+            raise TypeError(f"cache_dir must be a folder's path (a str or Path), got {self.cache_dir!r}")
+        object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        try:
+            self.chunk_cache().prepare()
+        except OSError as exc:
+            raise ValueError(
+                f"cache_dir={self.cache_dir!r} cannot hold the chunk cache ({type(exc).__name__}: {exc}): give a "
+                "folder on the node's local disk that this process can write, e.g. /tmp/zarrtorch-cache"
+            ) from None
+
+    def chunk_cache(self) -> ChunkCache | None:
+        """The chunk cache these options ask for (``None``: none)."""
+        return None if self.cache_dir is None else ChunkCache(self.cache_dir, self.cache_limit_bytes)
 
 
 def _cf_dtype(value) -> str:

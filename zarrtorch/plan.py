@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.random import SeedSequence, default_rng  # numpy loads its random module lazily
 
-from zarrtorch._util.random_streams import CACHED_PIECES, SHUFFLE_BUFFER
+from zarrtorch._util.random_streams import CACHED_PIECES, PLACED_PIECES, SHUFFLE_BUFFER
 from zarrtorch._util.sizes import ceil_div
 from zarrtorch.order import ChunkOrder
 
@@ -66,6 +66,7 @@ class EpochSpec:
     freeze_partition: bool = False  # keep_in_memory: epoch 0's chunk-to-rank assignment in every epoch
     row_offset: int = 0  # the row window's first row in the store
     windows: str = ""  # samples are windows of time steps (zarrtorch.windows): their settings; rows are window ids
+    redeal_every: int = 0  # K >= 1: each rank's share dealt every K epochs (placed_stream); 0: every epoch
 
     @property
     def row_shuffle(self) -> bool:
@@ -79,7 +80,17 @@ class EpochSpec:
         inputs = {f.name: getattr(self, f.name) for f in fields(self)}
         if not self.windows:  # rows as samples: the fingerprint of plans from before windows, for the same version
             del inputs["windows"]
+        if not self.redeal_every:  # shares dealt every epoch: the fingerprint of plans from before placement
+            del inputs["redeal_every"]
         return plan_fingerprint(**inputs)
+
+    def stream(self, epoch: int, world_size: int):
+        """The stream of ``epoch`` whose first segment runs on ``world_size`` ranks: the chunks in the epoch's
+        order, or (``redeal_every``) the shares placed on the ranks (:func:`placed_stream`)."""
+        if self.redeal_every:
+            return placed_stream(self, epoch, world_size)
+        dealt = 0 if self.freeze_partition else epoch
+        return epoch_stream(self.rows, self.chunk_rows, seed=self.seed, epoch=dealt, shuffle=self.shuffle)
 
     def plan(self, epoch: int, topology: Topology, *, stream=None, segment: int = 0) -> RankPlan:
         """:func:`epoch_plan` of this spec for ``epoch`` on ``topology`` (``stream``/``segment``: see there).
@@ -105,17 +116,7 @@ class EpochSpec:
 
 @lru_cache(maxsize=8)
 def _cached_plan(spec: EpochSpec, epoch: int, topology: Topology) -> RankPlan:
-    return spec.plan(
-        epoch,
-        topology,
-        stream=epoch_stream(
-            spec.rows,
-            spec.chunk_rows,
-            seed=spec.seed,
-            epoch=0 if spec.freeze_partition else epoch,
-            shuffle=spec.shuffle,
-        ),
-    )
+    return spec.plan(epoch, topology, stream=spec.stream(epoch, topology.world_size))
 
 
 def plan_fingerprint(**inputs) -> str:
@@ -312,6 +313,29 @@ def epoch_stream(rows: int, chunk_rows: int, *, seed: int, epoch: int, shuffle: 
     return ChunkStream(
         rows, chunk_rows, ChunkOrder(ceil_div(rows, chunk_rows), seed=seed, epoch=epoch, shuffle=shuffle)
     )
+
+
+def placed_stream(spec: EpochSpec, epoch: int, world_size: int) -> RunStream:
+    """The stream of ``epoch`` with each rank's share kept for ``spec.redeal_every`` epochs (a node then reads from
+    its chunk cache what it fetched before, :mod:`zarrtorch._read.cache`): the rank slices of the stream of the
+    epoch the shares were last dealt at (every ``redeal_every``-th), the pieces of each slice in an order drawn for
+    this epoch and rank. The slices are the plain plan's (the row budget of ``world_size`` ranks), so every rank
+    keeps its batches, every row is read once, and the rows a ``drop_last`` epoch leaves out are the same ones until
+    the next deal. A resume on another topology takes what is left of this stream (:mod:`zarrtorch.resume`).
+    Costs the whole epoch's pieces in every process (not only the rank's stretch, as the plain plan does)."""
+    dealt = epoch - epoch % spec.redeal_every
+    base = epoch_stream(spec.rows, spec.chunk_rows, seed=spec.seed, epoch=dealt, shuffle=spec.shuffle)
+    per_rank = row_budget(
+        base.length, world_size=world_size, batch_size=spec.batch_size, drop_last=spec.drop_last
+    ).rows_per_rank
+    parts = []
+    for rank in range(world_size):
+        pieces = base.pieces(min(rank * per_rank, base.length), min((rank + 1) * per_rank, base.length))
+        if spec.shuffle and len(pieces):
+            pieces = pieces[rng_for(spec.seed, epoch, PLACED_PIECES, rank).permutation(len(pieces))]
+        parts.append(pieces)
+    parts.append(base.pieces(min(world_size * per_rank, base.length), base.length))  # left out (drop_last)
+    return RunStream(np.concatenate(parts))
 
 
 def stretch(stream, start: int, stop: int, shuffle_key: tuple[int, ...] | None = None) -> np.ndarray:

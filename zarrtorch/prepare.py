@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import sys
+import uuid
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from zarrtorch._compat.dask import graph_tasks, task_parts
 from zarrtorch._compat.fsspec import exists, strip_protocol
 from zarrtorch._compat.xarray import wrapped
 from zarrtorch._compat.zarr import run
+from zarrtorch._read.cache import WRITE_ID
 from zarrtorch._read.columns import CF_ENCODING, NOT_TENSORS, decoding_attributes
 from zarrtorch._read.listing import EVERY_CHUNK_WRITTEN
 from zarrtorch._read.source import is_url, sample_dimension
@@ -257,9 +259,11 @@ def _prepare_xarray(ds, dim, out, label, chunk_rows, chunk_mb, codec, level, max
 def _say_every_chunk_written(out) -> None:
     """Say in the group's attributes that its variables hold every chunk (each written with
     ``write_empty_chunks=True``), once they are all written: zarr records nowhere whether it skipped a chunk of
-    fill values, and the loader then need not list the store's keys to know (:mod:`zarrtorch._read.listing`)."""
+    fill values, and the loader then need not list the store's keys to know (:mod:`zarrtorch._read.listing`).
+    With it, an id of this write, which the chunk cache's store ids hold."""
     group = zarr.open_group(out, mode="r+")
-    group.attrs["zarrtorch"] = {**group.attrs["zarrtorch"], EVERY_CHUNK_WRITTEN: True}
+    # a write_id of each write's own: a node's chunk cache never serves an earlier write's chunks (_read.cache)
+    group.attrs["zarrtorch"] = {**group.attrs["zarrtorch"], EVERY_CHUNK_WRITTEN: True, WRITE_ID: uuid.uuid4().hex}
 
 
 def _checked_mapping(source: Mapping) -> dict:

@@ -30,7 +30,6 @@ from zarrtorch.plan import (
     Segment,
     Topology,
     batches_consumed_per_worker,
-    epoch_stream,
     stream_budget,
     stream_slice,
     worker_spans,
@@ -158,7 +157,7 @@ class RemainderStream:
 @lru_cache(maxsize=8)
 def remaining_stream(spec: EpochSpec, epoch: int, history: tuple[Segment, ...]):
     """The stream of the segment of ``epoch`` after ``history``: rows not consumed in any earlier segment."""
-    stream = epoch_stream(spec.rows, spec.chunk_rows, seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
+    stream = spec.stream(epoch, history[0].world_size) if history else spec.stream(epoch, 1)
     for segment, past in enumerate(history):
         stream = RemainderStream(spec, epoch, stream, segment, past)
     return stream
@@ -180,6 +179,8 @@ def resumed_plan(spec: EpochSpec, epoch: int, history: tuple[Segment, ...], topo
 
 # -- what state_dict saves --------------------------------------------------------------------------------
 SETTING_NAMES = {"freeze_partition": "keep_in_memory"}  # a spec field by the name a user sets it with
+# spec fields a state leaves out at their default: states saved before they existed still load, as the same plan
+UNSAID = {"redeal_every": 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +207,7 @@ class LoaderCheckpoint:
         return {
             **{name: getattr(self, name) for name in self.POSITION if name != "history"},
             "history": [list(seg) for seg in self.history],
-            "spec": dataclasses.asdict(self.spec),
+            "spec": {k: v for k, v in dataclasses.asdict(self.spec).items() if k not in UNSAID or v != UNSAID[k]},
             "plan_version": self.plan_version,
             "fingerprint": self.fingerprint,
             "data": dict(self.data),
@@ -224,7 +225,8 @@ class LoaderCheckpoint:
                 "zarrtorch cannot be carried over: start the epoch afresh with loader.set_epoch(epoch))"
             )
         spec_fields = {f.name for f in dataclasses.fields(EpochSpec)}
-        if not isinstance(state["spec"], dict) or set(state["spec"]) != spec_fields:
+        spec = {**UNSAID, **state["spec"]} if isinstance(state["spec"], dict) else state["spec"]
+        if not isinstance(spec, dict) or set(spec) != spec_fields:
             raise ValueError(
                 f"not a ZarrDataLoader state: 'spec' must hold {sorted(spec_fields)}, got {state['spec']!r}"
             )
@@ -242,7 +244,7 @@ class LoaderCheckpoint:
         return cls(
             **{n: int(state[n]) for n in cls.POSITION if n != "history"},
             history=history,
-            spec=EpochSpec(**state["spec"]),
+            spec=EpochSpec(**spec),
             plan_version=int(state["plan_version"]),
             fingerprint=str(state["fingerprint"]),
             data=tuple(sorted((str(k), str(v)) for k, v in state["data"].items())),

@@ -393,3 +393,22 @@ def test_windows_cold_measures_every_figure_again_from_an_evicted_store(tmp_path
     if pagecache.MINCORE is not None:
         assert runs["resident"]["warm"]["min"] > 0.9 and runs["resident"]["cold"]["max"] < 0.1, runs["resident"]
     assert "cold/warm" in proc.stdout
+
+
+def test_cache_benchmark_counts_the_servers_chunks_and_what_placement_costs(tmp_path):
+    """benchmarks/cache.py's parts that are not timings: the chunk requests of a cached loader's two epochs (every
+    chunk, then none), and the fraction of the store a rank sees falling with ``redeal_every``."""
+    import importlib.util
+
+    from zarrtorch import prepare_zarr
+
+    spec = importlib.util.spec_from_file_location("cache_benchmark", ROOT / "benchmarks" / "cache.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    store = tmp_path / "c.zarr"
+    prepare_zarr({"x": np.ones((96, 4), "f4")}, store, chunk_rows=16, progress=False)
+    traffic = bench.bytes_per_epoch(store, 0.0, 16, 0)
+    assert traffic["epoch 1"]["chunk_requests"] == 6 and traffic["epoch 1"]["bytes"] > 0
+    assert traffic["epoch 2"] == {"chunk_requests": 0, "bytes": 0}
+    seen = [q["chunks_seen_by_a_rank"] for q in bench.placement_cost(1280, epochs=4, world=2, workers=0).values()]
+    assert seen[0] > seen[-1] == pytest.approx(0.5)  # every epoch: more than a rank's half; kept 4 epochs: its half

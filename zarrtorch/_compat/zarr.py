@@ -69,6 +69,21 @@ def _async_array(arr: zarr.Array) -> zarr.AsyncArray:
     return arr.async_array if hasattr(type(arr), "async_array") else arr._async_array
 
 
+def array_on_store(arr: zarr.Array, store) -> zarr.Array:
+    """``arr`` (its metadata as opened, its path and config) reading from ``store`` instead of its own: a wrapper
+    of it, such as the chunk cache's (:mod:`zarrtorch._read.cache`).
+
+    Why: no public function makes an array over another store without reading its metadata again (a request,
+    and for an array of a consolidated group its own document, not the copy it was opened from); zarr builds one
+    from ``AsyncArray(metadata, store_path, config)``."""
+    from zarr.storage import StorePath
+
+    inner = _async_array(arr)
+    return zarr.Array(
+        zarr.AsyncArray(metadata=inner.metadata, store_path=StorePath(store, arr.path), config=inner.config)
+    )
+
+
 def chunk_nbytes(spec) -> int:
     """Bytes of the chunk ``spec`` describes, decoded. Why: the spec's dtype is zarr's own data type class, whose
     numpy dtype is reached through ``to_native_dtype``."""

@@ -20,6 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zarr
 
+from zarrtorch._read.cache import (
+    cache_threads,
+    cached_bytes,
+    forget_cached,
+    keep_cached,
+    reads_through_cache,
+    uncached,
+)
 from zarrtorch._read.chunks import IF_SKIPPED, chunk_key, chunk_keys, fill_text, read_chunk
 from zarrtorch._read.early import EarlyReads
 from zarrtorch._read.fastpath import Span, direct_decoder
@@ -118,6 +126,9 @@ class PieceReader:
         ]
         # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
         self._fetch_ahead = bool(arrays) and cache is None and len(self._together) == len(arrays)
+        # and each read through the node's chunk cache: what it holds is read in the cache's threads, not through
+        # the event loop (that way a warm epoch ran at half the local disk's rate)
+        self._cached = self._fetch_ahead and all(reads_through_cache(a) for a in arrays.values())
         if first is not None:
             self.read_first(first)
 
@@ -215,7 +226,8 @@ class PieceReader:
             if local or isinstance(damaged, ChunkReadError):
                 raise
             # bytes that do not decode may have been damaged on the way (a body cut short can look whole to
-            # HTTP): fetched once more before the chunk is called damaged
+            # HTTP): fetched once more before the chunk is called damaged, from the store, not the node's cache
+            forget_cached(arr, self._keys[name](chunk))
             try:
                 if decode is not None:
                     return decode(self._keys[name](chunk), None, into, rows)
@@ -405,7 +417,16 @@ class PieceReader:
             except BaseException as exc:  # noqa: BLE001 (handed to the consumer, who waits on ``out``)
                 out.set_exception(exc)
 
-        def arrived(request: concurrent.futures.Future) -> None:  # in zarr's event loop thread
+        def hand_over(raw: list) -> None:  # the bytes, to a reading thread that decodes them
+            try:
+                submit(decode, raw)
+            except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
+                out.cancel()
+            except BaseException as exc:  # noqa: BLE001 (it reaches the consumer, who must not wait for nothing)
+                if out.set_running_or_notify_cancel():
+                    out.set_exception(exc)
+
+        def arrived(request: concurrent.futures.Future, held: list | None = None) -> None:  # in zarr's loop thread
             unsent.clear()  # nothing left to cancel: and ``out`` no longer holds the request and its bytes
             if out.cancelled():
                 return
@@ -415,21 +436,47 @@ class PieceReader:
                 if out.set_running_or_notify_cancel():
                     out.set_exception(exc)
                 return
+            if held is not None:  # the chunks the node's cache held, with those fetched put in their places
+                for (store, key), answer in zip(wanted_of(held), raw, strict=True):
+                    if isinstance(answer, bytes):
+                        keep_cached(store, key, answer)
+                raw = _filled(held, raw)
+            hand_over(raw)
+
+        def wanted_of(held: list) -> list:
+            return [k for k, h in zip(keys, held, strict=True) if h is None]
+
+        def fetch(wanted: list, held: list | None = None) -> None:
+            # asked of the store the cache reads through: the cache was read already (kept once they arrive)
+            stores = [(uncached(store), key) for store, key in wanted] if held is not None else wanted
+            unsent.append(fetch_soon(stores, self.policy))
+            unsent[0].add_done_callback(lambda request: arrived(request, held))
+
+        def from_cache() -> None:  # in a thread of the cache's: what it holds is read as a local store's chunks are
+            if out.cancelled():
+                return
             try:
-                submit(decode, raw)
-            except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
-                out.cancel()
+                held = [cached_bytes(store, key) for store, key in keys]
+                wanted = wanted_of(held)
             except BaseException as exc:  # noqa: BLE001 (it reaches the consumer, who must not wait for nothing)
                 if out.set_running_or_notify_cancel():
                     out.set_exception(exc)
+                return
+            if wanted:
+                fetch(wanted, held)
+            else:
+                hand_over(held)
 
-        unsent = [fetch_soon(keys, self.policy)]
+        unsent: list = []
         # a read nobody waits for any more (the epoch ended or failed): its requests are cancelled too, not left
         # pending on the loop (at exit: "Task was destroyed but it is pending!"). Through ``unsent``, emptied once
         # they are answered: the two futures must not hold each other, a cycle that would keep every answer's bytes
         # until a full garbage collection, which torch makes rare (memory past the loader's bound)
         out.add_done_callback(lambda done: [r.cancel() for r in unsent] if done.cancelled() else None)
-        unsent[0].add_done_callback(arrived)
+        if self._cached:
+            cache_threads().submit(from_cache)
+        else:
+            fetch(keys)
         return out
 
     def read_rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -446,6 +493,12 @@ class PieceReader:
             for name, column in out.items():
                 column[sel] = data[name][rows[sel] - lo]
         return out
+
+
+def _filled(held: list, fetched: list) -> list:
+    """``held`` (bytes, or ``None`` where the cache held none) with ``fetched`` put in the ``None`` places, in order."""
+    answers = iter(fetched)
+    return [next(answers) if h is None else h for h in held]
 
 
 class _Read:

@@ -10,3 +10,4 @@ CHUNK_ORDER = 0  # the epoch's chunk order (zarrtorch.order's network keys)
 CACHED_PIECES = 1  # the order of a worker's pieces when the partition is kept in memory (keep_in_memory)
 SHUFFLE_BUFFER = 2  # a worker's shuffle buffer: which rows leave it for each batch
 MIX_ORDER = 3  # a MixedLoader's order of sources over an epoch's steps (zarrtorch.mix)
+PLACED_PIECES = 4  # the order of the pieces of a rank's share kept for several epochs (redeal_every)

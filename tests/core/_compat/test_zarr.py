@@ -13,6 +13,7 @@ from zarr.codecs import ShardingCodec, ShardingCodecIndexLocation
 
 from zarrtorch._compat.zarr import (
     NO_INNER_CHUNK,
+    array_on_store,
     chunk_nbytes,
     chunk_spec,
     decode_chunk,
@@ -150,3 +151,20 @@ def test_chunk_keys_built_once_equal_zarrs_encoder(tmp_path):
         keys = chunk_keys(arr)
         assert [keys(c) for c in range(arr.cdata_shape[0])] == [chunk_key(arr, c) for c in range(arr.cdata_shape[0])]
     assert chunk_keys(arrays[2])(12) == "c/12.0.0" and chunk_keys(arrays[1])(99) == "nested/b/c/99"
+
+
+def test_an_array_is_made_over_another_store_from_its_metadata_without_a_read(tmp_path):
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(20, 3), chunks=(5, 3), dtype="i4")
+    a[:] = np.arange(60, dtype="i4").reshape(20, 3)
+    reads = []
+
+    class Counting(zarr.storage.WrapperStore):
+        async def get(self, key, prototype, byte_range=None):
+            reads.append(key)
+            return await self._store.get(key, prototype, byte_range)
+
+    b = array_on_store(a, Counting(a.store_path.store))
+    assert reads == [] and b.metadata == a.metadata, "update zarrtorch._compat.zarr.array_on_store"
+    assert isinstance(b.store_path.store, Counting) and b.path == a.path, "update zarrtorch._compat.zarr.array_on_store"
+    np.testing.assert_array_equal(b[5:10], a[5:10])
+    assert reads == ["c/1/0"], "update zarrtorch._compat.zarr.array_on_store"

@@ -35,6 +35,7 @@ class Setup:
     buffer_chunks: int
     cache: bool
     seed: int
+    redeal_every: int = 0  # K: each rank's share kept for K epochs, its order new every epoch (0: dealt every epoch)
 
     @property
     def row_shuffle(self) -> bool:
@@ -78,6 +79,20 @@ def chunk_stream(setup: Setup, epoch: int) -> list[int]:
     if setup.shuffle and n > 1:
         chunks = keyed_order(n, setup.seed, 0 if setup.cache else epoch)
     return [r for c in chunks for r in range(c * setup.chunk_rows, min((c + 1) * setup.chunk_rows, setup.rows))]
+
+
+def placed_stream(setup: Setup, epoch: int, world: int) -> list[int]:
+    """``redeal_every``: the rows of the epoch the shares were last dealt at, cut into the ranks' shares as the row
+    budget cuts them (the rows past them last), each share's pieces in an order drawn from (seed, epoch, 3, rank)."""
+    base = chunk_stream(setup, epoch - epoch % setup.redeal_every)
+    n = len(base)
+    per_rank = n // (world * setup.batch) * setup.batch if setup.drop_last else -(-n // world)
+    out: list[int] = []
+    for rank in range(world):
+        share = pieces(base[min(n, rank * per_rank) : min(n, (rank + 1) * per_rank)], setup.chunk_rows)
+        order = generator(setup.seed, epoch, 3, rank).permutation(len(share)) if share else []
+        out += [row for k in order for row in share[k]]
+    return out + base[min(n, world * per_rank) :]
 
 
 def pieces(rows: list[int], chunk_rows: int) -> list[list[int]]:
@@ -174,7 +189,10 @@ def epoch_batches(setup: Setup, epoch: int, history: tuple, world: int, workers:
     each earlier segment): the rows no rank consumed there, in the epoch's order, split again."""
     if history and setup.cache:
         raise Refused("cache=True freezes the partition on one topology")
-    stream = chunk_stream(setup, epoch)
+    if setup.redeal_every:  # placed on the ranks of the epoch's first segment
+        stream = placed_stream(setup, epoch, history[0][0] if history else world)
+    else:
+        stream = chunk_stream(setup, epoch)
     for index, (w_, k_, done) in enumerate(history):
         consumed: set[int] = set()
         for r in range(w_):

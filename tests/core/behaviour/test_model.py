@@ -127,6 +127,7 @@ class LoaderMachine(RuleBasedStateMachine):
         persistent=st.booleans(),
         window=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(0, 3), st.integers(1, 2), st.booleans())),
         batch_order=st.sampled_from(["worker", "rank"]),
+        redeal_every=st.sampled_from([0, 0, 2]),
     )
     @deadline
     def build(
@@ -144,6 +145,7 @@ class LoaderMachine(RuleBasedStateMachine):
         persistent,
         window,
         batch_order="worker",
+        redeal_every=0,
     ):
         rows, chunk = store
         windows, self.starts = None, None
@@ -163,7 +165,8 @@ class LoaderMachine(RuleBasedStateMachine):
         self.batch_order = batch_order
         if batch_order == "rank":  # not with workers, which a resume may bring (refused at construction)
             cache = False
-        self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed)
+        redeal_every = redeal_every if shuffle and not cache else 0  # the dataset refuses it otherwise
+        self.setup = Setup(samples, plan_chunk, batch, drop_last, shuffle, buffer_chunks, cache, seed, redeal_every)
         self.persistent = persistent or cache  # cache=True with workers needs persistent workers
         self.transport = transport
         self.store = store
@@ -172,6 +175,7 @@ class LoaderMachine(RuleBasedStateMachine):
             seed=seed,
             buffer_chunks=buffer_chunks,
             keep_in_memory=cache,
+            redeal_every=redeal_every or None,
             return_index=True,
             windows=windows,
         )

@@ -1,0 +1,263 @@
+"""The node-local chunk cache (``ReadOptions(cache_dir=...)``, :mod:`zarrtorch._read.cache`), against a real HTTP
+server that counts the requests it answers: a warm epoch asks the server for no chunk it holds, a damaged cache
+file is fetched again and never served, concurrent writers leave right files, the size limit holds, clearing empties
+it, and a rewritten store is never read from the old store's files."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+import zarr
+
+from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
+from zarrtorch._read.cache import MARKER, ChunkCache, wait_for_writes
+from zarrtorch.course.servers import CUT_SHORT, HttpStoreServer
+
+ROWS, CHUNK, BATCH = 60, 8, 8  # 8 chunks, the last one partial
+CHUNKS = -(-ROWS // CHUNK)
+
+
+def scales(scale: int, changed_from: int, changed_to: int = ROWS) -> np.ndarray:
+    """Each row's factor: ``scale`` in rows ``[changed_from, changed_to)``, 1 elsewhere."""
+    rows = np.arange(ROWS)
+    return np.where((rows >= changed_from) & (rows < changed_to), scale, 1)
+
+
+def write_store(path, scale: int = 1, changed_from: int = 0, codec: str = "zstd") -> None:
+    """A store whose row ``i`` holds ``x = (10 i + [0, 1, 2]) * s``, ``y = 3 i * s`` (``s``: :func:`scales`)."""
+    factor = scales(scale, changed_from)
+    x = (np.arange(ROWS, dtype=np.float32)[:, None] * 10 + np.arange(3, dtype=np.float32)) * factor[:, None]
+    columns = {"x": x.astype(np.float32), "y": np.arange(ROWS, dtype=np.int64) * 3 * factor}
+    prepare_zarr(columns, path, chunk_rows=CHUNK, progress=False, overwrite=True, codec=codec)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    write_store(root / "s.zarr")
+    write_store(root / "raw.zarr", codec="none")
+    with HttpStoreServer(root) as server:
+        yield server
+
+
+@pytest.fixture
+def served(server):
+    server.requests.clear()
+    return server
+
+
+def chunk_requests(server: HttpStoreServer) -> int:
+    """Requests for chunks (not metadata) the server answered, since it started or was last reset."""
+    return sum(n for key, n in server.requests.items() if "/c/" in key)
+
+
+def check_epoch(
+    ds: ZarrIterableDataset, epoch: int, scale: int = 1, changed_from: int = 0, changed_to: int = ROWS
+) -> None:
+    """One epoch on one rank: every row once, each batch its plan's rows with their own values (as
+    :func:`write_store` wrote them with ``scale`` and ``changed_from``)."""
+    loader = ZarrDataLoader(ds, batch_size=BATCH, rank=0, world_size=1)
+    loader.set_epoch(epoch)
+    factor = scales(scale, changed_from, changed_to)
+    seen = []
+    for batch, rows in zip(loader, loader.batch_row_ids(epoch=epoch), strict=True):
+        np.testing.assert_array_equal(batch["index"].numpy(), rows)
+        np.testing.assert_array_equal(batch["y"].numpy(), rows * 3 * factor[rows])
+        np.testing.assert_array_equal(batch["x"].numpy()[:, 1], (rows * 10 + 1) * factor[rows])
+        seen.append(rows)
+    assert sorted(np.concatenate(seen).tolist()) == list(range(ROWS))
+    wait_for_writes()  # the epoch's last chunks are written in the background: counted once they are
+
+
+def cached_dataset(server, cache_dir, store: str = "s.zarr", **read) -> ZarrIterableDataset:
+    return ZarrIterableDataset(
+        f"{server.url}/{store}",
+        seed=5,
+        buffer_chunks=2,
+        return_index=True,
+        read=ReadOptions(cache_dir=cache_dir, **read),
+    )
+
+
+def cache_files(cache_dir) -> list:
+    return [p for p in ChunkCache(cache_dir).files() if not p[2].name.startswith(".tmp")]
+
+
+def test_a_warm_epoch_asks_the_server_for_no_chunk(served, tmp_path):
+    ds = cached_dataset(served, tmp_path / "cache")
+    check_epoch(ds, 0)
+    assert chunk_requests(served) >= 2 * CHUNKS  # every chunk of both arrays fetched once (the first epoch)
+    served.requests.clear()
+    check_epoch(ds, 1)
+    assert chunk_requests(served) == 0, served.requests
+    assert len(cache_files(tmp_path / "cache")) == 2 * CHUNKS
+
+
+def test_a_cut_or_altered_cache_file_is_fetched_again_not_served(served, tmp_path):
+    """Uncompressed chunks: a flipped byte in one decodes without a complaint, to a wrong value, unless the
+    cache's digest refuses the file."""
+    cache_dir = tmp_path / "cache"
+    ds = cached_dataset(served, cache_dir, "raw.zarr")
+    check_epoch(ds, 0)
+    files = sorted(p for _, _, p in cache_files(cache_dir))
+    cut, flipped = files[0], files[3]
+    cut.write_bytes(cut.read_bytes()[:-5])
+    data = bytearray(flipped.read_bytes())
+    data[-20] ^= 0x40
+    flipped.write_bytes(bytes(data))
+    served.requests.clear()
+    check_epoch(ds, 1)  # the right values: the damaged files were not served
+    assert chunk_requests(served) == 2, served.requests  # those two chunks fetched again, no other
+    assert all(ChunkCache(cache_dir).read(p.parent.name, _key(p)) is not None for p in (cut, flipped))  # repaired
+
+
+def _key(path) -> str:
+    from urllib.parse import unquote
+
+    return unquote(path.name)
+
+
+def test_two_processes_filling_one_cache_at_once_leave_right_files(served, tmp_path):
+    cache_dir = tmp_path / "cache"
+    ds = cached_dataset(served, cache_dir)
+    start = multiprocessing.get_context("fork").Barrier(2)
+
+    def fill(epoch: int) -> None:
+        start.wait(timeout=60)
+        check_epoch(ds, epoch)  # every chunk of the store, in another order in each process
+
+    writers = [multiprocessing.get_context("fork").Process(target=fill, args=(e,)) for e in (0, 1)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in writers] == [0, 0]
+    assert chunk_requests(served) >= 2 * CHUNKS
+    ds = cached_dataset(served, cache_dir)  # its store id: a range request for the first chunk of each array
+    served.requests.clear()
+    check_epoch(ds, 3)  # from the files both wrote: right values
+    assert chunk_requests(served) == 0
+    assert not [p for _, _, p in ChunkCache(cache_dir).files() if p.name.startswith(".tmp")]  # none left half written
+
+
+def test_the_cache_stays_under_its_limit(served, tmp_path):
+    cache_dir = tmp_path / "cache"
+    check_epoch(cached_dataset(served, tmp_path / "whole"), 0)
+    whole = sum(s for _, s, _ in cache_files(tmp_path / "whole"))
+    limit = whole // 2
+    ds = cached_dataset(served, cache_dir, cache_limit_bytes=limit)
+    for epoch in range(2):
+        check_epoch(ds, epoch)
+        held = sum(s for _, s, _ in ChunkCache(cache_dir).files())
+        assert 0 < held <= limit
+
+
+def test_clear_cache_empties_it_and_touches_nothing_else(served, tmp_path):
+    cache_dir = tmp_path / "cache"
+    check_epoch(cached_dataset(served, cache_dir), 0)
+    held = sum(s for _, s, _ in cache_files(cache_dir))
+    assert clear_cache(cache_dir) == held > 0
+    assert cache_files(cache_dir) == [] and (cache_dir / MARKER).exists()
+    other = tmp_path / "not-a-cache"
+    (other / "0123456789abcdef0123456789abcdef").mkdir(parents=True)
+    with pytest.raises(ValueError, match="not a zarrtorch chunk cache"):
+        clear_cache(other)
+    assert (other / "0123456789abcdef0123456789abcdef").exists()
+
+
+def test_cache_clear_on_the_command_line(served, tmp_path):
+    from zarrtorch.cli import main
+
+    cache_dir = tmp_path / "cache"
+    check_epoch(cached_dataset(served, cache_dir), 0)
+    assert main(["cache", "clear", str(cache_dir)]) == 0
+    assert cache_files(cache_dir) == []
+
+
+def rewrite_one_chunk_with_zarr(path, chunk: int) -> None:
+    """Chunk ``chunk`` of both arrays written again (doubled) through zarr, with an attribute of each array
+    changed, and the group consolidated again (as a user who corrects a store in place)."""
+    rows = slice(chunk * CHUNK, (chunk + 1) * CHUNK)
+    for name in ("x", "y"):
+        arr = zarr.open_array(str(path / name), mode="r+")
+        arr[rows] = arr[rows] * 2
+        arr.attrs["corrected"] = True
+    zarr.consolidate_metadata(str(path))
+
+
+@pytest.mark.parametrize(
+    "rewrite", ["prepare_zarr-every-chunk", "prepare_zarr-later-chunks", "zarr-one-chunk-and-metadata"]
+)
+def test_a_rewritten_store_is_not_read_from_the_old_stores_files(served, tmp_path, rewrite):
+    """The store id holds the first chunk's first bytes, the group's attributes (prepare_zarr's write id) and the
+    arrays' metadata: a store written again is read from its new bytes, never from the old files."""
+    cache_dir, store = tmp_path / "cache", f"{rewrite}.zarr"
+    write_store(served.root / store)
+    check_epoch(cached_dataset(served, cache_dir, store), 0)
+    if rewrite == "zarr-one-chunk-and-metadata":
+        rewrite_one_chunk_with_zarr(served.root / store, 3)
+        check_epoch(cached_dataset(served, cache_dir, store), 0, scale=2, changed_from=3 * CHUNK, changed_to=4 * CHUNK)
+        return
+    changed_from = 0 if rewrite == "prepare_zarr-every-chunk" else 3 * CHUNK
+    write_store(served.root / store, scale=2, changed_from=changed_from)
+    check_epoch(cached_dataset(served, cache_dir, store), 0, scale=2, changed_from=changed_from)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"cache_dir": "DIR", "cache_limit_bytes": 0}, "cache_limit_bytes"),
+        ({"cache_dir": "DIR", "cache_limit_bytes": 2.5}, "cache_limit_bytes"),
+        ({"cache_dir": "DIR", "cache_limit_bytes": "1GB"}, "cache_limit_bytes"),
+        ({"cache_limit_bytes": 10**9}, "cache_dir"),
+        ({"cache_dir": 3}, "cache_dir"),
+        ({"cache_dir": "FILE"}, "cache_dir"),
+    ],
+)
+def test_bad_cache_options_are_refused_by_name(tmp_path, options, match):
+    (tmp_path / "file").write_text("a file, not a folder")
+    given = {
+        k: str(tmp_path / "file" / "c") if v == "FILE" else str(tmp_path / "c") if v == "DIR" else v
+        for k, v in options.items()
+    }
+    with pytest.raises((ValueError, TypeError), match=match):
+        ReadOptions(**given)
+
+
+def test_a_chunk_the_server_cut_short_is_fetched_again_from_the_server_not_the_cache(tmp_path):
+    """The reader fetches once more a chunk whose bytes do not decode (a body cut short looks whole to HTTP); the
+    cache had kept the cut bytes, so the second fetch must skip it: else the chunk is called damaged, forever."""
+    root = tmp_path / "served"
+    write_store(root / "s.zarr")
+    with HttpStoreServer(root, faults={r"x/c/2/": CUT_SHORT}, fault_times=1) as cutting:
+        ds = cached_dataset(cutting, tmp_path / "cache")
+        check_epoch(ds, 0)
+        assert cutting.requests["s.zarr/x/c/2/0"] == 2  # cut short, then whole
+        cutting.requests.clear()
+        check_epoch(ds, 1)  # the whole bytes were kept
+        assert chunk_requests(cutting) == 0
+
+
+@pytest.mark.parametrize("redeal_every", [None, 2])
+def test_two_nodes_read_their_second_epoch_from_their_caches_when_shares_are_placed(served, tmp_path, redeal_every):
+    """Two nodes of one rank each, a cache each: with ``redeal_every=2`` each keeps its share, so epoch 2 asks the
+    server for nothing; dealt anew every epoch, a node reads chunks it never fetched (the reference)."""
+
+    def node_epoch(rank: int, epoch: int) -> None:
+        read = ReadOptions(cache_dir=tmp_path / f"node{rank}")
+        ds = ZarrIterableDataset(f"{served.url}/s.zarr", seed=5, read=read, redeal_every=redeal_every)
+        loader = ZarrDataLoader(ds, batch_size=BATCH, rank=rank, world_size=2)
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        wait_for_writes()
+
+    for rank in (0, 1):
+        node_epoch(rank, 0)
+    served.requests.clear()
+    for rank in (0, 1):
+        node_epoch(rank, 1)
+    second = chunk_requests(served) - 2 * 2  # less each dataset's range request for its store id (2 arrays)
+    assert second == 0 if redeal_every else second > 0, served.requests

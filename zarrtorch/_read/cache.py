@@ -1,0 +1,431 @@
+"""A node-local cache of a remote store's chunks: epochs after the first read them from local disk.
+
+Without it every epoch from a URL fetches every chunk again. With ``ReadOptions(cache_dir=...)`` each chunk's
+stored (still encoded) bytes are kept in ``cache_dir``, shared by every rank and worker of the node, and read
+from there the next time. The rules that keep it from ever serving a wrong byte:
+
+- **Atomic writes.** A chunk is written to a temporary file beside its place, then renamed there: a reader sees
+  a whole file or none, and of two processes writing the same chunk the last rename wins, with the same bytes.
+- **Verified reads.** Each file starts with a header stating the length and a BLAKE2b digest of the bytes after
+  it; a file that is short, lengthened or altered is deleted and the chunk fetched again, never served.
+- **A store id per array.** Files live under a directory named by a digest of the store's address, the
+  array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store rewritten
+  by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other metadata (a
+  new shape, chunking, codec, attributes), or another first chunk, has another id, and its old files are never
+  read. A chunk rewritten in place by other means with nothing of those changed cannot be told without a
+  request per chunk: clear the cache then (:func:`clear_cache`, or ``python -m zarrtorch cache clear DIR``).
+- **A size limit.** With ``cache_limit_bytes``, the least recently used files (by modification time, renewed
+  at each hit) are deleted before a new one is written, so the directory stays under the limit; a chunk larger
+  than the limit is not kept.
+
+Metadata documents are never cached (they are read once, when a dataset opens its store), nor byte ranges of a
+chunk not cached whole (a shard read inner chunk by inner chunk is fetched as before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import json
+import multiprocessing.util
+import os
+import shutil
+import threading
+from pathlib import Path
+from urllib.parse import quote
+
+import zarr
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.storage import WrapperStore
+
+from zarrtorch._compat.zarr import array_on_store
+
+WRITE_ID = "write_id"  # in a group's "zarrtorch" attributes (prepare_zarr): new at every write of the store
+MARKER = "ZARRTORCH_CACHE"  # a file in the cache's root: clear_cache removes nothing from a folder without it
+_MAGIC = b"ZTCACHE1"
+_DIGEST = 16  # bytes of BLAKE2b digest in a file's header
+_HEADER = len(_MAGIC) + 8 + _DIGEST
+_WRITES = itertools.count()  # temporary files' numbers in this process
+_LOCK = ".lock"  # the file writers under a limit lock, in the cache's root
+_THREADS_WRITING = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    # a lock held by a thread of the parent at the fork would be held forever in the child, which has no such thread
+    global _THREADS_WRITING
+    _THREADS_WRITING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+_METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=_DIGEST).digest()
+
+
+class ChunkCache:
+    """Files of stored chunks under ``root`` (created if missing), ``limit_bytes`` in all at most (``None``: no
+    limit). Picklable: a worker process opens the same folder."""
+
+    def __init__(self, root: str | os.PathLike, limit_bytes: int | None = None):
+        self.root = Path(root)
+        self.limit_bytes = limit_bytes
+        self._folders: set[Path] = set()  # store folders this process made or found
+
+    def __getstate__(self) -> dict:
+        return {"root": self.root, "limit_bytes": self.limit_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], state["limit_bytes"])
+
+    def __repr__(self) -> str:
+        return f"ChunkCache({str(self.root)!r}, limit_bytes={self.limit_bytes})"
+
+    def prepare(self) -> None:
+        """Create the folder and its marker, and check that files can be written and renamed there: a cache
+        that cannot be written is refused when the options are made, not ignored chunk by chunk."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        marker = self.root / MARKER
+        if not marker.exists():
+            _write_atomically(marker, b"zarrtorch chunk cache: python -m zarrtorch cache clear DIR empties it\n")
+
+    def path(self, store_id: str, key: str) -> Path:
+        """The file of ``key`` of the store ``store_id``: the key quoted whole (its slashes too), one folder per
+        store."""
+        return self.root / store_id / quote(key, safe="")
+
+    def read(self, store_id: str, key: str) -> memoryview | None:
+        """The chunk's bytes if a whole, intact file holds them; a damaged file is deleted (``None``: fetch it)."""
+        path = self.path(store_id, key)
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        body = _verified(data)
+        if body is None:
+            _remove(path)
+            return None
+        try:
+            os.utime(path)  # used now: the last to be evicted
+        except OSError:  # evicted meanwhile by another process: the bytes read are still right
+            pass
+        return body
+
+    def write(self, store_id: str, key: str, data: bytes) -> None:
+        """Keep ``data`` as the chunk's file (room made first under the limit); one too large for the limit is
+        not kept. Best effort once the folder was checked: a full disk or a file evicted by another process
+        mid-write only means the chunk is fetched again next time."""
+        size = _HEADER + len(data)
+        if self.limit_bytes is not None and size > self.limit_bytes:
+            return
+        path = self.path(store_id, key)
+        header = _MAGIC + len(data).to_bytes(8, "little") + _digest(data)
+        try:
+            if path.parent not in self._folders:  # made once per process: a system call less per chunk
+                path.parent.mkdir(exist_ok=True)
+                self._folders.add(path.parent)
+            if self.limit_bytes is None:
+                _write_atomically(path, header + data)
+                return
+            with self._writing_alone():  # room counted and filled by one writer of the node at a time
+                self.make_room(size)
+                _write_atomically(path, header + data)
+        except OSError:  # the folder removed meanwhile (a clear): made again at the next write
+            self._folders.discard(path.parent)
+
+    @contextlib.contextmanager
+    def _writing_alone(self):
+        """Hold the cache's lock file: with a limit, two writers that each found room for one chunk would
+        together overfill it. Threads of a process wait on a lock of its own first, then on the file."""
+        with _THREADS_WRITING:
+            with open(self.root / _LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def drop(self, store_id: str, key: str) -> None:
+        """Forget the chunk (its bytes did not decode: they are fetched again from the store)."""
+        _remove(self.path(store_id, key))
+
+    def files(self) -> list[tuple[float, int, Path]]:
+        """Every file of the cache as ``(modification time, size, path)`` (temporary ones too)."""
+        found = []
+        for folder in _store_folders(self.root):
+            for entry in os.scandir(folder):
+                try:
+                    info = entry.stat()
+                except FileNotFoundError:
+                    continue
+                found.append((info.st_mtime, info.st_size, Path(entry.path)))
+        return found
+
+    def make_room(self, size: int) -> None:
+        """Delete the least recently used files until ``size`` more bytes fit under the limit."""
+        files = self.files()
+        total = sum(s for _, s, _ in files)
+        for _, file_size, path in sorted(files, key=lambda f: f[0]):
+            if total + size <= self.limit_bytes:
+                break
+            _remove(path)
+            total -= file_size
+
+
+def _verified(data: bytes) -> memoryview | None:
+    """The bytes after the header (a view: not copied) when the header states their length and digest, else
+    ``None``."""
+    if len(data) < _HEADER or not data.startswith(_MAGIC):
+        return None
+    length = int.from_bytes(data[len(_MAGIC) : len(_MAGIC) + 8], "little")
+    body = memoryview(data)[_HEADER:]
+    if length != len(body) or _digest(body) != data[len(_MAGIC) + 8 : _HEADER]:
+        return None
+    return body
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """``data`` written to a temporary file beside ``path``, then renamed onto it: never seen half written. Few
+    system calls (each hands the GIL over and waits to take it back, while the reader decodes in other threads)."""
+    temporary = f"{path.parent}{os.sep}.tmp-{os.getpid()}-{threading.get_ident()}-{next(_WRITES)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException:
+        _remove(Path(temporary))
+        raise
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _store_folders(root: Path) -> list[Path]:
+    """The per-store folders of a cache (named by a store id: hexadecimal)."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    return [Path(e.path) for e in entries if e.is_dir() and _is_store_id(e.name)]
+
+
+def _is_store_id(name: str) -> bool:
+    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
+
+
+def clear_cache(cache_dir: str | os.PathLike) -> int:
+    """Empty the chunk cache at ``cache_dir`` (``ReadOptions(cache_dir=...)``); returns the bytes freed. Only a
+    folder the loader made a cache of is touched (its ``ZARRTORCH_CACHE`` file), and in it only the cache's
+    files: a mistyped path deletes nothing."""
+    root = Path(cache_dir)
+    if not root.is_dir():
+        return 0
+    if not (root / MARKER).exists():
+        raise ValueError(
+            f"{root} is not a zarrtorch chunk cache (no {MARKER} file in it): nothing was deleted. Pass the "
+            "folder given as ReadOptions(cache_dir=...)"
+        )
+    freed = sum(size for _, size, _ in ChunkCache(root).files())
+    for folder in _store_folders(root):
+        shutil.rmtree(folder, ignore_errors=True)
+    return freed
+
+
+# -- a store that reads through the cache -------------------------------------------------------------------
+READING_THREADS = 8  # threads per process reading the cache's files
+WRITING_THREADS = 1  # and writing them: more only fought the event loop and the decoding threads for the GIL
+
+_executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}  # this process's, made at their first use
+# writes handed over and not finished: (root, store id, key) -> (future, bytes), and their bytes in all
+_pending: dict[tuple[str, str, str], tuple[concurrent.futures.Future, bytes]] = {}
+_pending_bytes = [0]
+PENDING_MOST_BYTES = 256 << 20  # beyond, a fetched chunk is not kept: a slow disk does not fill the memory
+_PENDING_LOCK = threading.Lock()
+
+
+def cache_threads(role: str = "read") -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that read (``role="read"``) or write (``"write"``) the cache's files: not zarr's event loop,
+    which every request in flight shares, nor its default executor (a few threads, which the network client uses
+    too)."""
+    if role not in _executors:
+        threads = READING_THREADS if role == "read" else WRITING_THREADS
+        _executors[role] = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"zarrtorch-cache-{role}")
+        if role == "write":
+            multiprocessing.util.Finalize(None, wait_for_writes, exitpriority=10)  # a worker process ends: written
+    return _executors[role]
+
+
+def write_soon(cache: ChunkCache, store_id: str, key: str, data: bytes) -> None:
+    """Keep ``data`` in the cache in a thread of its own: a fetched chunk is handed to the reader at once, not
+    after its file is written. Until it is written, :func:`pending` serves it (the writes of a fast first epoch
+    lag behind its fetches, and a second epoch fetched them again); past :data:`PENDING_MOST_BYTES` waiting, it
+    is not kept."""
+    where = (str(cache.root), store_id, key)
+    with _PENDING_LOCK:
+        if _pending_bytes[0] + len(data) > PENDING_MOST_BYTES:
+            return
+        try:
+            future = cache_threads("write").submit(cache.write, store_id, key, data)
+        except RuntimeError:  # the interpreter is shutting down: the chunk is not kept, and fetched again next time
+            return
+        _forget_pending(where)
+        _pending[where] = (future, data)
+        _pending_bytes[0] += len(data)
+    future.add_done_callback(lambda done: _written(where, done))
+
+
+def _forget_pending(where: tuple[str, str, str]) -> None:
+    earlier = _pending.pop(where, None)
+    if earlier is not None:
+        _pending_bytes[0] -= len(earlier[1])
+
+
+def _written(where: tuple[str, str, str], future: concurrent.futures.Future) -> None:
+    with _PENDING_LOCK:
+        if _pending.get(where, (None,))[0] is future:  # not a later write of the same chunk
+            _forget_pending(where)
+
+
+def pending(cache: ChunkCache, store_id: str, key: str) -> memoryview | None:
+    """The bytes of a chunk handed to the cache and not written yet, else ``None``."""
+    with _PENDING_LOCK:
+        waiting = _pending.get((str(cache.root), store_id, key))
+    return None if waiting is None else memoryview(waiting[1])
+
+
+def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: str = "") -> None:
+    """Wait until this process's chunks handed to the cache are written (with ``cache``: that one chunk's): at the
+    end of a process (a DataLoader worker ends with ``os._exit``, which waits for no thread), before counting what
+    a cache holds, and before a chunk is dropped (its write landing after would bring it back)."""
+    with _PENDING_LOCK:
+        waiting = list(_pending.values()) if cache is None else [_pending.get((str(cache.root), store_id, key))]
+    concurrent.futures.wait([w[0] for w in waiting if w is not None])
+
+
+def _after_fork() -> None:
+    # the parent's threads do not exist in a forked child, nor its writes; its locks may be held by them
+    global _PENDING_LOCK
+    _PENDING_LOCK = threading.Lock()
+    _executors.clear()
+    _pending.clear()
+    _pending_bytes[0] = 0
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class CachingStore(WrapperStore):
+    """A read-through wrapper of a remote store: a whole object's bytes come from the cache when it holds them,
+    else from the store, then kept (:func:`write_soon`). Files are read and written in threads of their own
+    (:func:`cache_threads`)."""
+
+    def __init__(self, store, *, cache: ChunkCache, store_id: str):
+        super().__init__(store)
+        self.cache, self.store_id = cache, store_id
+
+    def _with_store(self, store):
+        return type(self)(store, cache=self.cache, store_id=self.store_id)
+
+    def __str__(self) -> str:  # messages name the store as before
+        return str(self._store)
+
+    def __repr__(self) -> str:
+        return f"CachingStore({self._store!r}, {self.cache!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CachingStore) and self.store_id == other.store_id and self._store.__eq__(other._store)
+
+    async def get(self, key: str, prototype, byte_range: ByteRequest | None = None):
+        if key.endswith(_METADATA_KEYS):
+            return await self._store.get(key, prototype, byte_range)
+        held = await asyncio.get_running_loop().run_in_executor(cache_threads(), self.held, key)
+        if held is not None:
+            return prototype.buffer.from_bytes(_cut(held, byte_range))
+        got = await self._store.get(key, prototype, byte_range)
+        if got is not None and byte_range is None:
+            write_soon(self.cache, self.store_id, key, got.to_bytes())
+        return got
+
+    def held(self, key: str) -> memoryview | None:
+        """The chunk's bytes from the cache's file, or from a write not finished yet; ``None``: fetch it."""
+        found = self.cache.read(self.store_id, key)
+        return found if found is not None else pending(self.cache, self.store_id, key)
+
+    def forget(self, key: str) -> None:
+        wait_for_writes(self.cache, self.store_id, key)
+        self.cache.drop(self.store_id, key)
+
+    def origin(self):
+        """The store read through: where a chunk the cache does not hold is fetched from."""
+        return self._store
+
+
+def _cut(data: memoryview, byte_range: ByteRequest | None) -> memoryview:
+    """``data``'s bytes that ``byte_range`` asks for, as a store answers it."""
+    if byte_range is None:
+        return data
+    if isinstance(byte_range, RangeByteRequest):
+        return data[byte_range.start : byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return data[byte_range.offset :]
+    if isinstance(byte_range, SuffixByteRequest):
+        return data[max(0, len(data) - byte_range.suffix) :]
+    raise TypeError(f"unknown byte range {byte_range!r}")
+
+
+def reads_through_cache(arr: zarr.Array) -> bool:
+    """Whether ``arr`` reads its chunks through a node's chunk cache."""
+    return isinstance(arr.store_path.store, CachingStore)
+
+
+def cached_bytes(store, key: str) -> memoryview | None:
+    """The bytes of ``key`` that the cache ``store`` reads through holds (verified), else ``None``: read here, in
+    the caller's thread, not on zarr's event loop."""
+    return store.held(key)
+
+
+def keep_cached(store, key: str, data: bytes) -> None:
+    """Keep ``data`` as ``key`` in the cache ``store`` reads through (:func:`write_soon`)."""
+    write_soon(store.cache, store.store_id, key, data)
+
+
+def uncached(store):
+    """The store a cache ``store`` reads through: what a chunk the cache does not hold is fetched from."""
+    return store.origin()
+
+
+def forget_cached(arr: zarr.Array, key: str) -> None:
+    """Drop ``key`` of ``arr`` from its cache, if it reads through one (its bytes did not decode)."""
+    store = arr.store_path.store
+    if isinstance(store, CachingStore):
+        store.forget(key)
+
+
+def store_id(arr: zarr.Array, first_bytes: bytes | None, group_attrs: dict) -> str:
+    """The folder of ``arr``'s chunks in a cache: a digest of its store's address, its path, its metadata, its
+    group's attributes and ``first_bytes`` (of its first chunk): another store, or this one rewritten, gets
+    another folder."""
+    described = (arr.metadata.to_dict(), dict(group_attrs))
+    text = repr((str(arr.store_path.store), arr.path, json.dumps(described, sort_keys=True, default=repr)))
+    return hashlib.blake2b(text.encode() + (first_bytes or b"missing"), digest_size=16).hexdigest()
+
+
+def through_cache(arr: zarr.Array, cache: ChunkCache, first_bytes: bytes | None, group_attrs: dict) -> zarr.Array:
+    """``arr`` reading its chunks through ``cache`` (``first_bytes``: of its first chunk, and ``group_attrs``: of
+    the group it was opened from, for its store id)."""
+    wrapped = CachingStore(arr.store_path.store, cache=cache, store_id=store_id(arr, first_bytes, group_attrs))
+    return array_on_store(arr, wrapped)
