@@ -42,7 +42,7 @@ def resumes(draw):
         seed=draw(st.integers(0, 5)),
         shuffle=draw(st.booleans()),
         buffer_chunks=draw(st.integers(0, 4)),
-        redeal_every=draw(st.sampled_from([0, 0, 1, 2, 3])),  # shares kept K epochs (tests/core/test_placement.py)
+        redeal_every=draw(st.sampled_from([0, 0, 1, 2, 3])),  # shares kept K epochs (tests/core/behaviour/test_placement.py)
     )
     epoch = draw(st.integers(0, 3))
     topologies = [(world, draw(st.integers(0, 3)))]
@@ -219,7 +219,7 @@ def mask_remainder(spec, epoch, history):
     without the marked rows."""
     order = chunk_order(-(-spec.rows // spec.chunk_rows), seed=spec.seed, epoch=epoch, shuffle=spec.shuffle)
     stream = np.concatenate([np.arange(c * spec.chunk_rows, min((c + 1) * spec.chunk_rows, spec.rows)) for c in order])
-    if spec.redeal_every:  # the shares placed on the first segment's ranks (tests/core/test_placement.py)
+    if spec.redeal_every:  # the shares placed on the first segment's ranks (tests/core/behaviour/test_placement.py)
         placed = spec.stream(epoch, history[0].world_size)
         stream = expand(placed.pieces(0, placed.length))
     for index, past in enumerate(history):
