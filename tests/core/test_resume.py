@@ -42,7 +42,7 @@ def resumes(draw):
         seed=draw(st.integers(0, 5)),
         shuffle=draw(st.booleans()),
         buffer_chunks=draw(st.integers(0, 4)),
-        redeal_every=draw(st.sampled_from([0, 0, 1, 2, 3])),  # shares kept K epochs (tests/core/behaviour/test_placement.py)
+        redeal_every=draw(st.sampled_from([0, 0, 1, 2, 3])),  # shares kept K epochs (test_placement.py)
     )
     epoch = draw(st.integers(0, 3))
     topologies = [(world, draw(st.integers(0, 3)))]

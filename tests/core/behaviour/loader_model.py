@@ -83,14 +83,15 @@ def chunk_stream(setup: Setup, epoch: int) -> list[int]:
 
 def placed_stream(setup: Setup, epoch: int, world: int) -> list[int]:
     """``redeal_every``: the rows of the epoch the shares were last dealt at, cut into the ranks' shares as the row
-    budget cuts them (the rows past them last), each share's pieces in an order drawn from (seed, epoch, 3, rank)."""
+    budget cuts them (the rows past them last), each share's pieces in an order drawn from
+    (seed, epoch, PLACED_PIECES, rank)."""
     base = chunk_stream(setup, epoch - epoch % setup.redeal_every)
     n = len(base)
     per_rank = n // (world * setup.batch) * setup.batch if setup.drop_last else -(-n // world)
     out: list[int] = []
     for rank in range(world):
         share = pieces(base[min(n, rank * per_rank) : min(n, (rank + 1) * per_rank)], setup.chunk_rows)
-        order = generator(setup.seed, epoch, 3, rank).permutation(len(share)) if share else []
+        order = generator(setup.seed, epoch, PLACED_PIECES, rank).permutation(len(share)) if share else []
         out += [row for k in order for row in share[k]]
     return out + base[min(n, world * per_rank) :]
 
@@ -317,6 +318,7 @@ class ModelLoader:
 
 
 MIX_ORDER = 3  # the mix order's tag, named in zarrtorch._util.random_streams
+PLACED_PIECES = 4  # the placed shares' order tag, named there too
 
 
 @dataclass(frozen=True)
