@@ -222,11 +222,12 @@ def test_a_loader_stopped_early_has_no_workers_left_when_measure_loader_returns(
     import zarrtorch as zt
 
     store = _small_store(tmp_path)
+    before = set(_live_descendants())  # a server or forkserver an earlier test of this process left running
     stats = measure_loader(
         lambda: zt.ZarrDataLoader(zt.ZarrIterableDataset(store), batch_size=4, num_workers=2), max_batches=3
     )
     assert stats["batches"] == 3 and stats["workers_seen"] == 2
-    assert _live_descendants() == []
+    assert set(_live_descendants()) <= before
 
 
 def test_paced_run_of_a_loader_it_builds_ends_its_persistent_workers(tmp_path):
@@ -240,6 +241,7 @@ def test_paced_run_of_a_loader_it_builds_ends_its_persistent_workers(tmp_path):
     def loader():
         return zt.ZarrDataLoader(zt.ZarrIterableDataset(store), batch_size=4, num_workers=2, persistent_workers=True)
 
+    before = set(_live_descendants())  # a server or forkserver an earlier test of this process left running
     run = paced_run(loader, sleeping_step, 0.0, batches=150)  # 150 batches: more than an epoch's 100
     assert run["batches"] == 150
-    assert _live_descendants() == []
+    assert set(_live_descendants()) <= before
