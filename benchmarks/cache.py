@@ -21,7 +21,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.remote import generated_store  # noqa: E402
+from benchmarks.remote import epoch_rate, generated_store  # noqa: E402
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset  # noqa: E402
 from zarrtorch._read.cache import wait_for_writes  # noqa: E402
 from zarrtorch.course import servers  # noqa: E402
@@ -42,13 +41,7 @@ def epoch_rates(source: str, read: ReadOptions, *, epochs: int, workers: int, ba
     """Rows/s of each of ``epochs`` epochs of one fresh loader."""
     ds = ZarrIterableDataset(source, seed=0, read=read)
     loader = ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0)
-    rates = []
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        start, rows = time.perf_counter(), 0
-        for batch in loader:
-            rows += len(next(iter(batch.values())))
-        rates.append(rows / (time.perf_counter() - start))
+    rates = [epoch_rate(loader, epoch) for epoch in range(epochs)]
     wait_for_writes()  # the last chunks kept in the background, before their folder is removed
     return rates
 

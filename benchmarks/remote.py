@@ -47,6 +47,15 @@ def generated_store(rows: int = 20_000, chunk_rows: int = 64) -> Path:
     return path
 
 
+def epoch_rate(loader, epoch: int) -> float:
+    """Rows/s of ``loader``'s epoch ``epoch``, from its first ``next()`` to its last batch."""
+    loader.set_epoch(epoch)
+    start, rows = time.perf_counter(), 0
+    for batch in loader:
+        rows += len(next(iter(batch.values())))
+    return rows / (time.perf_counter() - start)
+
+
 def rows_per_second(
     source: str, in_flight: int | None, *, workers: int, epochs: int, batch_size: int, threads: int, log=None
 ) -> float:
@@ -57,11 +66,7 @@ def rows_per_second(
     loader = ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers)
     rates = []
     for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        start, rows = time.perf_counter(), 0
-        for batch in loader:
-            rows += len(next(iter(batch.values())))
-        rates.append(rows / (time.perf_counter() - start))
+        rates.append(epoch_rate(loader, epoch))
         if log is not None:
             state = loader.job.epochs
             own = loader.dataset.process_state().in_flight

@@ -247,6 +247,7 @@ def test_obstore_eval_fork_part_answers_every_case(tmp_path):
         case = fork[f"{method} after a request in the parent, the store pickled to the child"]
         assert case["child"].startswith("ok") and case["parent after"].startswith("ok"), case
     assert fork["ZarrDataLoader over an obstore group, 2 workers, forkserver"]["child"].startswith("ok, 128 of 128")
+    assert fork["ZarrDataLoader over an obstore group, 2 workers, fork"]["child"].startswith("refused at construction")
 
 
 def test_head_of_line_model_hands_every_piece_out_in_order():
