@@ -283,10 +283,9 @@ DDP_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
-    script = tmp_path / "ddp_fit.py"
-    script.write_text(DDP_SCRIPT)
+def run_script(script, store, tmp_path) -> None:
+    """Run a script that starts its own two DDP ranks, outside any launcher this test process may run under (its
+    rank and Slurm variables would make Lightning join that job instead)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID"):
         env.pop(key, None)
@@ -299,6 +298,13 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(DDP_SCRIPT)
+    run_script(script, store, tmp_path)
     assert (tmp_path / "done-fit-0").exists() and (tmp_path / "done-fit-1").exists()
     record = json.loads((tmp_path / "rows.json").read_text())
     assert record["world_size"] == 2
@@ -376,18 +382,7 @@ def test_validation_under_ddp_counts_each_row_once(tmp_path):
     store = make_store(tmp_path / "v.zarr", rows=9 * CHUNK + 15)
     script = tmp_path / "validate.py"
     script.write_text(VAL_SCRIPT)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, str(script), str(store), str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_script(script, store, tmp_path)
     got = json.loads((tmp_path / "val.json").read_text())
     assert got["val_rows"] == 15
     group = zarr.open_group(str(store), mode="r")
