@@ -229,3 +229,22 @@ def test_a_worker_forked_while_another_thread_computes_a_plans_pieces_does_not_d
     finally:
         release.set()
         computing.join()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_chunk_is_an_error_naming_it_whatever_reads_it(tmp_path, workers):
+    """The pieces of ``batch_order="rank"`` are decoded in the workers and assembled in the training process: a chunk
+    cut short and with a flipped byte still ends the epoch at once with a ChunkReadError naming its key, never a
+    batch built around it or a training process waiting for a piece that will not come."""
+    from zarrtorch import ChunkReadError
+
+    path = tmp_path / "s.zarr"
+    prepare_zarr({"x": np.random.default_rng(0).normal(size=(300, 64)).astype(np.float32)}, path, chunk_rows=16)
+    chunk = path / "x" / "c" / "13" / "0"
+    damaged = bytearray(chunk.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(damaged[:-7]))
+    dl = ZarrDataLoader(ZarrIterableDataset(path, seed=3), batch_size=8, num_workers=workers, batch_order="rank")
+    with pytest.raises(ChunkReadError, match="x/c/13/0"):
+        for _ in dl:
+            pass
