@@ -406,7 +406,8 @@ def read_text(path: Path) -> str:
 
 def data_problem(folder: Path) -> str | None:
     """Why ``folder`` is not a complete generated dataset that lessons can only read, or None."""
-    needed = (course_module("synthetic").MARKER, "archive.zarr", "train.zarr")
+    marker = course_module("synthetic").MARKER  # era5_like's marker has the same name (its module imports torch)
+    needed = (marker, "archive.zarr", "train.zarr", f"era5_like/{marker}")
     missing = [name for name in needed if not (folder / name).exists()]
     if missing:
         return (

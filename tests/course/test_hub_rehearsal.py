@@ -119,7 +119,23 @@ def test_incomplete_shared_data_is_refused_with_the_command_that_makes_it(tmp_pa
     folder = tmp_path / "small"
     (folder / "train.zarr").mkdir(parents=True)
     said = hub.data_problem(folder)
-    assert "not complete (no .complete, archive.zarr)" in said and "make-data --size small" in said
+    assert "not complete (no .complete, archive.zarr, era5_like/.complete)" in said and "make-data --size small" in said
+
+
+def test_shared_data_without_lesson_08s_files_is_incomplete_as_make_data_writes_them(tmp_path):
+    """Lesson 08 once wrote its ERA5-like files into the shared data on first use: on a hub that folder is
+    read-only, and in CI the lesson changed data/tiny while this file's real run compared it before and after.
+    make-data writes them now, and the rehearsal asks for them under the marker make-data leaves."""
+    from zarrtorch.course import era5_like
+
+    folder = tmp_path / "tiny"
+    for name in ("archive.zarr", "train.zarr", "era5_like"):
+        (folder / name).mkdir(parents=True)
+    (folder / ".complete").write_text("{}")
+    said = hub.data_problem(folder)
+    assert f"not complete (no era5_like/{era5_like.MARKER})" in said and "make-data --size tiny" in said
+    (folder / "era5_like" / era5_like.MARKER).write_text("{}")
+    assert hub.data_problem(folder) is None
 
 
 def test_the_data_check_finds_a_file_added_removed_or_rewritten(tmp_path):

@@ -256,3 +256,24 @@ def test_write_archive_numpy_backed_input(tmp_path):
     path = write_archive(ds, tmp_path / "np.zarr", progress=False)
     assert zarr.open_group(str(path), mode="r")["fields"].chunks == (12, 1, 8, 16)
     xr.testing.assert_identical(xr.open_zarr(path).compute(), ds)
+
+
+def test_make_data_writes_every_file_a_lesson_reads_so_lessons_only_read_the_data(tmp_path, monkeypatch):
+    """Lesson 08 once generated its ERA5-like files on first use, inside the shared data folder: read-only on a
+    hub, and changed under the readers of data/tiny while CI's hub rehearsal compared it before and after. The
+    named sizes' make-data writes those files too; what the lessons then call writes nothing."""
+    from zarrtorch.course import era5_like
+
+    monkeypatch.setenv("ZARRTORCH_DATA_DIR", str(tmp_path))
+    paths = make_data("tiny", progress=False)
+    assert paths["era5_like"] == tmp_path / "tiny" / "era5_like" == era5_like.era5_like_dir("tiny")
+    assert (paths["era5_like"] / era5_like.MARKER).exists()
+
+    def files():
+        return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")}
+
+    before = files()
+    assert len([p for p in before if p.suffix == ".nc"]) == era5_like.PRESETS["tiny"].years + 1
+    synthetic.ensure_data("tiny")
+    era5_like.ensure_era5_like("tiny")
+    assert files() == before

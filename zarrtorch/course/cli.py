@@ -14,7 +14,8 @@ def make_data_command(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m zarrtorch make-data",
         description="Generate the course's synthetic geoscience dataset (no download): an archive-layout "
-        "Zarr store and a training store chunked along time only, under data/<size>/.",
+        "Zarr store, a training store chunked along time only and lesson 08's ERA5-like netCDF files, under "
+        "data/<size>/ (every file a lesson reads: the lessons only read this folder).",
     )
     p.add_argument("--size", choices=SIZES, default=None, help="dataset size (default: $ZARRTORCH_SIZE or small)")
     p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")

@@ -487,12 +487,18 @@ def make_data(
     progress: bool = True,
     root=None,
 ) -> dict[str, Path]:
-    """Generate ``archive.zarr`` (archive layout) and ``train.zarr`` (chunked along time only).
+    """Generate ``archive.zarr`` (archive layout) and ``train.zarr`` (chunked along time only), and for a named
+    size also lesson 08's ERA5-like netCDF files in ``<folder>/era5_like`` (:mod:`zarrtorch.course.era5_like`).
+
+    Every file a lesson reads is written here, before any lesson runs: on a hub the shared data is read-only, and
+    a lesson that generated its input on first use would fail there (or, beside other readers, change the folder
+    while they read it).
 
     ``size``: ``tiny`` | ``small`` | ``workshop`` (default ``$ZARRTORCH_SIZE`` or ``small``), or a :class:`Preset`.
     ``root``: the folder to write into (default ``zarrtorch.course.paths.data_dir(size)``). Work is skipped when the
-    marker file ``<folder>/.complete`` (written last) records the same size, seed and preset, unless
-    ``overwrite``. Returns ``{"archive": path, "train": path}``.
+    marker files ``<folder>/.complete`` and ``<folder>/era5_like/.complete`` (each written last) record the same
+    size, seed and preset, unless ``overwrite``. Returns ``{"archive": path, "train": path}``, plus
+    ``"era5_like": folder`` for a named size.
     """
     import xarray as xr
 
@@ -504,6 +510,10 @@ def make_data(
     marker = folder / MARKER
     wanted = {"size": name, "seed": seed, "preset": asdict(preset), "format": DATA_FORMAT}
     result = {"archive": archive, "train": train}
+    if name != "custom":
+        from zarrtorch.course.era5_like import make_era5_like
+
+        result["era5_like"] = make_era5_like(name, seed=seed, overwrite=overwrite, root=folder / "era5_like")["folder"]
     if not overwrite and marker.exists() and archive.exists() and train.exists():
         try:
             found = json.loads(marker.read_text())
