@@ -224,9 +224,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=str(ROOT / "data" / "bench"))
     p.add_argument(
         "--layouts",
-        choices=["auto", "yes", "no"],
+        choices=["auto", "yes", "no", "only"],
         default="auto",
-        help="zarrtorch and zarr-beluga on the layouts beluga reads (auto: when zarr-beluga is among the loaders)",
+        help="zarrtorch and zarr-beluga on the layouts beluga reads (auto: when zarr-beluga is among the loaders; "
+        "only: that part alone, merged into the JSON beside --md, or --out, keeping the rest)",
     )
     p.add_argument("--layout-cap", type=float, default=20, help="layouts: seconds after which an epoch is cut")
     p.add_argument(
@@ -278,6 +279,8 @@ def main() -> None:
     a = parse_args()
     if a.uneven == "only":
         return main_uneven_only(a)
+    if a.layouts == "only":
+        return main_layouts_only(a)
     t0 = time.perf_counter()
     from store import ensure_peer_store
 
@@ -300,10 +303,7 @@ def main() -> None:
         if a.layouts == "yes" or (a.layouts == "auto" and beluga_wanted):
             results["layouts"] = run_layouts(store, a, log)
     results["wall_s"] = time.perf_counter() - t0
-    results["machine"] = (
-        f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
-    )
-    results["date"] = datetime.datetime.now().isoformat(timespec="minutes")
+    results |= machine_and_date()
     Path(a.out).write_text(json.dumps(results, indent=1))
     text = table.markdown(results)
     if results.get("layouts"):
@@ -342,6 +342,36 @@ def main_uneven_only(a) -> None:
         uneven = results[table.uneven_key(method)]
         print(f"\n{method}:\n{table.uneven_markdown(uneven)}\n{uneven['wall_s']:.0f} s")
     print(f"JSON: {path}")
+
+
+def machine_and_date() -> dict:
+    """Where and when a run was made: the page prints both beside its figures."""
+    machine = f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}"
+    return {"machine": machine, "date": datetime.datetime.now().isoformat(timespec="minutes")}
+
+
+def main_layouts_only(a) -> None:
+    """``--layouts only``: the layouts part alone (zarrtorch and zarr-beluga on beluga's layouts), put under
+    ``layouts`` in the JSON beside ``--md`` (else ``--out``) with its own machine, date, epoch cap and wall time
+    (the page says them, as they are not the main run's); the main run and the uneven passes are kept."""
+    from store import ensure_peer_store
+
+    path = Path(a.md).with_suffix(".json") if a.md else Path(a.out)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    t0 = time.perf_counter()
+    store = ensure_peer_store(a.data_dir, a.rows, a.chunk_rows)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with Path(a.out).with_suffix(".layouts.log").open("w") as log:
+        layouts = run_layouts(store, a, log)
+    layouts |= machine_and_date() | {"layout_cap": a.layout_cap, "wall_s": time.perf_counter() - t0}
+    results["layouts"] = layouts
+    for target in {path, Path(a.out)}:
+        target.write_text(json.dumps(results, indent=1))
+    text = table.layouts_markdown(layouts)
+    if a.md and Path(a.md).exists():  # the page keeps the main run's table; its layouts table is replaced
+        kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0].split(UNEVEN_HEADING)[0]
+        Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + uneven_sections(results) + "\n")
+    print(f"{text}\n{layouts['wall_s']:.0f} s; JSON: {path}")
 
 
 UNEVEN_HEADING = "## Guarantees on the uneven store"

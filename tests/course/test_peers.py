@@ -419,6 +419,45 @@ def test_uneven_only_merges_its_pass_into_the_committed_json_and_page_keeping_th
     assert json.loads((tmp_path / "out" / "peers.json").read_text()) == results
 
 
+def test_layouts_only_replaces_the_layouts_part_keeping_the_main_table_and_the_uneven_passes(
+    tmp_path, monkeypatch, run_py
+):
+    """``--layouts only`` reruns zarrtorch and zarr-beluga on beluga's layouts (the part of the half-hour run that
+    changes when the reader does) and merges it into the committed JSON and page: the main table and the uneven
+    sections stay, the old layouts table goes, and the part carries its own date, machine and epoch cap, which
+    docs/peers.md prints. The runs themselves are replaced by one record here (they take many minutes)."""
+    run = run_py
+    fresh = {"stores": {}, "described": {}, "window_frames": 6, "window_batch": 32, "row_batch": 64}
+    epochs = [{"rows": 64, "rows_per_s": 1000.0 * k, "seconds": 1.0} for k in (1, 2)]
+    fresh["runs"] = [{"store": "frame", "frames": 6, "loader": "zarrtorch", "setting": "", "batch": 32, "workers": 0}]
+    fresh["runs"][0]["result"] = {"epochs": epochs}
+    monkeypatch.setattr(run, "run_layouts", lambda store, a, log: dict(fresh))
+    monkeypatch.setattr(
+        importlib.import_module("store"), "ensure_peer_store", lambda *a: {"rows": 40, "path": "unused"}
+    )
+    spawned = {"store": {"rows": 40, "chunk_rows": 16}, "settings": {"start_method": "spawn", "batch_size": 8}}
+    spawned |= {"date": "2026-01-01T00:00", "wall_s": 1.0, "peers": []}
+    committed = {"peers": [{"name": "timed"}], "layouts": {"runs": ["old"]}, "uneven_spawn": spawned}
+    (tmp_path / "peers.json").write_text(json.dumps(committed))
+    old_table = "| " + " | ".join(run.table.LAYOUT_HEAD) + " |\n| old layouts row |\n"
+    (tmp_path / "peers.md").write_text(f"# the main table\n\n| timed |\n\n{old_table}\n{run.UNEVEN_HEADING}, x\n")
+    argv = ["run.py", "--layouts", "only", "--layout-cap", "7", "--md", str(tmp_path / "peers.md")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "out" / "peers.json")])
+    run.main()
+    results = json.loads((tmp_path / "peers.json").read_text())
+    assert results["peers"] == committed["peers"] and results["uneven_spawn"] == spawned
+    layouts = results["layouts"]
+    assert layouts["runs"] == fresh["runs"] and layouts["layout_cap"] == 7 and layouts["date"] and layouts["machine"]
+    page = (tmp_path / "peers.md").read_text()
+    assert page.startswith("# the main table\n\n| timed |\n\n") and "old layouts row" not in page
+    assert "| frame | window of 6 | zarrtorch | 0 | 1,000 | 2,000 |" in page
+    assert page.index("| frame | window of 6") < page.index(f"{run.UNEVEN_HEADING}, workers started by spawn")
+    from zarrtorch.course import peers_table
+
+    said = " ".join(peers_table._page_layouts(results | {"store": {"rows": 40}}).split())
+    assert f"This part was run on its own, on {layouts['date']}" in said and "Epochs longer than 7 s are cut" in said
+
+
 def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tmp_path, run_py):
     """Issue 45: the uneven pass's store must be one that can catch a loader dealing unequal shares: by default
     2,150 rows in chunks of 128 (16 full chunks and one of 102 rows: 17 chunks over 2 ranks x 2 workers, 1,075

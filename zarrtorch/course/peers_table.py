@@ -770,6 +770,12 @@ def layout_summary(results: dict) -> list[dict]:
     return out
 
 
+def _layout_cap(results: dict) -> float:
+    """Seconds after which a layouts epoch was cut: the layouts run's own setting, else the main run's."""
+    layouts = results.get("layouts") or {}
+    return layouts.get("layout_cap") or (results.get("settings") or {}).get("layout_cap", 30)
+
+
 def _page_layouts(results: dict) -> str:
     layouts = results.get("layouts")
     if not layouts:
@@ -791,8 +797,11 @@ def _page_layouts(results: dict) -> str:
     reader), and also with its samples one by one (no batches: what a GPU loop uploads one at a time and stacks
     on the device, as beluga's `WindowLoader` does). The peers' store is read as it is through a metadata-only
     view (`benchmarks/peers/beluga_layouts.py`, `write_view`: beluga needs other dimension names), its 128-row
-    chunks untouched. Epochs longer than {results["settings"].get("layout_cap", 30):.0f} s are cut and their
-    rate is that of the part read."""
+    chunks untouched. Epochs longer than {_layout_cap(results):.0f} s are cut and their rate is that of the part
+    read."""
+    if layouts.get("date"):  # run on its own (`run.py --layouts only`), later than the table above
+        intro += f""" This part was run on its own, on {layouts["date"]} ({layouts["machine"]}), in
+        {layouts["wall_s"]:.0f} s."""
     remote = layouts.get("remote") or {}
     if remote:
         intro += f""" Then the same stores over HTTP (`zarrtorch.course.servers.HttpStoreProcess`: aiohttp in a process
