@@ -20,7 +20,7 @@ import numpy as np
 import zarr
 from torch.utils.data import IterableDataset
 
-from zarrtorch._read.cache import through_cache
+from zarrtorch._read.cache import check_limit_holds_a_chunk, through_cache
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
 from zarrtorch._read.listing import check_listed, written_whole
@@ -164,10 +164,14 @@ class ZarrIterableDataset(IterableDataset):
         if cache is None:
             return self.arrays
         attrs = source.attrs.asdict() if isinstance(source, zarr.Group) else {}
-        cached = {
-            n: a if is_local(a) else through_cache(a, cache, first_bytes(a, FINGERPRINT_BYTES, read.retry), attrs)
-            for n, a in self.arrays.items()
-        }
+        cached = {}
+        for n, a in self.arrays.items():
+            if is_local(a):
+                cached[n] = a
+                continue
+            head = first_bytes(a, FINGERPRINT_BYTES, read.retry)
+            check_limit_holds_a_chunk(cache, n, head)
+            cached[n] = through_cache(a, cache, head, attrs)
         return Arrays(cached, self.arrays.secrets)
 
     def _check_batch_keys(self) -> None:
