@@ -20,9 +20,10 @@ import numpy as np
 import zarr
 from torch.utils.data import IterableDataset
 
-from zarrtorch._read.cache import through_cache
+from zarrtorch._read.cache import check_limit_holds_a_chunk, reads_through_cache, through_cache
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
+from zarrtorch._read.fetch import with_retries, within
 from zarrtorch._read.listing import check_listed, written_whole
 from zarrtorch._read.source import Arrays, for_this_process, is_local, open_arrays, open_source, secrets_of, store_label
 from zarrtorch._read.static import check_static, static_array
@@ -149,6 +150,7 @@ class ZarrIterableDataset(IterableDataset):
                 self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self.arrays.secrets
             )
         self.arrays = self._through_cache(read, source)
+        self._cached_group = _group_read_through_cache(source, self.arrays)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
         self.redeal_every = redeal_every
@@ -164,11 +166,33 @@ class ZarrIterableDataset(IterableDataset):
         if cache is None:
             return self.arrays
         attrs = source.attrs.asdict() if isinstance(source, zarr.Group) else {}
-        cached = {
-            n: a if is_local(a) else through_cache(a, cache, first_bytes(a, FINGERPRINT_BYTES, read.retry), attrs)
-            for n, a in self.arrays.items()
-        }
+        cached = {}
+        for n, a in self.arrays.items():
+            if is_local(a):
+                cached[n] = a
+                continue
+            head = first_bytes(a, FINGERPRINT_BYTES, read.retry)
+            check_limit_holds_a_chunk(cache, n, head)
+            cached[n] = through_cache(a, cache, head, attrs)
         return Arrays(cached, self.arrays.secrets)
+
+    def check_store_unchanged(self) -> None:
+        """Refuse an epoch of a store rewritten since this dataset opened it, when it reads through the node's chunk
+        cache: the cache would serve the old store's chunks where it holds them and the new store's elsewhere, and
+        the plan is of the old store. Told by the group's attributes (``prepare_zarr`` writes a new write id at every
+        write): one metadata request per epoch, no chunk's."""
+        if self._cached_group is None:
+            return
+        path, opened_with = self._cached_group
+        arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
+        cached = next(a for a in arrays.values() if reads_through_cache(a))
+        if group_attributes(cached.store_path.store, path, self.read.retry) != opened_with:
+            raise ValueError(
+                f"the store {store_label(cached, self.arrays.secrets)} was rewritten since this dataset opened it "
+                "(its group's attributes, prepare_zarr's write id among them, changed): the node's chunk cache holds "
+                "the old store's chunks and this dataset's plan is of the old store. Make a new ZarrIterableDataset "
+                "(and loader) to read it"
+            )
 
     def _check_batch_keys(self) -> None:
         """Refuse arrays whose batch key another one takes: an array named ``index`` or ``padding`` (the loader's
@@ -407,6 +431,25 @@ class ZarrIterableDataset(IterableDataset):
 
     def __len__(self) -> int:
         raise TypeError(THROUGH_THE_LOADER)
+
+
+def _group_read_through_cache(source, arrays: Arrays) -> tuple[str, dict] | None:
+    """The path and attributes of the group ``source`` when its arrays read through a chunk cache (their store id
+    holds the attributes), to tell at each epoch whether the store was rewritten since; else ``None``."""
+    if not isinstance(source, zarr.Group) or not any(reads_through_cache(a) for a in arrays.values()):
+        return None
+    return source.path, source.attrs.asdict()
+
+
+def group_attributes(store, path: str, policy) -> dict:
+    """The attributes of the group at ``path`` of ``store``, read from the store now (a request, with the
+    deadline and retries of ``policy``)."""
+
+    async def read() -> dict:
+        group = await zarr.api.asynchronous.open_group(store=store, path=path, mode="r")
+        return dict(group.attrs)
+
+    return with_retries(lambda: within(read(), policy.timeout_s), policy)
 
 
 def _redeal_every(value, shuffle: bool, keep_in_memory: bool) -> int:

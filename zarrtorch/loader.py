@@ -355,6 +355,7 @@ class ZarrDataLoader(DataLoader):
             self._stop_work_ahead, stop = None, self._stop_work_ahead
             stop()
         rank, world = self.topology()
+        self.data.check_store_unchanged()
         position = self.position
         history, skip = position.start_point(world, self.job.plan_workers)
         try:

@@ -429,3 +429,18 @@ def through_cache(arr: zarr.Array, cache: ChunkCache, first_bytes: bytes | None,
     the group it was opened from, for its store id)."""
     wrapped = CachingStore(arr.store_path.store, cache=cache, store_id=store_id(arr, first_bytes, group_attrs))
     return array_on_store(arr, wrapped)
+
+
+def check_limit_holds_a_chunk(cache: ChunkCache, name: str, first_bytes: bytes | None) -> None:
+    """Refuse a ``cache_limit_bytes`` smaller than array ``name``'s first chunk (``first_bytes``: as much of it as
+    the range read at opening got, so at least its size) with its header: the cache would keep none of its chunks
+    (a chunk larger than the limit is not kept), and every epoch would fetch each one again, silently."""
+    if cache.limit_bytes is None or first_bytes is None:
+        return
+    least = _HEADER + len(first_bytes)
+    if cache.limit_bytes < least:
+        raise ValueError(
+            f"cache_limit_bytes={cache.limit_bytes} cannot hold one chunk of array {name!r}: its first one takes at "
+            f"least {least:,} bytes in the cache, so no chunk would be kept and every epoch would fetch each one "
+            "again. The limit is in bytes (200 * 2**30 is 200 GiB): give room for many chunks, or leave it out"
+        )
