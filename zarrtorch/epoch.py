@@ -132,7 +132,8 @@ def _dealt_reads(epoch: Share, worker: int, workers: int) -> Iterator[dict[str, 
     pieces = _window_pieces(epoch) if epoch.job.data.windows is not None else _row_pieces(epoch)
     mine = dealt(pieces, worker, workers)
     reader = _reader(epoch.job, epoch.local, worker)
-    return (sent(piece, data) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
+    writer = epoch.job.ring.writer(worker) if epoch.job.ring is not None else None
+    return (sent(piece, data, writer) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
 
 
 def _batches(share: Share, writer) -> Iterator:
@@ -255,7 +256,7 @@ def _dealt_reader(epoch: Share) -> DealtPieces:
     """The training process's stand-in reader over the pieces its workers send (``batch_order="rank"``)."""
     local = epoch.local
     rows_reader = partial(_reader, epoch.job, local, 0)
-    return DealtPieces(epoch.received, local.arrays, epoch.job.data.store_chunk_rows, rows_reader)
+    return DealtPieces(epoch.received, local.arrays, epoch.job.data.store_chunk_rows, rows_reader, epoch.job.ring)
 
 
 def _gather_windows(epoch: Share, out) -> Iterator[Batch]:
