@@ -3,7 +3,8 @@
 With ``batch_order="rank"`` a rank's batches come from one stream, the plan's single worker, whatever the number
 of DataLoader workers: so the batches cannot depend on it. The workers only read and decode that stream's pieces:
 worker ``w`` of ``W`` reads pieces ``w, w + W, w + 2W, ...`` (:func:`dealt`), and sends each one as one DataLoader
-item. DataLoader hands its workers' items back in turn (``in_order=True``), worker 0 first, skipping a worker
+item, its rows written into a slot of a ring reused every epoch (:func:`piece_ring`) and only the slot's number
+sent. DataLoader hands its workers' items back in turn (``in_order=True``), worker 0 first, skipping a worker
 once it has ended; the workers' counts differ by at most one, the lower workers holding the extra ones, so the
 items come back as pieces 0, 1, 2, ... The training process's shuffle buffer and batches take them from
 :class:`DealtPieces`, which stands in for the reader there, and checks that each piece is the one expected.
