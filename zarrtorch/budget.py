@@ -206,9 +206,11 @@ def loader_memory(loader) -> MemoryBudget | MixMemory:
 
 def dealt_memory(loader) -> MemoryBudget:
     """:func:`loader_memory` with ``batch_order="rank"`` and workers: each worker holds the pieces it reads ahead
-    and the one it copies into shared memory to send (no buffer, no batch); the main process holds the shuffle
+    and the one it copies into shared memory to send (no buffer, no batch); the ring of piece slots they send
+    through (:func:`zarrtorch._workers.dealt.piece_ring`), allocated once; the main process holds the shuffle
     buffer (or the chunks held for windows), the pieces the workers sent ahead (``prefetch_factor`` each, waiting
-    in DataLoader's queue or its reorder buffer) and the one it takes rows from, and the batches it formed."""
+    in DataLoader's queue or its reorder buffer: counted again outside the ring, for those a worker sends through
+    the queue when it finds every slot held) and the one it takes rows from, and the batches it formed."""
     job = loader.job
     ds, workers, plan = job.data, job.num_workers, job.read_plan
     piece_bytes = (ds.store_chunk_rows if ds.windows is not None else ds.chunk_rows) * ds.row_bytes
@@ -218,7 +220,7 @@ def dealt_memory(loader) -> MemoryBudget:
     return MemoryBudget(
         readers=workers,
         per_reader=(plan.chunks_ahead + 1) * piece_bytes,
-        ring=0,
+        ring=job.ring.nbytes if job.ring is not None else 0,
         batches=batches,
         batch_bytes=job.spec.batch_size * (ds.batch_row_bytes + 8),
         read_buffers=workers * fetched_bytes(ds.arrays, plan.threads) + fetched_bytes(ds.arrays, 1),

@@ -129,10 +129,32 @@ def _rank_share(job, local: ProcessState, view: EpochView) -> Share:
 def _dealt_reads(epoch: Share, worker: int, workers: int) -> Iterator[dict[str, torch.Tensor]]:
     """What DataLoader worker ``worker`` of ``workers`` sends with ``batch_order="rank"``: its turn of the pieces
     the rank's stream reads (:func:`zarrtorch._workers.dealt.dealt`), each decoded and sent as one item."""
+    job, local = epoch.job, epoch.local
+    mine = _dealt_pieces(epoch, worker, workers)
+    early, local.early = local.early, None  # taken by this epoch's reader where they match, else dropped
+    reader = _reader(job, local, worker, early=early, first=mine)
+    if reads_early(local.arrays, cache=False, lives_on=job.persistent):
+        # the reader is passed when called, not held: a reader holding itself would outlive its loader
+        reader.after_last = partial(_read_next_dealt_early, epoch, worker, workers)
+    writer = job.ring.writer(worker) if job.ring is not None else None
+    return (sent(piece, data, writer) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
+
+
+def _dealt_pieces(epoch: Share, worker: int, workers: int) -> np.ndarray:
+    """DataLoader worker ``worker``'s turn of the pieces the rank's stream reads in ``epoch``."""
     pieces = _window_pieces(epoch) if epoch.job.data.windows is not None else _row_pieces(epoch)
-    mine = dealt(pieces, worker, workers)
-    reader = _reader(epoch.job, epoch.local, worker)
-    return (sent(piece, data) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
+    return dealt(pieces, worker, workers)
+
+
+def _read_next_dealt_early(epoch: Share, worker: int, workers: int, reader: PieceReader, submit) -> EarlyReads:
+    """Start worker ``worker``'s first reads of the next epoch as this one ends, as a worker of the default order
+    does (:func:`_read_next_epoch_early`): its turn of the pieces of the next epoch started afresh on the same
+    ranks. Only a guess: the next epoch takes the reads that match its pieces and drops the others."""
+    view = epoch.view
+    following = _rank_share(epoch.job, epoch.local, EpochView(view.epoch + 1, 0, view.rank, view.world_size))
+    pieces = _dealt_pieces(following, worker, workers)
+    epoch.local.early = EarlyReads(submit, reader.read_piece, pieces, reader.prefetch)
+    return epoch.local.early
 
 
 def _batches(share: Share, writer) -> Iterator:
@@ -255,7 +277,7 @@ def _dealt_reader(epoch: Share) -> DealtPieces:
     """The training process's stand-in reader over the pieces its workers send (``batch_order="rank"``)."""
     local = epoch.local
     rows_reader = partial(_reader, epoch.job, local, 0)
-    return DealtPieces(epoch.received, local.arrays, epoch.job.data.store_chunk_rows, rows_reader)
+    return DealtPieces(epoch.received, local.arrays, epoch.job.data.store_chunk_rows, rows_reader, epoch.job.ring)
 
 
 def _gather_windows(epoch: Share, out) -> Iterator[Batch]:

@@ -32,9 +32,10 @@ class EpochJob:
     ``data``: the :class:`~zarrtorch.ZarrIterableDataset`; ``spec``: what fixes the batches; ``num_workers`` and
     ``persistent``: the DataLoader's workers; ``transform_in_consumer``: the dataset's transform runs in the
     training process's thread, not here; ``read_plan``: how a process reads; ``ring``: the batch slots shared with
-    the workers (``None``: batches travel through DataLoader's queue); ``epochs``: where the loader publishes each
-    epoch's view (:class:`~zarrtorch._workers.shared.EpochState`); ``batch_order``: ``"worker"``, each worker forms
-    its own batches, or ``"rank"``, the rank's batches are those of one stream whatever the workers."""
+    the workers, or with ``batch_order="rank"`` their piece slots (``None``: through DataLoader's queue);
+    ``epochs``: where the loader publishes each epoch's view (:class:`~zarrtorch._workers.shared.EpochState`);
+    ``batch_order``: ``"worker"``, each worker forms its own batches, or ``"rank"``, the rank's batches are those of
+    one stream whatever the workers."""
 
     data: object
     spec: EpochSpec

@@ -42,6 +42,7 @@ from zarrtorch._util.process import (
     frozen_objects,
     process_state,
 )
+from zarrtorch._workers.dealt import piece_ring
 from zarrtorch._workers.ring import make_ring, pin_copy
 from zarrtorch._workers.shared import EpochState, EpochView
 from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
@@ -238,8 +239,12 @@ class ZarrDataLoader(DataLoader):
             persistent=bool(kwargs.get("persistent_workers")),
             transform_in_consumer=in_consumer,
             read_plan=ReadPlan.of(dataset, num_workers),
-            # allocated by iter(); none where the batches are formed in this process
-            ring=make_ring(dataset, batch_size, 0 if deals_pieces else num_workers, prefetch, work_ahead, transport),
+            # allocated by iter(); with batch_order="rank" it carries the workers' pieces
+            ring=(
+                piece_ring(dataset, num_workers, prefetch, transport)
+                if deals_pieces
+                else make_ring(dataset, batch_size, num_workers, prefetch, work_ahead, transport)
+            ),
             epochs=EpochState(),
             batch_order=batch_order,
         )

@@ -3,7 +3,8 @@
 With ``batch_order="rank"`` a rank's batches come from one stream, the plan's single worker, whatever the number
 of DataLoader workers: so the batches cannot depend on it. The workers only read and decode that stream's pieces:
 worker ``w`` of ``W`` reads pieces ``w, w + W, w + 2W, ...`` (:func:`dealt`), and sends each one as one DataLoader
-item. DataLoader hands its workers' items back in turn (``in_order=True``), worker 0 first, skipping a worker
+item, its rows written into a slot of a ring reused every epoch (:func:`piece_ring`) and only the slot's number
+sent. DataLoader hands its workers' items back in turn (``in_order=True``), worker 0 first, skipping a worker
 once it has ended; the workers' counts differ by at most one, the lower workers holding the extra ones, so the
 items come back as pieces 0, 1, 2, ... The training process's shuffle buffer and batches take them from
 :class:`DealtPieces`, which stands in for the reader there, and checks that each piece is the one expected.
@@ -18,8 +19,9 @@ import numpy as np
 import torch
 
 from zarrtorch._util.sizes import native
+from zarrtorch._workers.ring import REF, BatchRing, RingShape, RingWriter
 
-PIECE = "_zarrtorch_piece"  # the key of a sent piece's [start, stop) store rows
+PIECE = "_zarrtorch_piece"  # the key of a sent piece's [start, stop) store rows (with REF: its slot)
 
 
 def dealt(pieces: np.ndarray, worker: int, workers: int) -> np.ndarray:
@@ -27,11 +29,37 @@ def dealt(pieces: np.ndarray, worker: int, workers: int) -> np.ndarray:
     return pieces[worker::workers]
 
 
-def sent(piece: np.ndarray, data: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """A piece as a worker sends it: its rows, and each array copied into shared memory now. The reader's arrays
-    come from its pools and are reused once the next piece is read, and a DataLoader worker pickles what it sends
-    in a thread of its queue, later: a copy made there could already hold the next piece."""
-    out = {PIECE: torch.tensor([int(piece[0]), int(piece[1])], dtype=torch.int64)}
+def piece_ring(data, num_workers: int, prefetch_factor: int, transport: str | None) -> BatchRing | None:
+    """The ring of piece slots the workers send their pieces through (``None``: with ``transport="queue"``, each
+    piece travels in a new shared-memory segment of DataLoader's queue). A slot holds a chunk's rows of every
+    array; a worker has :func:`piece_slots` of them, allocated once and reused every epoch."""
+    if transport == "queue" or num_workers == 0:
+        return None
+    rows = max(data.chunk_rows, data.store_chunk_rows)
+    columns = tuple((name, shape, str(dtype)) for name, (shape, dtype) in data.columns.items())
+    return BatchRing(RingShape(num_workers, piece_slots(prefetch_factor), rows, columns))
+
+
+def piece_slots(prefetch_factor: int) -> int:
+    """Slots per worker so that a worker seldom finds none free: the ``prefetch_factor`` pieces DataLoader lets it
+    have in flight (the one being written included), the one the training process copies rows from and the one
+    it received before (freed as the next arrives), and one spare. A worker that finds none free sends the piece
+    through the queue instead: it never waits and never writes into a slot still held."""
+    return prefetch_factor + 3
+
+
+def sent(piece: np.ndarray, data: dict[str, np.ndarray], writer: RingWriter | None) -> dict:
+    """A piece as a worker sends it: its rows, and its arrays copied into a free slot of ``writer``'s ring (then
+    only the slot's number travels), or into new shared memory (no ring, or no slot free). Copied now either way:
+    the reader's arrays come from its pools and are reused once the next piece is read, and a DataLoader worker
+    pickles what it sends in a thread of its queue, later: a copy made there could already hold the next piece."""
+    out: dict = {PIECE: [int(piece[0]), int(piece[1])]}  # plain ints: pickled by value, no segment of their own
+    slot = writer.out(int(piece[1]) - int(piece[0])) if writer is not None else None
+    if slot is not None:
+        for name, array in data.items():
+            slot[name][...] = array
+        out[REF] = writer.reference
+        return out
     for name, array in data.items():
         array = np.asarray(array, dtype=native(array.dtype))
         shared = torch.empty(array.shape, dtype=torch.from_numpy(array[:0]).dtype).share_memory_()
@@ -53,15 +81,25 @@ class DealtPieces:
     :class:`~zarrtorch._read.reader.PieceReader` for :func:`zarrtorch.stream.stream_batches` and
     :func:`zarrtorch.window_stream.stream_windows`): its pieces are those ``received`` from the workers, in
     order. ``arrays`` and ``chunk_rows``: the store's; ``rows_reader()``: a reader of this process, made only for
-    the rows a resumed shuffle buffer holds (:meth:`read_rows`)."""
+    the rows a resumed shuffle buffer holds (:meth:`read_rows`); ``ring``: the piece slots the workers write
+    into (:func:`piece_ring`), each held from its piece's arrival until nothing references its rows any more (the
+    buffer or the batch has copied them)."""
 
     cache = None
     early = None
     started_early = None
     pieces_per_read = 1
 
-    def __init__(self, received: Iterator[dict], arrays: dict, chunk_rows: int, rows_reader: Callable):
+    def __init__(
+        self,
+        received: Iterator[dict],
+        arrays: dict,
+        chunk_rows: int,
+        rows_reader: Callable,
+        ring: BatchRing | None = None,
+    ):
         self.received = received
+        self.ring = ring
         self.arrays = arrays
         self.chunk_rows = chunk_rows
         self.in_flight = NothingAhead()
@@ -88,13 +126,28 @@ class DealtPieces:
                 f"zarrtorch internal error: the workers sent no piece for rows {start}:{stop} and ended (batch_order="
                 "'rank'); no batch was formed without it. Please report it with the loader's settings"
             ) from None
-        rows = got.pop(PIECE).tolist()
+        rows = got.pop(PIECE)
         if rows != [start, stop]:
             raise RuntimeError(
                 f"zarrtorch internal error: a worker sent rows {rows[0]}:{rows[1]} where rows {start}:{stop} come "
                 "next (batch_order='rank'); no batch was formed from them. Please report it with the loader's settings"
             )
+        ref = got.pop(REF, None)
+        if ref is not None:
+            return self._slot(ref, start, stop)
         return {name: tensor.numpy() for name, tensor in got.items()}
+
+    def _slot(self, ref: list[int], start: int, stop: int) -> dict[str, np.ndarray]:
+        """The rows ``[start, stop)`` a worker wrote into the ring slot ``ref`` (worker, slot, rows), held until
+        the last view of them is freed."""
+        worker, slot, rows = ref
+        if self.ring is None or rows != stop - start:
+            raise RuntimeError(
+                f"zarrtorch internal error: a worker sent rows {start}:{stop} in ring slot {slot} of worker {worker} "
+                f"({rows} rows), which this process cannot take (batch_order='rank'); no batch was formed from them. "
+                "Please report it with the loader's settings"
+            )
+        return self.ring.held(worker, slot, rows, self.ring.data)
 
     def read_piece(self, start: int, stop: int, into: dict | None = None, **_) -> dict[str, np.ndarray]:
         """The piece just received (rows ``[start, stop)``), copied into ``into`` when given."""
@@ -113,7 +166,7 @@ class DealtPieces:
 def ended(received: Iterator[dict]) -> None:
     """Check that the workers sent nothing past the pieces taken, draining DataLoader's iterator to its end."""
     for extra in received:
-        rows = extra[PIECE].tolist()
+        rows = extra[PIECE]
         raise RuntimeError(
             f"zarrtorch internal error: a worker sent rows {rows[0]}:{rows[1]} after the epoch's last piece "
             "(batch_order='rank'). Please report it with the loader's settings"

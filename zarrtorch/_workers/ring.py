@@ -118,12 +118,15 @@ class BatchRing:
             out = copy({name: self.data[name][worker, slot, :rows] for name in names})
             self.busy[worker, slot] = FREE
             return out
+        return {name: torch.from_numpy(array) for name, array in self.held(worker, slot, rows, names).items()}
+
+    def held(self, worker: int, slot: int, rows: int, names) -> dict[str, np.ndarray]:
+        """The first ``rows`` rows of a slot's ``names`` columns, as arrays that hold it: the slot becomes free
+        for its worker again only once the last of them (and every view of them) is freed."""
         states = self.busy.numpy()
         states[worker, slot] = HELD
         lease = Lease(partial(states.__setitem__, (worker, slot), FREE))  # one for the whole batch
-        return {
-            name: torch.from_numpy(leased_view(self.data[name].numpy()[worker, slot, :rows], lease)) for name in names
-        }
+        return {name: leased_view(self.data[name].numpy()[worker, slot, :rows], lease) for name in names}
 
     def start_epoch(self) -> None:
         """Before an epoch's workers start (or resume): batches written and never received become free."""
@@ -140,6 +143,9 @@ class RingWriter:
         self._last: tuple[int, int] | None = None
 
     def out(self, rows: int) -> dict[str, np.ndarray] | None:
+        if rows > self.ring.shape.batch_size:  # more rows than a slot holds: through the queue
+            self._last = None
+            return None
         slot = self.ring.claim(self.worker, self.generation)
         self._last = None if slot is None else (slot, rows)
         return None if slot is None else self.ring.slot_arrays(self.worker, slot, rows)
@@ -160,8 +166,13 @@ class RingWriter:
         shared-memory segment and a file descriptor of its own); the batch itself otherwise."""
         if self._last is None:
             return to_torch(batch)
+        return {REF: self.reference}
+
+    @property
+    def reference(self) -> list[int]:
+        """``[worker, slot, rows]`` of the last batch (when :attr:`in_slot`): what the main process finds it by."""
         slot, rows = self._last
-        return {REF: [int(self.worker), int(slot), int(rows)]}
+        return [int(self.worker), int(slot), int(rows)]
 
 
 SHM = "/dev/shm"
@@ -178,7 +189,8 @@ def shm_free_bytes(path: str = SHM) -> int | None:
 
 def shm_message(need: int, why: str) -> str:
     return (
-        f"the batch ring of this ZarrDataLoader needs {need / 2**20:.0f} MiB of shared memory in {SHM}, and "
+        f"the ring of shared-memory slots of this ZarrDataLoader needs {need / 2**20:.0f} MiB of shared memory in "
+        f"{SHM}, and "
         f"{why}. Pass transport='queue' (DataLoader's own way: one segment per batch in flight), use fewer "
         "workers or a smaller batch, or give the container more shared memory (docker run --shm-size=2g; "
         "Kubernetes: an emptyDir with medium Memory mounted on /dev/shm)"

@@ -248,3 +248,97 @@ def test_a_damaged_chunk_is_an_error_naming_it_whatever_reads_it(tmp_path, worke
     with pytest.raises(ChunkReadError, match="x/c/13/0"):
         for _ in dl:
             pass
+
+
+@pytest.mark.parametrize(
+    ("workers", "prefetch", "persistent"), [(1, 1, False), (2, 1, True), (3, 2, True)], ids=["1w", "2w-kept", "3w-kept"]
+)
+def test_pieces_through_the_reused_slots_give_the_zero_worker_batches_every_epoch(
+    store, monkeypatch, workers, prefetch, persistent
+):
+    """The workers' pieces travel through a ring of shared-memory slots reused every epoch: over several epochs,
+    with few slots per worker (``prefetch_factor`` 1) that the pieces cycle many times, the batches are row for
+    row those of no worker (a slot written again before its rows were copied would give a wrong batch)."""
+    from zarrtorch._workers.dealt import DealtPieces
+
+    in_slots = []
+    through_slot = DealtPieces._slot
+    monkeypatch.setattr(DealtPieces, "_slot", lambda self, *a: in_slots.append(a) or through_slot(self, *a))
+    ds = dataset(store)
+    plain = loader(ds, 0)
+    ringed = loader(ds, workers, prefetch_factor=prefetch, persistent_workers=persistent)
+    for epoch in range(3):
+        assert digest(epoch_batches(ringed, epoch)) == digest(epoch_batches(plain, epoch))
+    assert len(in_slots) > 2 * 21  # most of the 21 pieces of each epoch came through a slot
+
+
+def test_a_worker_killed_mid_epoch_ends_it_with_an_error_naming_it(store):
+    """A worker killed while the training process assembles from its pieces (some in slots, some on their way)
+    ends the epoch with an error naming its pid, never a hang (the loader's timeout bounds any wait: a hang would
+    be a timeout error, not this one), and the next epoch gives the 0-worker batches again."""
+    import os
+    import signal
+
+    ds = dataset(store)
+    dl = loader(ds, 2, timeout=60, work_ahead=0)
+    dl.set_epoch(0)
+    it = iter(dl)
+    next(it)
+    victim = it.workers[1].pid
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=rf"DataLoader worker \(pid\(?s?\)? ?{victim}\)?.*(killed|exited)"):
+        for _ in it:
+            pass
+    del it
+    assert digest(epoch_batches(dl, 1)) == digest(epoch_batches(loader(ds, 0), 1))
+
+
+def test_a_batch_spanning_more_pieces_than_the_ring_has_slots_is_still_the_zero_worker_one(tmp_path):
+    """Unshuffled rows go straight from the pieces into a batch: a batch of 2-row chunks takes rows from more pieces
+    than a worker has slots, all held until the batch is formed, while the workers write on (their next pieces go
+    through the queue, never into a slot still held)."""
+    path = tmp_path / "small_chunks.zarr"
+    prepare_zarr({"y": 10 * np.arange(90, dtype=np.int64) + 3}, path, chunk_rows=2, progress=False)
+    ds = ZarrIterableDataset(path, shuffle=False, return_index=True)
+    runs = []
+    for workers in (0, 2):
+        extra = {"prefetch_factor": 1, "multiprocessing_context": "fork"} if workers else {}
+        dl = ZarrDataLoader(ds, batch_size=24, num_workers=workers, batch_order="rank", **extra)
+        runs.append([b["y"].numpy().copy() for epoch in (0, 1) for b in (dl.set_epoch(epoch) or dl)])
+    assert digest(runs[1]) == digest(runs[0])
+    np.testing.assert_array_equal(np.concatenate(runs[0]), np.tile(10 * np.arange(90) + 3, 2))
+
+
+def test_persistent_workers_read_the_next_epochs_first_pieces_as_an_epoch_ends(store, monkeypatch):
+    """As in the default order, a persistent worker starts reading its turn of the next epoch's pieces once it
+    has read its last one of this epoch (the next epoch found them read or under way: before, it started cold,
+    0.42x the default order's rate in a second epoch); the batches stay those of no worker."""
+    import multiprocessing
+
+    import zarrtorch.epoch
+    from zarrtorch import ReadOptions
+    from zarrtorch._read.early import EarlyReads
+
+    taken = multiprocessing.get_context("fork").Value("i", 0)  # early reads the workers' next epochs took
+    started = getattr(zarrtorch.epoch, "_read_next_dealt_early", None)
+    take_leading = EarlyReads.take_leading
+
+    def mark(*args):  # reads started as an epoch ends, not those an epoch starts for itself
+        early = started(*args)
+        early.by_last_epoch = True
+        return early
+
+    def counted(self, pieces):
+        reads = take_leading(self, pieces)
+        if getattr(self, "by_last_epoch", False):
+            with taken.get_lock():
+                taken.value += len(reads)
+        return reads
+
+    monkeypatch.setattr(zarrtorch.epoch, "_read_next_dealt_early", mark, raising=False)
+    monkeypatch.setattr(EarlyReads, "take_leading", counted)
+    ds = ZarrIterableDataset(store, seed=5, buffer_chunks=2, return_index=True, read=ReadOptions(decode_threads=2))
+    kept = loader(ds, 2, persistent_workers=True)
+    for epoch in range(3):
+        assert digest(epoch_batches(kept, epoch)) == digest(epoch_batches(loader(ds, 0), epoch))
+    assert taken.value > 0
