@@ -460,7 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         default="error",
         help="what the job reads a chunk with no stored object as: ReadOptions(missing_chunks=...)",
     )
-    p.add_argument("--allow-shards", action="store_true", help="a sharded store: ReadOptions(allow_shards=True)")
     p.add_argument(
         "--batch-order",
         choices=("worker", "rank"),
@@ -494,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             state=load_state(a.state) if a.state else None,
             ranks_per_node=a.ranks_per_node,
             node_memory_gib=a.node_memory_gib,
-            read=ReadOptions(missing_chunks=a.missing_chunks, allow_shards=a.allow_shards),
+            read=ReadOptions(missing_chunks=a.missing_chunks),
             windows=Windows(history=a.windows[0], lead=a.windows[1], stride=a.windows[2]) if a.windows else None,
             batch_order=a.batch_order,
         )

@@ -47,18 +47,17 @@ def test_zero_rows():
         check_first_axis_layout({"x": arr((0, 3), (10, 3))})
 
 
-def test_sharded_needs_allow_shards():
+def test_a_sharded_array_is_read_by_whole_shards_with_no_setting():
+    """The shard is the unit (issue 43: refused unless a setting asked for it); the refusals that keep rows
+    paired stay, each naming the fix."""
     sharded = {"x": arr((100, 4), (5, 4), shards=(20, 4)), "y": arr((100,), (5,), shards=(20,))}
-    with pytest.raises(LayoutError) as err:
-        check_first_axis_layout(sharded)
-    msg = str(err.value)
-    assert "array 'x' is sharded" in msg and "allow_shards=True" in msg and "prepare_zarr" in msg
-    layout = check_first_axis_layout(sharded, allow_shards=True)
-    assert layout == FirstAxisLayout(rows=100, chunk_rows=20, sharded=True)  # the shard is the unit
-    with pytest.raises(LayoutError, match="axis 1"):  # shards along another axis
-        check_first_axis_layout({"x": arr((100, 4), (5, 2), shards=(20, 2))}, allow_shards=True)
-    with pytest.raises(LayoutError, match="differ in sharding"):
-        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (20,))}, allow_shards=True)
+    assert check_first_axis_layout(sharded) == FirstAxisLayout(rows=100, chunk_rows=20, sharded=True)
+    with pytest.raises(LayoutError, match="axis 1.*shards.*prepare_zarr"):  # shards along another axis
+        check_first_axis_layout({"x": arr((100, 4), (5, 2), shards=(20, 2))})
+    with pytest.raises(LayoutError, match="differ in sharding: shard all arrays the same way or none"):
+        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (20,))})
+    with pytest.raises(LayoutError, match="'x' uses 20 rows per chunk, 'y' uses 40"):  # shards of other lengths
+        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (5,), shards=(40,))})
 
 
 def test_not_arrays():
