@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import zarr
+from zarr.codecs import ShardingCodec
 
 from zarrtorch._util.sizes import ceil_div
 
@@ -36,14 +37,27 @@ class FirstAxisLayout:
         return ceil_div(self.rows, self.chunk_rows)
 
 
-def _read_unit(arr: zarr.Array) -> tuple[tuple[int, ...], bool]:
+def _read_unit(name: str, arr: zarr.Array) -> tuple[tuple[int, ...], bool]:
     """The block the loader reads at once: the chunk, or for a sharded array the whole shard, which is then
     also the unit distributed to ranks and workers and shuffled (a shard is one object in the store: reading
     it whole is one request, and splitting it between processes would read it more than once)."""
     shards = getattr(arr, "shards", None)
     if shards is None:
+        _refuse_shards_compressed_again(name, arr)
         return tuple(arr.chunks), False
     return tuple(shards), True
+
+
+def _refuse_shards_compressed_again(name: str, arr: zarr.Array) -> None:
+    """A sharding codec followed by other codecs hides each shard's index inside bytes compressed again: a shard
+    can then be read only whole, and an inner chunk left out of it could not be told from its fill values."""
+    codecs = getattr(arr.metadata, "codecs", ())
+    if any(isinstance(c, ShardingCodec) for c in codecs):
+        after = " + ".join(type(c).__name__ for c in codecs[1:])
+        raise LayoutError(
+            f"array {name!r} compresses each shard again as a whole (a sharding codec followed by {after}): "
+            "the loader cannot check its shards' inner chunks; " + FIX_HINT + " (with shard_chunks=N for shards)"
+        )
 
 
 def check_first_axis_layout(arrays: Mapping[str, zarr.Array]) -> FirstAxisLayout:
@@ -59,7 +73,7 @@ def check_first_axis_layout(arrays: Mapping[str, zarr.Array]) -> FirstAxisLayout
             )
         if arr.ndim == 0:
             raise LayoutError(f"array {name!r} is a scalar (shape ()): samples need at least one axis")
-        unit, sharded = _read_unit(arr)
+        unit, sharded = _read_unit(name, arr)
         for axis in range(1, arr.ndim):
             if unit[axis] != arr.shape[axis]:
                 what = "shards" if sharded else "chunks"

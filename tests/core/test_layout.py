@@ -60,6 +60,24 @@ def test_a_sharded_array_is_read_by_whole_shards_with_no_setting():
         check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (5,), shards=(40,))})
 
 
+def test_shards_compressed_again_whole_are_refused_naming_the_fix(tmp_path):
+    """A sharding codec followed by another codec (zarr's ``shards`` is then None): its shard index lies inside
+    the compressed bytes, so the loader could not tell an absent inner chunk from fill values. It made the read
+    path raise a TypeError (``read_path_text``) before sharded stores were read by default (issue 43)."""
+    from zarrtorch._read.fastpath import read_path_text
+
+    codecs = {"serializer": zarr.codecs.ShardingCodec(chunk_shape=(4, 3)), "compressors": zarr.codecs.ZstdCodec()}
+    packed = zarr.create_array(str(tmp_path / "a.zarr"), shape=(16, 3), chunks=(8, 3), dtype="i4", **codecs)
+    assert packed.shards is None
+    assert read_path_text(packed) == (
+        "zarr's path: a sharding codec followed by Zstd (a shard compressed again whole) not read directly"
+    )
+    with pytest.raises(LayoutError) as err:
+        check_first_axis_layout({"x": packed})
+    msg = str(err.value)
+    assert "array 'x' compresses each shard again as a whole" in msg and "prepare_zarr" in msg
+
+
 def test_not_arrays():
     with pytest.raises(LayoutError, match="no arrays"):
         check_first_axis_layout({})

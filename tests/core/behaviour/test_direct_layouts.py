@@ -159,6 +159,9 @@ def test_the_read_path_says_the_layout(tmp_path, options, said):
     assert direct_decoder(arr) is not None
 
 
+NESTED_SHARDS = zarr.codecs.ShardingCodec(chunk_shape=(4, 3), codecs=[zarr.codecs.ShardingCodec(chunk_shape=(2, 3))])
+
+
 @pytest.mark.parametrize(
     ("options", "said"),
     [
@@ -179,9 +182,15 @@ def test_the_read_path_says_the_layout(tmp_path, options, said):
             "zarr's path: inner chunks (2, 1) split a shard (8, 3) along another axis than the first: not read "
             "directly",
         ),
+        (
+            {"serializer": NESTED_SHARDS, "compressors": None},
+            "zarr's path: nested shards (inner chunks sharded again) not read directly",
+        ),
     ],
 )
 def test_other_layouts_go_through_zarr_saying_why(tmp_path, options, said):
+    """Each layout the direct decoder does not read is read through zarr's codecs, equal to zarr's values, with
+    the reason said; nested shards too (read by default since issue 43, the outer shard the unit)."""
     options = {"chunks": (8, 3), "dtype": "i4", **options}
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=(16, 3), **options)
     arr[...] = np.arange(48, dtype="i4").reshape(16, 3)
