@@ -264,7 +264,8 @@ def read_unit_text(ds) -> str:
         return f"the chunk: {rows} rows, {size}"
     inner = int(next(iter(ds.arrays.values())).chunks[0])
     return (
-        f"the shard: {rows} rows, {ceil_div(rows, inner)} inner chunks of {inner} rows, {size}; each read brings "
+        f"the shard: {rows} rows, {ceil_div(rows, inner)} inner chunks of {inner} row{'s' * (inner != 1)}, {size}; "
+        "each read brings "
         "a whole shard, the shuffle mixes whole shards (not inner chunks), loader memory counts a shard per unit held"
     )
 
