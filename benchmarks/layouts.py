@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 import zarr  # noqa: E402
 
-from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset  # noqa: E402
+from zarrtorch import ZarrDataLoader, ZarrIterableDataset  # noqa: E402
 from zarrtorch._read.chunks import chunk_key  # noqa: E402
 from zarrtorch._read.fastpath import read_path_text, stored_decoder  # noqa: E402
 
@@ -191,10 +191,9 @@ def epoch_rate(loader: ZarrDataLoader, epoch: int, through_zarr: bool, before=No
 
 
 def a_loader(arrays: dict[str, zarr.Array], batch_size: int = BATCH, workers: int = 0) -> ZarrDataLoader:
-    """ZarrDataLoader with default settings, shuffled (a sharded store: ``allow_shards=True``), ``workers``
-    persistent workers."""
-    shards = any(arr.shards is not None for arr in arrays.values())
-    ds = ZarrIterableDataset(arrays, read=ReadOptions(allow_shards=shards), seed=0)
+    """ZarrDataLoader with default settings, shuffled (a sharded store by whole shards), ``workers`` persistent
+    workers."""
+    ds = ZarrIterableDataset(arrays, seed=0)
     persistent = {"persistent_workers": True} if workers else {}
     return ZarrDataLoader(ds, batch_size=batch_size, num_workers=workers, **persistent)
 

@@ -687,7 +687,7 @@ def object_storage_facts() -> dict:
     of 4 chunks (the tiny data, served on 127.0.0.1 and counted by the server)."""
     import xarray as xr
 
-    from zarrtorch import ReadOptions, ReadPlan, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+    from zarrtorch import ReadPlan, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
     from zarrtorch.course import paths
     from zarrtorch.course.servers import HttpStoreServer
 
@@ -700,14 +700,12 @@ def object_storage_facts() -> dict:
         prepare_zarr(
             source, sharded, variables=["fields", "target"], chunk_rows=chunk_rows, shard_chunks=4, progress=False
         )
-        for name, folder, key, shards in (
-            ("chunks", store.parent, store.name, False),
-            ("shards", tmp, sharded.name, True),
+        for name, folder, key in (
+            ("chunks", store.parent, store.name),
+            ("shards", tmp, sharded.name),
         ):
             with HttpStoreServer(folder) as server:
-                ds = ZarrIterableDataset(
-                    f"{server.url}/{key}", variables=["fields", "target"], read=ReadOptions(allow_shards=shards)
-                )
+                ds = ZarrIterableDataset(f"{server.url}/{key}", variables=["fields", "target"])
                 if name == "chunks":
                     plan = ReadPlan.of(ds, 0, decode_threads=2)
                     v |= {

@@ -22,6 +22,7 @@ import numpy as np
 
 from zarrtorch._read.fastpath import read_path_text
 from zarrtorch._read.listing import missing_chunks, shown
+from zarrtorch._util.sizes import ceil_div
 from zarrtorch.budget import memory_limit_lines
 from zarrtorch.options import MISSING_CHUNKS, ReadOptions
 from zarrtorch.plan import Segment, Topology
@@ -56,6 +57,7 @@ class AuditReport:
     missing_chunks_read_as: str = "error"  # ReadOptions(missing_chunks=...): "error" stops the loader at the first
     read_paths: dict[str, str] = field(default_factory=dict)  # array -> how its chunks are decoded (and why)
     batch_order: str = "worker"  # ZarrDataLoader(batch_order=...): "rank", the batches are those of 0 workers
+    read_unit: str = ""  # what is read, distributed and shuffled at once, the chunk or the shard (read_unit_text)
 
     @property
     def loader_bytes_per_node(self) -> int:
@@ -90,6 +92,7 @@ class AuditReport:
             f"{self.order_correlation:.2f}",
         ]
         lines += self._memory_lines()
+        lines += [f"  read unit            {self.read_unit}"] if self.read_unit else []
         lines += [f"  read path            {name!r}: {path}" for name, path in self.read_paths.items()]
         lines += self._missing_lines()
         lines.append("  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above")
@@ -246,7 +249,32 @@ def audit(
         missing_chunks_read_as=read.missing_chunks,
         read_paths={name: read_path_text(arr) for name, arr in ds.arrays.items()},
         batch_order=batch_order,
+        read_unit=read_unit_text(ds),
     )
+
+
+def read_unit_text(ds) -> str:
+    """The block ``ds`` reads, distributes and shuffles at once, and what it costs. A sharded store is read by
+    whole shards: its user chose inner chunks, but each read brings a whole shard, the shuffle mixes shards, and
+    the memory held (``loader_memory``) is counted in shards, which the report says so that nobody tunes the
+    inner chunks for what the shards decide."""
+    rows = ds.store_chunk_rows
+    size = f"{size_text(rows * ds.row_bytes)} decoded"
+    if not ds.layout.sharded:
+        return f"the chunk: {rows} rows, {size}"
+    inner = int(next(iter(ds.arrays.values())).chunks[0])
+    return (
+        f"the shard: {rows} rows, {ceil_div(rows, inner)} inner chunks of {inner} row{'s' * (inner != 1)}, {size}; "
+        "each read brings "
+        "a whole shard, the shuffle mixes whole shards (not inner chunks), loader memory counts a shard per unit held"
+    )
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes, KiB or MiB, whichever reads best: a unit's size whether its rows are a few numbers or whole fields."""
+    if nbytes < 2**10:
+        return f"{nbytes} bytes"
+    return f"{nbytes / 2**10:,.0f} KiB" if nbytes < 2**20 else f"{nbytes / 2**20:,.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -460,7 +488,6 @@ def main(argv: list[str] | None = None) -> int:
         default="error",
         help="what the job reads a chunk with no stored object as: ReadOptions(missing_chunks=...)",
     )
-    p.add_argument("--allow-shards", action="store_true", help="a sharded store: ReadOptions(allow_shards=True)")
     p.add_argument(
         "--batch-order",
         choices=("worker", "rank"),
@@ -494,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             state=load_state(a.state) if a.state else None,
             ranks_per_node=a.ranks_per_node,
             node_memory_gib=a.node_memory_gib,
-            read=ReadOptions(missing_chunks=a.missing_chunks, allow_shards=a.allow_shards),
+            read=ReadOptions(missing_chunks=a.missing_chunks),
             windows=Windows(history=a.windows[0], lead=a.windows[1], stride=a.windows[2]) if a.windows else None,
             batch_order=a.batch_order,
         )

@@ -133,7 +133,7 @@ class ZarrIterableDataset(IterableDataset):
         if windows is not None and windows.static:
             self.static = self._static_arrays(source, windows.static, read)
         check_tensor_dtypes({**self.arrays, **self.static}, chosen=variables is not None)
-        self.layout = check_first_axis_layout(self.arrays, allow_shards=read.allow_shards)
+        self.layout = check_first_axis_layout(self.arrays)
         self.packings = packings(self.arrays, read.decode_cf, read.cf_dtype)
         self.stack = check_stack(stack, self.decoded_columns)
         self.row_offset = 0  # rows: the row window's first row; windows: the period's first row

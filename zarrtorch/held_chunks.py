@@ -3,9 +3,10 @@
 A window batch copies every step of every window from the chunk that holds it: with one time step per chunk
 and windows of six steps, 192 copies of one step for a batch of 32, each a Python call holding the GIL that
 the reading threads need between their decodes. Holding the chunks in slots of one array per store array
-turns a batch into one gather per array (``torch.index_select``: a single call that releases the GIL and
-copies rows with ``memcpy``). The reading threads decode each chunk straight into a free slot: a copy of it in
-the consumer's thread would release and retake the GIL once more per chunk, and each time the consumer waits
+turns a batch into one gather per array (``numpy.take`` of rows as bytes: a single call that releases the GIL
+and copies each row with ``memcpy``, in the calling thread only, so that no intra-op threads compete with the
+reading threads for the cores). The reading threads decode each chunk straight into a free slot: a copy of it
+in the consumer's thread would release and retake the GIL once more per chunk, and each time the consumer waits
 for a reading thread to let go of it (measured in ``benchmarks/README.md``). Slots freed by a dropped chunk are
 reused first, so the pages touched stay those of the most chunks held and read at once.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
 Columns = dict[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -38,7 +38,7 @@ class HeldChunks:
             self.data = make(rows, columns)
         self._free = list(range(self.slots - 1, -1, -1))  # a stack (atomic pop/append): the lowest slots first
         self._slot: dict[int, int] = {}
-        self._bytes = {n: _as_bytes(a) for n, a in self.data.items()}  # rows as bytes, for index_select
+        self._bytes = {n: _as_bytes(a) for n, a in self.data.items()}  # rows as bytes, for the gather
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -99,19 +99,24 @@ class HeldChunks:
         return slots[inverse.reshape(-1)] * cr + (store_rows - chunk * cr)
 
     def gather(self, name: str, rows: np.ndarray, out: np.ndarray) -> None:
-        """``out`` (rows x steps of windows) ``= data[name][rows]``: one ``index_select`` of bytes where ``out``
-        has the held dtype and is contiguous, else a numpy gather (which converts another dtype: CF-packed
-        columns are gathered as stored, then decoded, :mod:`zarrtorch._read.columns`)."""
+        """``out`` (rows x steps of windows) ``= data[name][rows]``: one ``take`` of bytes where ``out`` has the
+        held dtype and is contiguous, else a numpy gather (which converts another dtype: CF-packed columns are
+        gathered as stored, then decoded, :mod:`zarrtorch._read.columns`)."""
         source = self._bytes[name]
         if source is None or out.dtype != self.data[name].dtype or not out.flags.c_contiguous or len(rows) == 0:
             out[...] = self.data[name][rows].reshape(out.shape)
             return
-        target = torch.from_numpy(out.reshape(len(rows), -1).view(np.uint8))
-        torch.index_select(source, 0, torch.from_numpy(rows), out=target)
+        if rows.min() < 0 or rows.max() >= len(source):  # mode="clip" below would repeat an edge row silently
+            raise RuntimeError(
+                f"zarrtorch internal error: a window batch needs rows {rows.min()}..{rows.max()} of {len(source)} "
+                "held; nothing was returned. Please report it with the loader's settings"
+            )
+        # mode="clip": "raise" would gather into a temporary and copy it into ``out`` (twice the memory traffic)
+        np.take(source, rows, axis=0, out=out.reshape(len(rows), -1).view(np.uint8), mode="clip")
 
 
-def _as_bytes(array: np.ndarray) -> torch.Tensor | None:
-    """``array``'s rows as a 2-D uint8 tensor sharing its memory, or ``None`` where rows hold no bytes."""
+def _as_bytes(array: np.ndarray) -> np.ndarray | None:
+    """``array``'s rows as a 2-D uint8 array sharing its memory, or ``None`` where rows hold no bytes."""
     if array.ndim == 0 or array.dtype.itemsize * int(np.prod(array.shape[1:])) == 0 or not array.flags.c_contiguous:
         return None
-    return torch.from_numpy(array.reshape(array.shape[0], -1).view(np.uint8))
+    return array.reshape(array.shape[0], -1).view(np.uint8)

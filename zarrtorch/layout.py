@@ -1,8 +1,9 @@
 """Check that a set of Zarr arrays can be streamed row by row: one first-axis layout shared by all.
 
-The loader distributes whole chunks, so every array must be chunked along the first axis only, and all
-arrays must have the same number of rows and the same chunk length (otherwise chunk ``i`` of one array
-holds other rows than chunk ``i`` of another, and samples would be paired with the wrong targets).
+The loader distributes whole chunks (whole shards, for a sharded Zarr v3 array), so every array must be
+chunked (sharded) along the first axis only, and all arrays must have the same number of rows and the same
+chunk length (otherwise chunk ``i`` of one array holds other rows than chunk ``i`` of another, and samples
+would be paired with the wrong targets).
 ``prepare_zarr`` writes stores that pass; the loader runs the same check before reading anything.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import zarr
+from zarr.codecs import ShardingCodec
 
 from zarrtorch._util.sizes import ceil_div
 
@@ -35,23 +37,30 @@ class FirstAxisLayout:
         return ceil_div(self.rows, self.chunk_rows)
 
 
-def _read_unit(name: str, arr: zarr.Array, allow_shards: bool) -> tuple[tuple[int, ...], bool]:
-    """The block the loader reads at once: the chunk, or the shard for sharded arrays."""
+def _read_unit(name: str, arr: zarr.Array) -> tuple[tuple[int, ...], bool]:
+    """The block the loader reads at once: the chunk, or for a sharded array the whole shard, which is then
+    also the unit distributed to ranks and workers and shuffled (a shard is one object in the store: reading
+    it whole is one request, and splitting it between processes would read it more than once)."""
     shards = getattr(arr, "shards", None)
     if shards is None:
+        _refuse_shards_compressed_again(name, arr)
         return tuple(arr.chunks), False
-    if not allow_shards:
-        raise LayoutError(
-            f"array {name!r} is sharded (shards {tuple(shards)}, inner chunks {tuple(arr.chunks)}). "
-            "zarrtorch can distribute whole shards: pass allow_shards=True to make the shard the unit of "
-            "reading and distribution (shuffling then mixes shards, not inner chunks), or "
-            + FIX_HINT
-            + " without sharding."
-        )
     return tuple(shards), True
 
 
-def check_first_axis_layout(arrays: Mapping[str, zarr.Array], *, allow_shards: bool = False) -> FirstAxisLayout:
+def _refuse_shards_compressed_again(name: str, arr: zarr.Array) -> None:
+    """A sharding codec followed by other codecs hides each shard's index inside bytes compressed again: a shard
+    can then be read only whole, and an inner chunk left out of it could not be told from its fill values."""
+    codecs = getattr(arr.metadata, "codecs", ())
+    if any(isinstance(c, ShardingCodec) for c in codecs):
+        after = " + ".join(type(c).__name__ for c in codecs[1:])
+        raise LayoutError(
+            f"array {name!r} compresses each shard again as a whole (a sharding codec followed by {after}): "
+            "the loader cannot check its shards' inner chunks; " + FIX_HINT + " (with shard_chunks=N for shards)"
+        )
+
+
+def check_first_axis_layout(arrays: Mapping[str, zarr.Array]) -> FirstAxisLayout:
     """Return the shared layout of ``arrays`` or raise :class:`LayoutError` saying what is wrong and how to fix it."""
     if not arrays:
         raise LayoutError("no arrays to load: give at least one array name (or a group that holds arrays)")
@@ -64,7 +73,7 @@ def check_first_axis_layout(arrays: Mapping[str, zarr.Array], *, allow_shards: b
             )
         if arr.ndim == 0:
             raise LayoutError(f"array {name!r} is a scalar (shape ()): samples need at least one axis")
-        unit, sharded = _read_unit(name, arr, allow_shards)
+        unit, sharded = _read_unit(name, arr)
         for axis in range(1, arr.ndim):
             if unit[axis] != arr.shape[axis]:
                 what = "shards" if sharded else "chunks"

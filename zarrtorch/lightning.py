@@ -241,7 +241,7 @@ class ZarrDataModule(L.LightningDataModule):
         arrays = open_arrays(self.store, self.variables, storage_options=read.storage_options, retry=read.retry)
         static = windows.static if windows is not None else ()
         arrays = {n: a for n, a in arrays.items() if n not in static}  # the datasets take them out too
-        layout = check_first_axis_layout(arrays, allow_shards=read.allow_shards)
+        layout = check_first_axis_layout(arrays)
         halo = windows.span - 1 if windows is not None else 0
         self.split_plan = plan_split(
             period_rows(layout.rows, layout.chunk_rows, rows), layout.chunk_rows, self.val_fraction, halo

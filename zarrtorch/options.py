@@ -37,7 +37,6 @@ class ReadOptions:
             construction where the store can list its keys); ``"fill"`` reads the array's fill value, as zarr
             does, for a store written with zarr's default ``write_empty_chunks=False``, which stores no chunk
             equal to the fill value everywhere. Stores written by ``prepare_zarr`` hold every chunk.
-        allow_shards: accept sharded arrays, the shard being the unit of reading and distribution.
         decode_cf: decode CF-packed arrays (``scale_factor``, ``add_offset``, ``_FillValue``, ``_Unsigned``) as xarray
             does, time arrays and static arrays alike (the rule: :mod:`zarrtorch._read.columns`).
         cf_dtype: the dtype of decoded values: ``"float32"`` (xarray's values, computed in float64 as xarray computes
@@ -55,7 +54,6 @@ class ReadOptions:
     storage_options: dict | None = field(default=None, hash=False)
     retry: RetryPolicy = RetryPolicy()
     missing_chunks: str = "error"
-    allow_shards: bool = False
     decode_cf: bool = True
     cf_dtype: str = "float32"
     cache_dir: str | None = None

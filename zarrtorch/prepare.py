@@ -151,7 +151,7 @@ def prepare_zarr(
     transposed to put it first. The chunk length is ``chunk_rows``, or derived from ``chunk_mb`` (one row of
     every array counted together), default 8 MiB. At most ``max_memory_mb`` of source rows are computed at a
     time (on the cluster's workers when a ``dask.distributed`` client is active). ``shard_chunks``: write Zarr
-    v3 shards of that many chunks (fewer objects, for object storage; read with ``allow_shards=True``).
+    v3 shards of that many chunks (fewer objects, for object storage; the loader then reads and shuffles whole shards).
     ``store`` may be a URL (``s3://bucket/x.zarr``) with fsspec ``storage_options``. With ``overwrite``, a local
     store is replaced once the new one is complete, so a store can be rewritten from itself (rechunked in place).
     """
@@ -180,7 +180,7 @@ def prepare_zarr(
     final = out if is_url(store) else str(Path(os.fspath(store).removeprefix("file://")).expanduser())
     group = zarr.open_group(final, mode="r")
     names = group.attrs["zarrtorch"]["variables"]
-    check_first_axis_layout({n: group[n] for n in names}, allow_shards=shard_chunks is not None)
+    check_first_axis_layout({n: group[n] for n in names})
     return group
 
 

@@ -277,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=8, help="chunks read to measure storage and decode")
     p.add_argument("--batches", type=int, default=40, help="batches timed per loader setting")
     p.add_argument("--step-ms", type=float, default=None, help="a training step's duration: does the loader keep up?")
-    p.add_argument("--allow-shards", action="store_true", help="read a sharded store: ReadOptions(allow_shards=True)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -289,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
             batches=a.batches,
             buffer_chunks=a.buffer_chunks,
             step_ms=a.step_ms,
-            read=ReadOptions(allow_shards=a.allow_shards),
         )
     except (ChunkReadError, ValueError, OSError, LookupError) as exc:  # each message names what is wrong
         print(f"zarrtorch roofline: {exc}", file=sys.stderr)

@@ -404,7 +404,7 @@ def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]
 def run_layouts(store: dict, a, log) -> dict:
     """zarrtorch and zarr-beluga on the peers' store and on its copies in beluga's layouts (``beluga_layouts.py``),
     windows of 2 + 4 steps and single rows, one fresh process each; a loader that refuses a store is reported
-    with its error, and zarrtorch's refusal of shards is followed by a run with the setting it names."""
+    with its error."""
     from store import ensure_layout_stores
 
     env = envs.ensure_env("beluga", rebuild=False)
@@ -437,27 +437,21 @@ def run_layouts(store: dict, a, log) -> dict:
 
 
 def layout_runs(job_of: tuple[str, str, int, int], kind: str, label: str, path: str, frames: int, run: dict) -> list:
-    """The runs of one loader (``job_of``: a :func:`layout_jobs` entry) on one layout store (``path``: a folder or
-    a URL; ``label`` names it in the table), as records for the JSON; a refusal of shards by zarrtorch is followed
-    by a run with the setting it names. ``run``: ``python`` (per script), ``store``, ``a``, ``log``."""
+    """The run of one loader (``job_of``: a :func:`layout_jobs` entry) on one layout store (``path``: a folder or
+    a URL; ``label`` names it in the table), as a record for the JSON, in a list; a loader that refuses the store
+    is reported with its error. ``run``: ``python`` (per script), ``store``, ``a``, ``log``."""
     loader, script, workers, batch_size = job_of
     store, a = run["store"], run["a"]
-    out, kinds = [], [kind]
-    while kinds:
-        run_kind = kinds.pop()
-        print(f"  layouts: {loader} on {label}, frames {frames}, {workers} workers, batch {batch_size}", flush=True)
-        work = ROOT / ".peers" / script.removesuffix(".py") / "work" / f"{Path(store['path']).stem}_{kind}"
-        args = ["layout", "--kind", run_kind, "--frames", str(frames), "--workers", str(workers)]
-        args += ["--store", path, "--work", str(work), "--rows", str(store["rows"]), "--chunk-rows", "1"]
-        args += ["--batch-size", str(batch_size), "--max-s", str(a.layout_cap)]
-        result = job(run["python"][script], script, args, a.timeout, run["log"])
-        out.append(
-            {"store": label, "setting": run_kind.partition("+")[2], "loader": loader, "frames": frames}
-            | {"workers": workers, "batch": batch_size, "result": result}
-        )
-        if loader == "zarrtorch" and "allow_shards" in str(result.get("refused", "")):
-            kinds.append(f"{kind}+allow_shards")
-    return out
+    print(f"  layouts: {loader} on {label}, frames {frames}, {workers} workers, batch {batch_size}", flush=True)
+    work = ROOT / ".peers" / script.removesuffix(".py") / "work" / f"{Path(store['path']).stem}_{kind}"
+    args = ["layout", "--kind", kind, "--frames", str(frames), "--workers", str(workers)]
+    args += ["--store", path, "--work", str(work), "--rows", str(store["rows"]), "--chunk-rows", "1"]
+    args += ["--batch-size", str(batch_size), "--max-s", str(a.layout_cap)]
+    result = job(run["python"][script], script, args, a.timeout, run["log"])
+    return [
+        {"store": label, "setting": "", "loader": loader, "frames": frames}
+        | {"workers": workers, "batch": batch_size, "result": result}
+    ]
 
 
 def page(results: dict, text: str, a) -> str:

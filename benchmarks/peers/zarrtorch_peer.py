@@ -14,7 +14,7 @@ import sys
 import beluga_layouts as layouts
 from common import Ctx, LoaderStatePeer, NoAPI, main
 
-from zarrtorch import ReadOptions, Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 
 LAYOUT_VARIABLES = {"course": ["x"], "frame": [layouts.DATA], "sharded": [layouts.DATA], "wb2": layouts.wb2_variables()}
 
@@ -49,11 +49,9 @@ class Zarrtorch(LoaderStatePeer):
     def open_layout(self, ctx: Ctx, *, kind: str, frames: int, workers: int):
         if ctx.batch_size == 0:
             raise NoAPI  # zarrtorch hands out batches only
-        kind, _, setting = kind.partition("+")  # "sharded+allow_shards": the setting the default refusal names
-        read = ReadOptions(allow_shards=True) if setting == "allow_shards" else None
         windows = Windows(history=2, lead=frames - 2) if frames > 1 else None
         ds = ZarrIterableDataset(
-            ctx.store, variables=LAYOUT_VARIABLES[kind], shuffle=True, seed=ctx.seed, windows=windows, read=read
+            ctx.store, variables=LAYOUT_VARIABLES[kind], shuffle=True, seed=ctx.seed, windows=windows
         )
         return self._loader(ds, ctx, rank=0, world=1, workers=workers)
 

@@ -245,3 +245,20 @@ def test_cli_audits_windows_without_a_state(store, capsys):
     expected = audit(store, world_size=2, batch_size=8, windows=Windows(history=3, lead=2, stride=2))
     assert (report["rows"], report["batches_per_rank"]) == (expected.rows, expected.batches_per_rank)
     assert expected.rows == ROWS - 8  # window starts, not rows
+
+
+def test_a_sharded_store_is_audited_saying_the_shard_is_the_unit_and_its_cost(store, tmp_path, capsys):
+    """Sharded stores are read with no setting since issue 43, the shard being the unit read, distributed and
+    shuffled: the report (and the CLI) says so, with the shard's rows, inner chunks and decoded size, and what
+    reading whole shards costs; a store of plain chunks says its chunk."""
+    values = np.arange(64 * ROWS, dtype=np.float32).reshape(ROWS, 64)  # 256 bytes a row
+    sharded = prepare_zarr({"x": values}, tmp_path / "s.zarr", chunk_rows=5, shard_chunks=4, progress=False)
+    assert sharded["x"].shards == (20, 64)
+    report = audit(str(tmp_path / "s.zarr"), world_size=2, batch_size=16)
+    said = "  read unit            the shard: 20 rows, 4 inner chunks of 5 rows, 5 KiB decoded; each read brings "
+    assert report.ok and said + "a whole shard, the shuffle mixes whole shards (not inner chunks)" in report.summary()
+    assert "loader memory counts a shard per unit held" in report.summary()
+    assert zarrtorch.cli.main(["audit", str(tmp_path / "s.zarr"), "--world-size", "2", "--batch-size", "16"]) == 0
+    assert said in capsys.readouterr().out
+    plain = audit(str(store), world_size=2, batch_size=16).summary()
+    assert "  read unit            the chunk: 20 rows, 80 bytes decoded\n" in plain  # 20 rows of 4 bytes

@@ -1,7 +1,12 @@
 """The chunks window batches are gathered from (zarrtorch.held_chunks): slots, gathers of every dtype, errors."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+import torch
 
 from zarrtorch.held_chunks import HeldChunks
 
@@ -67,3 +72,35 @@ def test_more_chunks_than_slots_or_a_chunk_not_held_is_an_internal_error_not_wro
         put(held, 4, {"f": np.ones(2, np.float32)})
     with pytest.raises(RuntimeError, match="needs chunk 5 of the store, which is not held"):
         held.rows_of(np.array([6, 10]))
+
+
+GATHER_IN_A_FRESH_PROCESS = """
+import os, sys
+import numpy as np, torch
+from zarrtorch.held_chunks import HeldChunks
+torch.set_num_threads(2)  # a training process's intra-op threads (the default: one per core)
+held = HeldChunks({"f": ((16, 64), np.dtype(np.float32))}, chunk_rows=32, slots=4)
+held.data["f"][...] = np.arange(held.data["f"].size, dtype=np.float32).reshape(held.data["f"].shape)
+rows = np.arange(127, -1, -1, dtype=np.int64)
+out = np.empty((128, 16, 64), np.float32)
+before = len(os.listdir("/proc/self/task"))
+held.gather("f", rows, out)
+after = len(os.listdir("/proc/self/task"))
+assert (out == held.data["f"][rows]).all()
+print(before, after)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the process's threads in /proc")
+def test_a_gather_starts_no_intra_op_threads_beside_the_decoding_threads():
+    """A window batch is gathered in the loader's process while its threads decode chunks: torch.index_select
+    ran the copy on torch's intra-op threads as well (2 on 2 cores), which spun against the decoding threads;
+    epochs of windows of 6 from a sharded store with 0 workers fell from ~7,500 to ~1,200 windows/s at 4x the CPU
+    time on 2 shared cores (measured while sharded stores became read by default, issue 43). The gather is one
+    numpy ``take`` in the calling thread (it releases the GIL), so no thread is started by it."""
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch's intra-op threads are not OpenMP's here")
+    done = subprocess.run([sys.executable, "-c", GATHER_IN_A_FRESH_PROCESS], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    before, after = (int(v) for v in done.stdout.split())
+    assert after == before, f"the gather started {after - before} thread(s)"

@@ -47,18 +47,35 @@ def test_zero_rows():
         check_first_axis_layout({"x": arr((0, 3), (10, 3))})
 
 
-def test_sharded_needs_allow_shards():
+def test_a_sharded_array_is_read_by_whole_shards_with_no_setting():
+    """The shard is the unit (issue 43: refused unless a setting asked for it); the refusals that keep rows
+    paired stay, each naming the fix."""
     sharded = {"x": arr((100, 4), (5, 4), shards=(20, 4)), "y": arr((100,), (5,), shards=(20,))}
+    assert check_first_axis_layout(sharded) == FirstAxisLayout(rows=100, chunk_rows=20, sharded=True)
+    with pytest.raises(LayoutError, match="axis 1.*shards.*prepare_zarr"):  # shards along another axis
+        check_first_axis_layout({"x": arr((100, 4), (5, 2), shards=(20, 2))})
+    with pytest.raises(LayoutError, match="differ in sharding: shard all arrays the same way or none"):
+        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (20,))})
+    with pytest.raises(LayoutError, match="'x' uses 20 rows per chunk, 'y' uses 40"):  # shards of other lengths
+        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (5,), shards=(40,))})
+
+
+def test_shards_compressed_again_whole_are_refused_naming_the_fix(tmp_path):
+    """A sharding codec followed by another codec (zarr's ``shards`` is then None): its shard index lies inside
+    the compressed bytes, so the loader could not tell an absent inner chunk from fill values. It made the read
+    path raise a TypeError (``read_path_text``) before sharded stores were read by default (issue 43)."""
+    from zarrtorch._read.fastpath import read_path_text
+
+    codecs = {"serializer": zarr.codecs.ShardingCodec(chunk_shape=(4, 3)), "compressors": zarr.codecs.ZstdCodec()}
+    packed = zarr.create_array(str(tmp_path / "a.zarr"), shape=(16, 3), chunks=(8, 3), dtype="i4", **codecs)
+    assert packed.shards is None
+    assert read_path_text(packed) == (
+        "zarr's path: a sharding codec followed by Zstd (a shard compressed again whole) not read directly"
+    )
     with pytest.raises(LayoutError) as err:
-        check_first_axis_layout(sharded)
+        check_first_axis_layout({"x": packed})
     msg = str(err.value)
-    assert "array 'x' is sharded" in msg and "allow_shards=True" in msg and "prepare_zarr" in msg
-    layout = check_first_axis_layout(sharded, allow_shards=True)
-    assert layout == FirstAxisLayout(rows=100, chunk_rows=20, sharded=True)  # the shard is the unit
-    with pytest.raises(LayoutError, match="axis 1"):  # shards along another axis
-        check_first_axis_layout({"x": arr((100, 4), (5, 2), shards=(20, 2))}, allow_shards=True)
-    with pytest.raises(LayoutError, match="differ in sharding"):
-        check_first_axis_layout({"x": sharded["x"], "y": arr((100,), (20,))}, allow_shards=True)
+    assert "array 'x' compresses each shard again as a whole" in msg and "prepare_zarr" in msg
 
 
 def test_not_arrays():

@@ -15,7 +15,7 @@ import pytest
 import torch
 import zarr
 
-from zarrtorch import LayoutError, ReadOptions, Topology, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import Topology, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 
 ROWS, CHUNK = 437, 20  # 22 chunks, the last one partial (17 rows)
 
@@ -471,12 +471,24 @@ def _sharded_group(path, rows=ROWS, shard=40, inner=10):
     return g
 
 
-def test_sharded_arrays(tmp_path):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sharded_store_streams_every_row_once_by_default(tmp_path, num_workers):
+    """A Zarr v3 sharded store, refused until the shard became the unit by default (issue 43), streams every row
+    once with no setting: 437 rows in shards of 40 rows of 10-row inner chunks, the last shard partial (37 rows)
+    and its last inner chunk too (7 rows); the values are zarr's."""
     g = _sharded_group(tmp_path / "sharded.zarr")
-    with pytest.raises(LayoutError, match="allow_shards=True") as err:
-        ZarrIterableDataset(g)
-    assert "'x'" in str(err.value) or "'y'" in str(err.value)
-    ds = ZarrIterableDataset(g, seed=1, buffer_chunks=2, read=ReadOptions(allow_shards=True))
+    assert ROWS % 40 == 37 and ROWS % 40 % 10 == 7
+    ds = ZarrIterableDataset(g, seed=1, buffer_chunks=2, return_index=True)
+    batches = list(ZarrDataLoader(ds, batch_size=16, num_workers=num_workers))
+    index = np.concatenate([b["index"].numpy() for b in batches])
+    np.testing.assert_array_equal(np.sort(index), np.arange(ROWS))
+    for name in ("x", "y"):
+        np.testing.assert_array_equal(np.concatenate([b[name].numpy() for b in batches]), g[name][...][index])
+
+
+def test_the_shard_is_the_unit_read_and_distributed(tmp_path):
+    g = _sharded_group(tmp_path / "sharded.zarr")
+    ds = ZarrIterableDataset(g, seed=1, buffer_chunks=2)
     assert ds.chunk_rows == 40 and ds.layout.sharded
     plan = ds.plan(epoch=1, batch_size=16, drop_last=False, world_size=2, rank=0)
     pieces = np.concatenate([w.pieces for w in plan.workers])

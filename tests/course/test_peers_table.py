@@ -171,8 +171,8 @@ def _with_layouts() -> dict:
 
     beluga = "zarr-beluga 0.3.0"
     results["layouts"] = {
-        "stores": {"course": {"stored_bytes": 2**20}, "sharded": {"stored_bytes": 2**21}},
-        "described": {"course": "the peers' store", "sharded": "Zarr v3 shards"},
+        "stores": {"course": {"stored_bytes": 2**20}, "sharded": {"stored_bytes": 2**21}, "wb2": {"stored_bytes": 1}},
+        "described": {"course": "the peers' store", "sharded": "Zarr v3 shards", "wb2": "a Zarr v2 group"},
         "window_frames": 6,
         "window_batch": 32,
         "row_batch": 64,
@@ -184,6 +184,9 @@ def _with_layouts() -> dict:
             run("sharded", beluga, 400.0),
             run("sharded", "zarrtorch", None, refused="LayoutError: sharded ... pass allow_shards=True"),
             run("sharded", "zarrtorch", 200.0, setting="allow_shards"),
+            run("wb2", beluga, 100.0),
+            run("wb2", "zarrtorch", None, refused="LayoutError: array 'u' is chunked along axis 1"),
+            run("wb2", "zarrtorch", 50.0, setting="decode_cf"),
         ],
     }
     results["settings"]["layout_cap"] = 20
@@ -191,11 +194,14 @@ def _with_layouts() -> dict:
 
 
 def test_the_layouts_summary_compares_each_loader_s_best_and_names_refusals_and_cut_epochs():
-    course, sharded = peers_table.layout_summary(_with_layouts())
+    """A run with a setting zarrtorch has made its default since (allow_shards, issue 43) counts as its default
+    figure; a refusal that names a setting still in force is a refusal."""
+    course, sharded, wb2 = peers_table.layout_summary(_with_layouts())
     assert (course["beluga"], course["beluga_samples"], course["zarrtorch"]) == (5.0, 6.0, 800.0)
     assert course["x"] == 160.0 and course["beluga_cut"] and not course["zarrtorch_cut"]
-    assert sharded["zarrtorch"] is None and sharded["x"] is None and sharded["zarrtorch_with_setting"] == 200.0
-    assert sharded["zarrtorch_refused"].startswith("LayoutError")
+    assert sharded["zarrtorch"] == 200.0 and sharded["x"] == 0.5 and sharded["zarrtorch_now_default"] == "allow_shards"
+    assert wb2["zarrtorch"] is None and wb2["x"] is None and wb2["zarrtorch_with_setting"] == 50.0
+    assert wb2["zarrtorch_refused"].startswith("LayoutError") and wb2["zarrtorch_now_default"] is None
 
 
 def test_the_page_shows_beluga_s_verdicts_its_layouts_and_uncompressed_against_uncompressed():
@@ -208,7 +214,9 @@ def test_the_page_shows_beluga_s_verdicts_its_layouts_and_uncompressed_against_u
     )
     course = "- course, windows of 6: zarrtorch 800/s: **160.00x** beluga's best in batches; beluga 5/s in batches"
     assert course + ", 6/s one by one (epochs cut)." in text
-    assert "- sharded, windows of 6: zarrtorch refuses it by default (with the setting its error names, 200/s)" in text
+    assert "- wb2, windows of 6: zarrtorch refuses it by default (with the setting its error names, 50/s)" in text
+    sharded = "- sharded, windows of 6: zarrtorch 200/s (measured with allow_shards=True, the default since issue 43)"
+    assert sharded + ": **0.50x** beluga's best in batches" in text
     assert "Epochs longer than 20 s are cut" in words
     assert "0 workers: 150 rows/s against LitData 100 (1.50x)" in text
     assert "## zarr-beluga's layouts" not in peers_table.page(_run_results())  # a run without the part

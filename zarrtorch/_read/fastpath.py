@@ -135,10 +135,15 @@ def _v3_path(arr: zarr.Array, dtype: np.dtype) -> DirectLayout | str:
     codecs = tuple(arr.metadata.codecs)
     shards = None
     if codecs and isinstance(codecs[0], ShardingCodec):
+        if len(codecs) > 1 or arr.shards is None:  # zarr then reads the shard as one chunk, decoded whole
+            after = " + ".join(_name(c) for c in codecs[1:])
+            return f"a sharding codec followed by {after} (a shard compressed again whole) not read directly"
         shards = _shards(arr, codecs[0])
         if isinstance(shards, str):
             return shards
         codecs = tuple(codecs[0].codecs)
+        if codecs and isinstance(codecs[0], ShardingCodec):
+            return "nested shards (inner chunks sharded again) not read directly"
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return f"codec {_name(codecs[0]) if codecs else 'none'} not read directly"
     if len(codecs) > 2:

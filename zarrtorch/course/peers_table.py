@@ -737,9 +737,11 @@ def layout_records(results: dict) -> list[dict]:
 
 def layout_summary(results: dict) -> list[dict]:
     """Per store and sample kind: zarr-beluga's best batched figure (over its worker counts) and its samples one
-    by one, zarrtorch's best with default settings (``None`` where it refused) and with the setting its refusal
+    by one, zarrtorch's best with default settings as they are now (``None`` where it refused; a run with a
+    setting that is now the default counts, ``zarrtorch_now_default`` naming it) and with the setting its refusal
     named, whether each best figure comes from cut epochs, and the ratio of zarrtorch's best (default settings)
     to beluga's best batched."""
+    table = table_module()
     records = layout_records(results)
     keys = list(dict.fromkeys((r["store"], r["frames"]) for r in records))
 
@@ -752,7 +754,7 @@ def layout_summary(results: dict) -> list[dict]:
         beluga = [r for r in rows if r["loader"].startswith("zarr-beluga")]
         ours = [r for r in rows if r["loader"] == "zarrtorch"]
         b, one_by_one = best([r for r in beluga if r["batch"]]), best([r for r in beluga if r["batch"] == 0])
-        z = best([r for r in ours if not r["setting"]])
+        z = best([r for r in ours if table.counts_as_default(r)])
         out.append(
             {
                 "store": store,
@@ -762,6 +764,7 @@ def layout_summary(results: dict) -> list[dict]:
                 "beluga_cut": b["cut"] or one_by_one["cut"],
                 "zarrtorch": z["per_s"],
                 "zarrtorch_cut": z["cut"],
+                "zarrtorch_now_default": z.get("setting") or None,
                 "zarrtorch_refused": next((r["refused"] for r in ours if r["refused"] and not r["setting"]), None),
                 "zarrtorch_with_setting": best([r for r in ours if r["setting"]])["per_s"],
                 "x": z["per_s"] / b["per_s"] if z["per_s"] and b["per_s"] else None,
@@ -827,6 +830,9 @@ def _page_layouts(results: dict) -> str:
             )
         else:
             ours = f"zarrtorch {_rate(s['zarrtorch'])}/s" + (" (epochs cut)" if s["zarrtorch_cut"] else "")
+            if s["zarrtorch_now_default"]:
+                setting = s["zarrtorch_now_default"]
+                ours += f" (measured with {setting}=True, {table_module().NOW_DEFAULT[setting]})"
         one_by_one = f", {_rate(s['beluga_samples'])}/s one by one" if s["beluga_samples"] else ""
         beluga = f"beluga {_rate(s['beluga'])}/s in batches{one_by_one}" + (" (epochs cut)" if s["beluga_cut"] else "")
         ratio = f": **{s['x']:.2f}x** beluga's best in batches" if s["x"] else ""

@@ -36,13 +36,11 @@ def test_shards_written_and_read_locally_and_over_http(tmp_path):
     sharded = prepare_zarr(columns(), tmp_path / "s.zarr", chunk_rows=5, shard_chunks=4, progress=False)
     assert sharded["x"].shards == (20, 2, 3) and sharded["x"].chunks == (5, 2, 3) and chunked["x"].shards is None
     assert objects(tmp_path / "c.zarr") == 2 * 20 and objects(tmp_path / "s.zarr") == 2 * 5  # 4x fewer objects
-    with pytest.raises(Exception, match="allow_shards"):
-        ZarrIterableDataset(tmp_path / "s.zarr")
-    local = ZarrIterableDataset(tmp_path / "s.zarr", shuffle=False, read=ReadOptions(allow_shards=True))
+    local = ZarrIterableDataset(tmp_path / "s.zarr", shuffle=False)
     assert local.chunk_rows == 20  # the shard is the unit read and distributed
     np.testing.assert_array_equal(stream(local), np.arange(ROWS) * 3)
     with HttpStoreServer(tmp_path) as server:
-        remote = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False, read=ReadOptions(allow_shards=True))
+        remote = ZarrIterableDataset(f"{server.url}/s.zarr", shuffle=False)
         np.testing.assert_array_equal(
             stream(remote, num_workers=2, multiprocessing_context="fork"), np.arange(ROWS) * 3
         )

@@ -149,8 +149,8 @@ def pristine(tmp_path_factory):
     return root
 
 
-def read_all(path, kind: str, num_workers: int, windows: Windows | None = None, **read_kw) -> np.ndarray:
-    read = ReadOptions(allow_shards=kind.startswith("sharded"), **read_kw)
+def read_all(path, num_workers: int, windows: Windows | None = None, **read_kw) -> np.ndarray:
+    read = ReadOptions(**read_kw)
     names = ["x"] if str(path).startswith("http") else None  # zarr's own stores are not consolidated
     ds = ZarrIterableDataset(path, variables=names, shuffle=False, windows=windows, read=read)
     extra = {"multiprocessing_context": "fork", "timeout": 60} if num_workers else {}
@@ -163,7 +163,7 @@ def test_the_paths_are_the_ones_named(pristine):
     for kind, (_, path) in LAYOUTS.items():
         array = zarr.open_group(str(pristine / f"{kind}.zarr"), mode="r")["x"]
         assert read_path_text(array) == path, kind
-        np.testing.assert_array_equal(read_all(pristine / f"{kind}.zarr", kind, 0), X)
+        np.testing.assert_array_equal(read_all(pristine / f"{kind}.zarr", 0), X)
 
 
 def damage(pristine, tmp_path, kind: str, how: str):
@@ -182,7 +182,7 @@ def read_workers(kind: str) -> list:
 def test_a_damaged_chunk_is_an_error_naming_it(pristine, tmp_path, kind, how, num_workers):
     path = damage(pristine, tmp_path, kind, how)
     with pytest.raises(ChunkReadError) as err:
-        read_all(path, kind, num_workers)
+        read_all(path, num_workers)
     message = str(err.value)
     rows = f"rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}"
     assert f"chunk {DAMAGED} ({rows}) of array 'x'" in message, message
@@ -195,7 +195,7 @@ def test_a_damaged_chunk_inside_windows_is_an_error_naming_it(pristine, tmp_path
     a frame of fewer rows there would leave the slot's previous chunk in place of the missing rows."""
     path = damage(pristine, tmp_path, kind, how)
     with pytest.raises(ChunkReadError) as err:
-        read_all(path, kind, num_workers, windows=Windows(history=2, lead=1))
+        read_all(path, num_workers, windows=Windows(history=2, lead=1))
     assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in str(err.value)
 
 
@@ -217,7 +217,7 @@ def damaged_over_http(pristine, tmp_path_factory):
 @pytest.mark.parametrize(("kind", "how"), cases())
 def test_a_damaged_chunk_over_http_is_an_error_naming_it(damaged_over_http, kind, how, windows):
     with pytest.raises(ChunkReadError) as err:
-        read_all(f"{damaged_over_http}/{kind}-{DAMAGES.index(how)}.zarr", kind, 0, windows=windows)
+        read_all(f"{damaged_over_http}/{kind}-{DAMAGES.index(how)}.zarr", 0, windows=windows)
     assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in str(err.value)
 
 
@@ -227,9 +227,9 @@ def test_a_missing_chunk_is_an_error_not_fill_values(pristine, tmp_path, kind, n
     shutil.copytree(pristine / f"{kind}.zarr", path)
     chunk_file(path, kind).unlink()
     with pytest.raises(ChunkReadError, match=rf"missing chunk {DAMAGED} .*of array 'x'.*fill value"):
-        read_all(path, kind, num_workers)
+        read_all(path, num_workers)
     # missing_chunks="fill": the store was written without empty chunks on purpose, they read as fill values
-    rows = read_all(path, kind, 0, missing_chunks="fill")
+    rows = read_all(path, 0, missing_chunks="fill")
     expected = X.copy()
     expected[DAMAGED * CHUNK : (DAMAGED + 1) * CHUNK] = 0
     np.testing.assert_array_equal(rows, expected)
@@ -252,8 +252,8 @@ def test_a_shard_missing_an_inner_chunk_is_an_error(tmp_path, kind, over_http):
         with pytest.raises(
             ChunkReadError, match=r"inner chunk\(s\) \[\(1(, 0)*\)\] .*fill value 0\.0.*missing_chunks='fill'"
         ):
-            read_all(source, kind, 0)
-        np.testing.assert_array_equal(read_all(source, kind, 0, missing_chunks="fill"), data)
+            read_all(source, 0)
+        np.testing.assert_array_equal(read_all(source, 0, missing_chunks="fill"), data)
 
 
 def without_content_size(frame: bytes) -> bytes:
@@ -275,11 +275,11 @@ def test_a_zstd_frame_without_its_size_is_checked_too(tmp_path):
     decoded = np.frombuffer(numcodecs.Zstd().decode(frame), np.float32)
     np.testing.assert_array_equal(decoded, X[DAMAGED * CHUNK : (DAMAGED + 1) * CHUNK].ravel())
     target.write_bytes(frame)
-    np.testing.assert_array_equal(read_all(path, "direct", 0), X)
+    np.testing.assert_array_equal(read_all(path, 0), X)
     short = without_content_size(numcodecs.Zstd().encode(np.ascontiguousarray(X[:5])))
     target.write_bytes(short)
     with pytest.raises(ChunkReadError, match=r"decodes to 120 bytes where the chunk holds 240"):
-        read_all(path, "direct", 0)
+        read_all(path, 0)
 
 
 # -- static arrays (Windows(static=...)): read whole once per process, each chunk checked as the time arrays' are ----

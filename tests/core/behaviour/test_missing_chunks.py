@@ -73,7 +73,7 @@ def test_prepare_zarr_writes_an_all_zero_chunk_and_says_every_chunk_is_written(t
     assert f"x/c/{EMPTY}/0" in stored(path)
     assert group.attrs["zarrtorch"]["every_chunk_written"] is True
     # a shard's inner chunks of zeros are in it too: the read checks its index for absent inner chunks
-    np.testing.assert_array_equal(read_rows(path, allow_shards=bool(shards)), X)
+    np.testing.assert_array_equal(read_rows(path), X)
 
 
 def test_prepare_zarr_from_xarray_writes_an_all_zero_chunk(tmp_path):
@@ -126,8 +126,8 @@ def test_a_missing_shard_is_refused_at_construction(tmp_path):
     zarr_default(path, chunks=(CHUNK // 2, 3), shards=(CHUNK, 3))
     assert f"x/c/{EMPTY}/0" not in stored(path)
     with pytest.raises(ChunkReadError, match=rf"missing chunk {EMPTY} of array 'x'.*'x/c/{EMPTY}/0'"):
-        ZarrIterableDataset(path, read=ReadOptions(allow_shards=True))
-    np.testing.assert_array_equal(read_rows(path, allow_shards=True, missing_chunks="fill"), X)
+        ZarrIterableDataset(path)
+    np.testing.assert_array_equal(read_rows(path, missing_chunks="fill"), X)
 
 
 def test_the_message_gives_the_first_few_and_the_count(tmp_path):

@@ -254,7 +254,7 @@ def test_reads_through_zarr_have_a_deadline_and_one_request_per_chunk(through_za
     index and inner chunks cut from it), and a server that stops answering ends in a ChunkReadError after the
     retries (it once waited forever)."""
     policy = RetryPolicy(timeout_s=1.0, retries=1, backoff_s=0.05)
-    read = ReadOptions(retry=policy, allow_shards=layout == "sharded")
+    read = ReadOptions(retry=policy)
     with HttpStoreServer(through_zarr) as server:
         ds = ZarrIterableDataset(f"{server.url}/{layout}.zarr", shuffle=False, return_index=True, read=read)
         np.testing.assert_array_equal(rows_of(ZarrDataLoader(ds, batch_size=BATCH)), np.arange(ROWS))
