@@ -30,7 +30,7 @@ from zarrtorch._read.static import check_static, static_array
 from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
 from zarrtorch._util.arguments import row_range as checked_row_range
 from zarrtorch._util.sizes import native, row_bytes
-from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout, restrict_rows
+from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout, check_missing_chunks_can_be_told, restrict_rows
 from zarrtorch.options import ReadOptions
 from zarrtorch.plan import EpochSpec, RankPlan, Topology
 from zarrtorch.resume import batches_of, resumed_plan
@@ -134,6 +134,7 @@ class ZarrIterableDataset(IterableDataset):
             self.static = self._static_arrays(source, windows.static, read)
         check_tensor_dtypes({**self.arrays, **self.static}, chosen=variables is not None)
         self.layout = check_first_axis_layout(self.arrays)
+        check_missing_chunks_can_be_told(self.arrays, read.missing_chunks)
         self.packings = packings(self.arrays, read.decode_cf, read.cf_dtype)
         self.stack = check_stack(stack, self.decoded_columns)
         self.row_offset = 0  # rows: the row window's first row; windows: the period's first row

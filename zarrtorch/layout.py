@@ -60,6 +60,27 @@ def _refuse_shards_compressed_again(name: str, arr: zarr.Array) -> None:
         )
 
 
+def check_missing_chunks_can_be_told(arrays: Mapping[str, zarr.Array], missing_chunks: str) -> None:
+    """Refuse nested shards (inner chunks sharded again) under ``missing_chunks="error"``: zarr reads an inner
+    chunk left out of an inner shard as fill values, and the loader cannot see inside the inner shards to tell
+    it from a chunk that was written, so the default could not keep its promise to raise."""
+    if missing_chunks != "error":
+        return
+    for name, arr in arrays.items():
+        codecs = getattr(arr.metadata, "codecs", ())
+        if (
+            codecs
+            and isinstance(codecs[0], ShardingCodec)
+            and any(isinstance(c, ShardingCodec) for c in codecs[0].codecs)
+        ):
+            raise LayoutError(
+                f"array {name!r} nests shards in shards (its inner chunks are sharded again): an inner chunk left "
+                "out of an inner shard would be read as fill values, which the loader cannot tell from a chunk "
+                "that was lost. " + FIX_HINT + " (with shard_chunks=N for one level of shards), or, if its left-out "
+                "chunks are fill values by design, pass ReadOptions(missing_chunks='fill')"
+            )
+
+
 def check_first_axis_layout(arrays: Mapping[str, zarr.Array]) -> FirstAxisLayout:
     """Return the shared layout of ``arrays`` or raise :class:`LayoutError` saying what is wrong and how to fix it."""
     if not arrays:

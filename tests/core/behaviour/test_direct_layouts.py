@@ -183,22 +183,49 @@ NESTED_SHARDS = zarr.codecs.ShardingCodec(chunk_shape=(4, 3), codecs=[zarr.codec
             "directly",
         ),
         (
-            {"serializer": NESTED_SHARDS, "compressors": None},
+            {"serializer": NESTED_SHARDS, "compressors": None, "read": ReadOptions(missing_chunks="fill")},
             "zarr's path: nested shards (inner chunks sharded again) not read directly",
         ),
     ],
 )
 def test_other_layouts_go_through_zarr_saying_why(tmp_path, options, said):
     """Each layout the direct decoder does not read is read through zarr's codecs, equal to zarr's values, with
-    the reason said; nested shards too (read by default since issue 43, the outer shard the unit)."""
+    the reason said; nested shards too, where missing chunks are read as fill values by the user's choice (the
+    outer shard the unit)."""
     options = {"chunks": (8, 3), "dtype": "i4", **options}
+    read = options.pop("read", None)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=(16, 3), **options)
     arr[...] = np.arange(48, dtype="i4").reshape(16, 3)
     assert read_path_text(arr) == said
     assert direct_decoder(arr) is None
-    ds = ZarrIterableDataset({"x": arr}, shuffle=False)
+    ds = ZarrIterableDataset({"x": arr}, shuffle=False, read=read)
     got = np.concatenate([b["x"].numpy() for b in ZarrDataLoader(ds, batch_size=8)])
     np.testing.assert_array_equal(got, arr[...])
+
+
+def test_nested_shards_are_refused_unless_missing_chunks_are_fill_values_by_choice():
+    """Nested shards streamed an inner chunk left out of an inner shard as fill values under the default
+    ``missing_chunks="error"`` (zarr's path cannot tell a chunk left out from one never written), where one
+    level of shards raises naming the chunk. The default refuses them when the dataset is built, naming the
+    array and both fixes; with ``missing_chunks="fill"`` they stream what zarr reads."""
+    arr = zarr.create_array(
+        zarr.storage.MemoryStore(),
+        shape=(16, 3),
+        chunks=(8, 3),
+        dtype="i4",
+        fill_value=0,
+        serializer=NESTED_SHARDS,
+        compressors=None,
+    )
+    data = np.arange(48, dtype="i4").reshape(16, 3) + 1
+    data[2:4] = 0  # an innermost chunk of fill values: not stored
+    arr[...] = data
+    with pytest.raises(ValueError, match="'x' nests shards") as refused:
+        ZarrIterableDataset({"x": arr}, shuffle=False)
+    assert "shard_chunks=" in str(refused.value) and "missing_chunks='fill'" in str(refused.value)
+    ds = ZarrIterableDataset({"x": arr}, shuffle=False, read=ReadOptions(missing_chunks="fill"))
+    got = np.concatenate([b["x"].numpy() for b in ZarrDataLoader(ds, batch_size=8)])
+    np.testing.assert_array_equal(got, data)
 
 
 class CountingStore(zarr.storage.MemoryStore):
