@@ -199,6 +199,7 @@ def test_the_layouts_summary_compares_each_loader_s_best_and_names_refusals_and_
     course, sharded, wb2 = peers_table.layout_summary(_with_layouts())
     assert (course["beluga"], course["beluga_samples"], course["zarrtorch"]) == (5.0, 6.0, 800.0)
     assert course["x"] == 160.0 and course["beluga_cut"] and not course["zarrtorch_cut"]
+    assert course["x_no_workers"] == 100.0  # 500/s against beluga's 5/s, both with 0 workers
     assert sharded["zarrtorch"] == 200.0 and sharded["x"] == 0.5 and sharded["zarrtorch_now_default"] == "allow_shards"
     assert wb2["zarrtorch"] is None and wb2["x"] is None and wb2["zarrtorch_with_setting"] == 50.0
     assert wb2["zarrtorch_refused"].startswith("LayoutError") and wb2["zarrtorch_now_default"] is None
@@ -212,7 +213,8 @@ def test_the_page_shows_beluga_s_verdicts_its_layouts_and_uncompressed_against_u
         "## zarr-beluga's layouts" in text
         and peers_table.table_module().layouts_markdown(_with_layouts()["layouts"]) in text
     )
-    course = "- course, windows of 6: zarrtorch 800/s: **160.00x** beluga's best in batches; beluga 5/s in batches"
+    course = "- course, windows of 6: zarrtorch 800/s: **160.00x** beluga's best in batches, **100.00x** with 0 "
+    course += "workers each; beluga 5/s in batches"
     assert course + ", 6/s one by one (epochs cut)." in text
     assert "- wb2, windows of 6: zarrtorch refuses it by default (with the setting its error names, 50/s)" in text
     sharded = "- sharded, windows of 6: zarrtorch 200/s (measured with allow_shards=True, the default since issue 43)"

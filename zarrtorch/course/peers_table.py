@@ -739,8 +739,9 @@ def layout_summary(results: dict) -> list[dict]:
     """Per store and sample kind: zarr-beluga's best batched figure (over its worker counts) and its samples one
     by one, zarrtorch's best with default settings as they are now (``None`` where it refused; a run with a
     setting that is now the default counts, ``zarrtorch_now_default`` naming it) and with the setting its refusal
-    named, whether each best figure comes from cut epochs, and the ratio of zarrtorch's best (default settings)
-    to beluga's best batched."""
+    named, whether each best figure comes from cut epochs, the ratio of zarrtorch's best (default settings) to
+    beluga's best batched (``x``), and the same with no DataLoader workers on either side (``x_no_workers``: the
+    course's default, where beluga's own threads still work and zarrtorch's decode threads too)."""
     table = table_module()
     records = layout_records(results)
     keys = list(dict.fromkeys((r["store"], r["frames"]) for r in records))
@@ -755,6 +756,8 @@ def layout_summary(results: dict) -> list[dict]:
         ours = [r for r in rows if r["loader"] == "zarrtorch"]
         b, one_by_one = best([r for r in beluga if r["batch"]]), best([r for r in beluga if r["batch"] == 0])
         z = best([r for r in ours if table.counts_as_default(r)])
+        b0 = best([r for r in beluga if r["batch"] and r["workers"] == 0])
+        z0 = best([r for r in ours if table.counts_as_default(r) and r["workers"] == 0])
         out.append(
             {
                 "store": store,
@@ -768,6 +771,7 @@ def layout_summary(results: dict) -> list[dict]:
                 "zarrtorch_refused": next((r["refused"] for r in ours if r["refused"] and not r["setting"]), None),
                 "zarrtorch_with_setting": best([r for r in ours if r["setting"]])["per_s"],
                 "x": z["per_s"] / b["per_s"] if z["per_s"] and b["per_s"] else None,
+                "x_no_workers": z0["per_s"] / b0["per_s"] if z0["per_s"] and b0["per_s"] else None,
             }
         )
     return out
@@ -836,6 +840,7 @@ def _page_layouts(results: dict) -> str:
         one_by_one = f", {_rate(s['beluga_samples'])}/s one by one" if s["beluga_samples"] else ""
         beluga = f"beluga {_rate(s['beluga'])}/s in batches{one_by_one}" + (" (epochs cut)" if s["beluga_cut"] else "")
         ratio = f": **{s['x']:.2f}x** beluga's best in batches" if s["x"] else ""
+        ratio += f", **{s['x_no_workers']:.2f}x** with 0 workers each" if s["x_no_workers"] else ""
         lines.append(f"- {s['store']}, {sample}: {ours}{ratio}; {beluga}.")
     return "\n".join(lines) + "\n"
 
