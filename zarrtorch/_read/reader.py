@@ -21,7 +21,6 @@ import numpy as np
 import zarr
 
 from zarrtorch._read.cache import (
-    cache_threads,
     cached_bytes,
     forget_cached,
     keep_cached,
@@ -452,7 +451,7 @@ class PieceReader:
             unsent.append(fetch_soon(stores, self.policy))
             unsent[0].add_done_callback(lambda request: arrived(request, held))
 
-        def from_cache() -> None:  # in a thread of the cache's: what it holds is read as a local store's chunks are
+        def from_cache() -> None:  # in a reading thread: what the cache holds is read as a local store's chunks are
             if out.cancelled():
                 return
             try:
@@ -464,8 +463,8 @@ class PieceReader:
                 return
             if wanted:
                 fetch(wanted, held)
-            else:
-                hand_over(held)
+            else:  # decoded in this thread: a hand-over to another costs a wait for the GIL per read
+                decode(held)
 
         unsent: list = []
         # a read nobody waits for any more (the epoch ended or failed): its requests are cancelled too, not left
@@ -474,7 +473,10 @@ class PieceReader:
         # until a full garbage collection, which torch makes rare (memory past the loader's bound)
         out.add_done_callback(lambda done: [r.cancel() for r in unsent] if done.cancelled() else None)
         if self._cached:
-            cache_threads().submit(from_cache)
+            try:
+                submit(from_cache)
+            except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
+                out.cancel()
         else:
             fetch(keys)
         return out

@@ -5,14 +5,18 @@ it, and a rewritten store is never read from the old store's files."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
+import os
+import time
 
 import numpy as np
 import pytest
 import zarr
 
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
-from zarrtorch._read.cache import MARKER, ChunkCache, wait_for_writes
+from zarrtorch._read import cache as cache_module
+from zarrtorch._read.cache import MARKER, RENEW_AFTER_S, ChunkCache, wait_for_writes
 from zarrtorch.course.servers import CUT_SHORT, HttpStoreServer
 
 ROWS, CHUNK, BATCH = 60, 8, 8  # 8 chunks, the last one partial
@@ -261,3 +265,73 @@ def test_two_nodes_read_their_second_epoch_from_their_caches_when_shares_are_pla
         node_epoch(rank, 1)
     second = chunk_requests(served) - 2 * 2  # less each dataset's range request for its store id (2 arrays)
     assert second == 0 if redeal_every else second > 0, served.requests
+
+
+def test_a_hit_renews_a_files_time_only_once_it_is_older_than_renew_after_s(tmp_path):
+    """A hit renews the file's modification time (its place in the LRU order) only when older than
+    ``RENEW_AFTER_S``: renewing at every hit was a system call per chunk read, a warm epoch's cost for an order
+    that a minute's precision keeps as well. The least recently used file is still evicted first."""
+    cache = ChunkCache(tmp_path / "cache", limit_bytes=10**6)
+    cache.prepare()
+    store_id = "0" * 32
+    for key in ("a", "b", "c"):
+        cache.write(store_id, key, key.encode() * 1000)
+    now = time.time()
+    recent, old = now - RENEW_AFTER_S / 2, now - 10 * RENEW_AFTER_S
+    os.utime(cache.path(store_id, "a"), (recent, recent))
+    os.utime(cache.path(store_id, "b"), (old, old))
+    os.utime(cache.path(store_id, "c"), (old - 1, old - 1))
+    assert bytes(cache.read(store_id, "a")) == b"a" * 1000
+    assert cache.path(store_id, "a").stat().st_mtime == recent  # read within the minute: not renewed
+    assert bytes(cache.read(store_id, "c")) == b"c" * 1000
+    assert cache.path(store_id, "c").stat().st_mtime >= now  # older: renewed, the last to be evicted
+    cache.limit_bytes = sum(s for _, s, _ in cache.files())
+    cache.make_room(1)
+    assert sorted(p.name for _, _, p in cache.files()) == ["a", "c"]
+
+
+def test_a_file_of_the_former_format_is_fetched_again_not_misread(tmp_path):
+    """Files of the former format (``ZTCACHE1``, a BLAKE2b digest) are deleted and fetched again: their header
+    is another length, so read as the new format their bytes would be cut wrong."""
+    import hashlib
+
+    cache = ChunkCache(tmp_path / "cache")
+    cache.prepare()
+    store_id, body = "0" * 32, b"chunk bytes" * 100
+    path = cache.path(store_id, "x/c/0")
+    path.parent.mkdir()
+    path.write_bytes(
+        b"ZTCACHE1" + len(body).to_bytes(8, "little") + hashlib.blake2b(body, digest_size=16).digest() + body
+    )
+    assert cache.read(store_id, "x/c/0") is None
+    assert not path.exists()
+
+
+def test_a_cache_write_that_fails_half_way_leaves_nothing_that_is_served(tmp_path, monkeypatch):
+    """A full disk mid-write: the temporary file is removed, no file is named as the chunk, nothing is served."""
+    cache = ChunkCache(tmp_path / "cache")
+    cache.prepare()
+    store_id = "0" * 32
+
+    def half_then_full(fd, buffers):
+        if os.fstat(fd).st_size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, bytes(buffers[0])[: len(buffers[0]) // 2])
+
+    monkeypatch.setattr(cache_module.os, "writev", half_then_full)
+    cache.write(store_id, "x/c/0", b"z" * 10_000)
+    monkeypatch.undo()
+    assert cache.read(store_id, "x/c/0") is None
+    assert [p.name for p in (cache.root / store_id).iterdir()] == []  # no temporary file left either
+
+
+def test_a_write_the_disk_takes_in_parts_is_kept_whole(tmp_path, monkeypatch):
+    """``os.writev`` may write less than asked: the rest is written until the file is whole (header and bytes)."""
+    cache = ChunkCache(tmp_path / "cache")
+    cache.prepare()
+    store_id, body = "0" * 32, bytes(range(256)) * 40
+    writev = os.writev
+    monkeypatch.setattr(cache_module.os, "writev", lambda fd, buffers: writev(fd, [bytes(buffers[0])[:7]]))
+    cache.write(store_id, "x/c/0", body)
+    monkeypatch.undo()
+    assert bytes(cache.read(store_id, "x/c/0")) == body
