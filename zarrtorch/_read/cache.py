@@ -43,6 +43,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import zarr
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import WrapperStore
@@ -159,6 +160,17 @@ class ChunkCache:
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def names(self, store_id: str) -> np.ndarray:
+        """The files in the store's folder now (one directory listing), as the sorted hashes of their names
+        (:func:`_name_hash`): 8 bytes a file, where a set of names took ~90 (a store of a million chunks)."""
+        try:
+            with os.scandir(self.root / store_id) as entries:
+                hashes = np.fromiter((_name_hash(e.name) for e in entries), dtype=np.int64)
+        except (FileNotFoundError, NotADirectoryError):
+            hashes = np.empty(0, dtype=np.int64)
+        hashes.sort()
+        return hashes
+
     def drop(self, store_id: str, key: str) -> None:
         """Forget the chunk (its bytes did not decode: they are fetched again from the store)."""
         _remove(self.path(store_id, key))
@@ -184,6 +196,19 @@ class ChunkCache:
                 break
             _remove(path)
             total -= file_size
+
+
+def _name_hash(name: str) -> int:
+    """A file name's hash, for a listing kept in this process only (two names of one hash only cost a look at
+    the disk)."""
+    return hash(name)
+
+
+def _listed(hashes: np.ndarray, name: str) -> bool:
+    """Whether ``name`` is among the sorted ``hashes`` (:meth:`ChunkCache.names`)."""
+    h = _name_hash(name)
+    at = int(np.searchsorted(hashes, h))
+    return at < len(hashes) and int(hashes[at]) == h
 
 
 def _verified(data: bytes) -> memoryview | None:
@@ -372,6 +397,7 @@ class CachingStore(WrapperStore):
     def __init__(self, store, *, cache: ChunkCache, store_id: str):
         super().__init__(store)
         self.cache, self.store_id = cache, store_id
+        self._listed: np.ndarray | None = None  # the files the cache held at the last listing (None: not listed)
 
     def _with_store(self, store):
         return type(self)(store, cache=self.cache, store_id=self.store_id)
@@ -393,7 +419,7 @@ class CachingStore(WrapperStore):
             return prototype.buffer.from_bytes(_cut(held, byte_range))
         got = await self._store.get(key, prototype, byte_range)
         if got is not None and byte_range is None:
-            write_soon(self.cache, self.store_id, key, got.to_bytes())
+            self.keep(key, got.to_bytes())
         return got
 
     def held(self, key: str) -> memoryview | None:
@@ -404,6 +430,24 @@ class CachingStore(WrapperStore):
     def forget(self, key: str) -> None:
         wait_for_writes(self.cache, self.store_id, key)
         self.cache.drop(self.store_id, key)
+
+    def list_held(self) -> None:
+        """List the files the cache holds for this store, once an epoch: a chunk not among them (nor waiting to be
+        written) is requested from the store at once, without a look at the disk first in a reading thread, behind
+        the decodes queued there (that wait made a first epoch 0.7x as fast as without the cache). A file written
+        after the listing is only fetched once more; one deleted after it is looked for, missed and fetched."""
+        self._listed = self.cache.names(self.store_id)
+
+    def may_hold(self, key: str) -> bool:
+        """Whether the cache may hold ``key`` (listed, or waiting to be written): if not, fetch it at once."""
+        listed = self._listed
+        if listed is None or _listed(listed, quote(key, safe="")):
+            return True
+        return pending(self.cache, self.store_id, key) is not None
+
+    def keep(self, key: str, data: bytes) -> None:
+        """Keep ``data`` as ``key``'s file (:func:`write_soon`)."""
+        write_soon(self.cache, self.store_id, key, data)
 
     def origin(self):
         """The store read through: where a chunk the cache does not hold is fetched from."""
@@ -436,7 +480,19 @@ def cached_bytes(store, key: str) -> memoryview | None:
 
 def keep_cached(store, key: str, data: bytes) -> None:
     """Keep ``data`` as ``key`` in the cache ``store`` reads through (:func:`write_soon`)."""
-    write_soon(store.cache, store.store_id, key, data)
+    store.keep(key, data)
+
+
+def may_be_cached(store, key: str) -> bool:
+    """Whether the cache ``store`` reads through may hold ``key`` (:meth:`CachingStore.may_hold`)."""
+    return store.may_hold(key)
+
+
+def list_cached(arr: zarr.Array) -> None:
+    """List what ``arr``'s cache holds of it now, if it reads through one (:meth:`CachingStore.list_held`)."""
+    store = arr.store_path.store
+    if isinstance(store, CachingStore):
+        store.list_held()
 
 
 def uncached(store):

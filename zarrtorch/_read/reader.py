@@ -24,6 +24,8 @@ from zarrtorch._read.cache import (
     cached_bytes,
     forget_cached,
     keep_cached,
+    list_cached,
+    may_be_cached,
     reads_through_cache,
     uncached,
 )
@@ -235,6 +237,13 @@ class PieceReader:
                 damaged.add_note(_REFETCHED)
                 raise damaged from None
 
+    def _list_cached(self) -> None:
+        """At an epoch's start: note which chunks the node's cache holds (one listing per array), so that the
+        others are requested at once."""
+        if self._cached:
+            for arr in self.arrays.values():
+                list_cached(arr)
+
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of
         at the first batch: a DataLoader worker makes its iterator as it starts, well before the first
@@ -245,6 +254,7 @@ class PieceReader:
         if self.early is not None or len(pieces) == 0 or (threads == 1 and self.in_flight.most <= 1):
             return
         fetch_ahead = self._fetch_ahead  # requested now, decoded in the decode threads as they arrive
+        self._list_cached()
         self._pool = pool = _reading_pool(self.threads if fetch_ahead else threads)  # the epoch's
 
         submit_early = weakref.WeakMethod(self._submit_early)  # the early reads are held here: must not hold us
@@ -284,6 +294,7 @@ class PieceReader:
         early_times, self._early_times, self.early = self._early_times, {}, None
         if len(pieces) == 0:
             return
+        self._list_cached()
         threads = reading_threads(self.threads, self.in_flight.most)
         fetch_ahead = self._fetch_ahead and self.in_flight.most > 1
         if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
@@ -455,7 +466,7 @@ class PieceReader:
             if out.cancelled():
                 return
             try:
-                held = [cached_bytes(store, key) for store, key in keys]
+                held = [cached_bytes(*k) if maybe else None for k, maybe in zip(keys, listed, strict=True)]
                 wanted = wanted_of(held)
             except BaseException as exc:  # noqa: BLE001 (it reaches the consumer, who must not wait for nothing)
                 if out.set_running_or_notify_cancel():
@@ -472,11 +483,14 @@ class PieceReader:
         # they are answered: the two futures must not hold each other, a cycle that would keep every answer's bytes
         # until a full garbage collection, which torch makes rare (memory past the loader's bound)
         out.add_done_callback(lambda done: [r.cancel() for r in unsent] if done.cancelled() else None)
-        if self._cached:
+        listed = [self._cached and may_be_cached(store, key) for store, key in keys]
+        if any(listed):  # the node's cache may hold some: looked for first, the rest fetched
             try:
                 submit(from_cache)
             except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
                 out.cancel()
+        elif self._cached:  # none there: fetched at once, then kept
+            fetch(keys, [None] * len(keys))
         else:
             fetch(keys)
         return out

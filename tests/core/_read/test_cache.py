@@ -335,3 +335,20 @@ def test_a_write_the_disk_takes_in_parts_is_kept_whole(tmp_path, monkeypatch):
     cache.write(store_id, "x/c/0", body)
     monkeypatch.undo()
     assert bytes(cache.read(store_id, "x/c/0")) == body
+
+
+def test_a_first_epoch_requests_the_chunks_the_cache_did_not_list_without_looking_for_their_files(
+    served, tmp_path, monkeypatch
+):
+    """The chunks missing from the cache's listing at an epoch's start are requested at once: looking for each
+    file first, in a reading thread behind the decodes queued there, made a first epoch 0.7x as fast as without
+    the cache. A warm epoch reads every chunk from its file, and asks the server for none."""
+    looked = []
+    read = ChunkCache.read
+    monkeypatch.setattr(ChunkCache, "read", lambda self, *key: looked.append(key) or read(self, *key))
+    ds = cached_dataset(served, tmp_path / "cache")
+    check_epoch(ds, 0)
+    assert looked == []
+    served.requests.clear()
+    check_epoch(ds, 1)
+    assert len(looked) == 2 * CHUNKS and chunk_requests(served) == 0
