@@ -127,8 +127,8 @@ class PieceReader:
         ]
         # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
         self._fetch_ahead = bool(arrays) and cache is None and len(self._together) == len(arrays)
-        # and each read through the node's chunk cache: what it holds is read in the cache's threads, not through
-        # the event loop (that way a warm epoch ran at half the local disk's rate)
+        # and each read through the node's chunk cache: what it holds is read and decoded in one reading thread, as
+        # a local store's chunks are, and the rest requested at once (:meth:`_fetch_then_decode`)
         self._cached = self._fetch_ahead and all(reads_through_cache(a) for a in arrays.values())
         if first is not None:
             self.read_first(first)
