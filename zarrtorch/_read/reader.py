@@ -37,6 +37,8 @@ from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
 
+PIECES_LOOKED_UP = 64  # pieces of an epoch looked up in the cache's listing to tell whether it holds the epoch
+
 
 def reading_threads(threads: int, prefetch: int) -> int:
     """Threads a :class:`PieceReader` reads in: enough for its reads in flight (none of its own when it
@@ -237,12 +239,27 @@ class PieceReader:
                 damaged.add_note(_REFETCHED)
                 raise damaged from None
 
-    def _list_cached(self) -> None:
+    def _list_cached(self, pieces: np.ndarray) -> None:
         """At an epoch's start: note which chunks the node's cache holds (one listing per array), so that the
-        others are requested at once."""
-        if self._cached:
-            for arr in self.arrays.values():
-                list_cached(arr)
+        others are requested at once; when it holds the epoch's ``pieces``, the reads in flight start from their
+        floor, as a local store's (:meth:`InFlight.start_from_floor`)."""
+        if not self._cached:
+            return
+        for arr in self.arrays.values():
+            list_cached(arr)
+        if len(pieces) and self._cache_holds(pieces):
+            self.in_flight.start_from_floor()
+
+    def _cache_holds(self, pieces: np.ndarray) -> bool:
+        """Whether the node's cache listed the chunks of ``pieces`` (:data:`PIECES_LOOKED_UP` of them, spread
+        over the epoch: a guess that sets a starting level only, so its cost stays fixed)."""
+        looked = np.unique(np.linspace(0, len(pieces) - 1, min(len(pieces), PIECES_LOOKED_UP)).astype(np.int64))
+        chunks = {int(pieces[i][0]) // self.chunk_rows for i in looked}
+        return all(
+            may_be_cached(arr.store_path.store, self._keys[name](chunk))
+            for chunk in chunks
+            for name, arr in self.arrays.items()
+        )
 
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of
@@ -254,7 +271,7 @@ class PieceReader:
         if self.early is not None or len(pieces) == 0 or (threads == 1 and self.in_flight.most <= 1):
             return
         fetch_ahead = self._fetch_ahead  # requested now, decoded in the decode threads as they arrive
-        self._list_cached()
+        self._list_cached(pieces)
         self._pool = pool = _reading_pool(self.threads if fetch_ahead else threads)  # the epoch's
 
         submit_early = weakref.WeakMethod(self._submit_early)  # the early reads are held here: must not hold us
@@ -294,7 +311,7 @@ class PieceReader:
         early_times, self._early_times, self.early = self._early_times, {}, None
         if len(pieces) == 0:
             return
-        self._list_cached()
+        self._list_cached(pieces)
         threads = reading_threads(self.threads, self.in_flight.most)
         fetch_ahead = self._fetch_ahead and self.in_flight.most > 1
         if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
