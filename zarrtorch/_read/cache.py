@@ -160,14 +160,16 @@ class ChunkCache:
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def names(self, store_id: str) -> np.ndarray:
-        """The files in the store's folder now (one directory listing), as the sorted hashes of their names
-        (:func:`_name_hash`): 8 bytes a file, where a set of names took ~90 (a store of a million chunks)."""
+    def names(self, store_id: str, also: list[str] = ()) -> np.ndarray:
+        """The files in the store's folder now (one directory listing) and the names ``also``, as the sorted
+        hashes of their names (:func:`_name_hash`): 8 bytes a file, where a set of names took ~90 (a store of a
+        million chunks)."""
         try:
             with os.scandir(self.root / store_id) as entries:
                 hashes = np.fromiter((_name_hash(e.name) for e in entries), dtype=np.int64)
         except (FileNotFoundError, NotADirectoryError):
             hashes = np.empty(0, dtype=np.int64)
+        hashes = np.concatenate([hashes, np.fromiter(map(_name_hash, also), dtype=np.int64, count=len(also))])
         hashes.sort()
         return hashes
 
@@ -368,6 +370,13 @@ def pending(cache: ChunkCache, store_id: str, key: str) -> memoryview | None:
     return None if waiting is None else memoryview(waiting[1])
 
 
+def pending_names(cache: ChunkCache, store_id: str) -> list[str]:
+    """The file names of the chunks of ``store_id`` handed to the cache by this process and not written yet."""
+    root = str(cache.root)
+    with _PENDING_LOCK:
+        return [quote(key, safe="") for r, s, key in _pending if r == root and s == store_id]
+
+
 def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: str = "") -> None:
     """Wait until this process's chunks handed to the cache are written (with ``cache``: that one chunk's): at the
     end of a process (a DataLoader worker ends with ``os._exit``, which waits for no thread), before counting what
@@ -435,8 +444,11 @@ class CachingStore(WrapperStore):
         """List the files the cache holds for this store, once an epoch: a chunk not among them (nor waiting to be
         written) is requested from the store at once, without a look at the disk first in a reading thread, behind
         the decodes queued there (that wait made a first epoch 0.7x as fast as without the cache). A file written
-        after the listing is only fetched once more; one deleted after it is looked for, missed and fetched."""
-        self._listed = self.cache.names(self.store_id)
+        after the listing is only fetched once more; one deleted after it is looked for, missed and fetched. The
+        chunks this process is writing count as listed: taken before the folder is read, so that a write landing
+        in between is in one or the other (a warm epoch right after the cold one fetched those again)."""
+        waiting = pending_names(self.cache, self.store_id)
+        self._listed = self.cache.names(self.store_id, also=waiting)
 
     def may_hold(self, key: str) -> bool:
         """Whether the cache may hold ``key`` (listed, or waiting to be written): if not, fetch it at once."""
