@@ -9,7 +9,7 @@ from there the next time. The rules that keep it from ever serving a wrong byte:
 - **Verified reads.** Each file starts with a header stating the length and the CRC-32 of the bytes after it; a
   file that is short, lengthened or altered is deleted and the chunk fetched again, never served. (A CRC catches
   every cut, every burst of up to 32 flipped bits and all but 2**-32 of other damage: the cache guards against
-  accidents, not an attacker who can write its folder; a cryptographic digest cost a fifth of a warm read.)
+  accidents, not an attacker who can write its folder, at a fifth of a cryptographic digest's cost per read.)
 - **A store id per array.** Files live under a directory named by a digest of the store's address, the
   array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store rewritten
   by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other metadata (a
@@ -72,8 +72,8 @@ _METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
 def _digest(data) -> bytes:
-    """The check of a file's bytes: CRC-32 (zlib's, 4x faster than BLAKE2b here; it lets the GIL go on large
-    buffers)."""
+    """The check of a file's bytes: CRC-32 (zlib's: a fifth of a cryptographic digest's cost, and it lets the GIL
+    go on large buffers)."""
     return zlib.crc32(data).to_bytes(_DIGEST, "little")
 
 
@@ -162,8 +162,8 @@ class ChunkCache:
 
     def names(self, store_id: str, also: list[str] = ()) -> np.ndarray:
         """The files in the store's folder now (one directory listing) and the names ``also``, as the sorted
-        hashes of their names (:func:`_name_hash`): 8 bytes a file, where a set of names took ~90 (a store of a
-        million chunks)."""
+        hashes of their names (:func:`_name_hash`): 8 bytes a file, not a set of names (~90 bytes each), on a
+        store of millions of chunks."""
         try:
             with os.scandir(self.root / store_id) as entries:
                 hashes = np.fromiter((_name_hash(e.name) for e in entries), dtype=np.int64)
@@ -226,8 +226,8 @@ def _verified(data: bytes) -> memoryview | None:
 
 
 def _read_file(path: Path) -> tuple[bytes, float]:
-    """The file's bytes and modification time, in four system calls and no file object (``Path.read_bytes`` took
-    twice as long, each of its calls a wait to take the GIL back while the reader decodes in other threads)."""
+    """The file's bytes and modification time, in four system calls and no file object: each call is a wait to
+    take the GIL back while the reader decodes in other threads."""
     fd = os.open(path, os.O_RDONLY)
     try:
         info = os.fstat(fd)
@@ -442,11 +442,10 @@ class CachingStore(WrapperStore):
 
     def list_held(self) -> None:
         """List the files the cache holds for this store, once an epoch: a chunk not among them (nor waiting to be
-        written) is requested from the store at once, without a look at the disk first in a reading thread, behind
-        the decodes queued there (that wait made a first epoch 0.7x as fast as without the cache). A file written
-        after the listing is only fetched once more; one deleted after it is looked for, missed and fetched. The
-        chunks this process is writing count as listed: taken before the folder is read, so that a write landing
-        in between is in one or the other (a warm epoch right after the cold one fetched those again)."""
+        written) is requested from the store at once, not looked for first in a reading thread, where the look
+        waits behind the decodes queued there. A file written after the listing is only fetched once more; one
+        deleted after it is looked for, missed and fetched. The chunks this process is still writing count as
+        listed, taken before the folder is read: a write that lands in between is in one or the other."""
         waiting = pending_names(self.cache, self.store_id)
         self._listed = self.cache.names(self.store_id, also=waiting)
 
