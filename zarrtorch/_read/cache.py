@@ -408,6 +408,10 @@ class CachingStore(WrapperStore):
         self.cache, self.store_id = cache, store_id
         self._listed: np.ndarray | None = None  # the files the cache held at the last listing (None: not listed)
 
+    def __getstate__(self) -> dict:
+        # a listing is this process's: its hashes of names are salted per process (a spawned worker's differ)
+        return {**super().__getstate__(), "_listed": None}
+
     def _with_store(self, store):
         return type(self)(store, cache=self.cache, store_id=self.store_id)
 

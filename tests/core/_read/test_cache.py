@@ -405,3 +405,17 @@ def test_a_warm_epoch_right_after_the_cold_one_reads_the_chunks_whose_writes_lan
         release.set()
     assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(ROWS))
     assert chunk_requests(served) == 0, served.requests
+
+
+def test_a_store_sent_to_another_process_carries_no_listing(tmp_path):
+    """The listing hashes file names with the process's salted ``hash``: a spawned worker's would differ, so a
+    pickled store carries none and the worker lists the cache itself at its epoch's start."""
+    import pickle
+
+    from zarrtorch._read.cache import CachingStore
+
+    store = CachingStore(zarr.storage.MemoryStore(), cache=ChunkCache(tmp_path / "cache"), store_id="0" * 32)
+    store.list_held()
+    assert store._listed is not None
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy._listed is None and copy.store_id == store.store_id and copy.may_hold("x/c/0/0")
