@@ -6,8 +6,10 @@ from there the next time. The rules that keep it from ever serving a wrong byte:
 
 - **Atomic writes.** A chunk is written to a temporary file beside its place, then renamed there: a reader sees
   a whole file or none, and of two processes writing the same chunk the last rename wins, with the same bytes.
-- **Verified reads.** Each file starts with a header stating the length and a BLAKE2b digest of the bytes after
-  it; a file that is short, lengthened or altered is deleted and the chunk fetched again, never served.
+- **Verified reads.** Each file starts with a header stating the length and the CRC-32 of the bytes after it; a
+  file that is short, lengthened or altered is deleted and the chunk fetched again, never served. (A CRC catches
+  every cut, every burst of up to 32 flipped bits and all but 2**-32 of other damage: the cache guards against
+  accidents, not an attacker who can write its folder, at a fifth of a cryptographic digest's cost per read.)
 - **A store id per array.** Files live under a directory named by a digest of the store's address, the
   array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store rewritten
   by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other metadata (a
@@ -15,8 +17,9 @@ from there the next time. The rules that keep it from ever serving a wrong byte:
   read. A chunk rewritten in place by other means with nothing of those changed cannot be told without a
   request per chunk: clear the cache then (:func:`clear_cache`, or ``python -m zarrtorch cache clear DIR``).
 - **A size limit.** With ``cache_limit_bytes``, the least recently used files (by modification time, renewed
-  at each hit) are deleted before a new one is written, so the directory stays under the limit; a chunk larger
-  than the limit is not kept.
+  at a hit when older than :data:`RENEW_AFTER_S`: a system call per file a minute at most, not per read) are
+  deleted before a new one is written, so the directory stays under the limit; a chunk larger than the limit
+  is not kept.
 
 Metadata documents are never cached (they are read once, when a dataset opens its store), nor byte ranges of a
 chunk not cached whole (a shard read inner chunk by inner chunk is fetched as before).
@@ -35,9 +38,12 @@ import multiprocessing.util
 import os
 import shutil
 import threading
+import time
+import zlib
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import zarr
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.storage import WrapperStore
@@ -46,9 +52,10 @@ from zarrtorch._compat.zarr import array_on_store
 
 WRITE_ID = "write_id"  # in a group's "zarrtorch" attributes (prepare_zarr): new at every write of the store
 MARKER = "ZARRTORCH_CACHE"  # a file in the cache's root: clear_cache removes nothing from a folder without it
-_MAGIC = b"ZTCACHE1"
-_DIGEST = 16  # bytes of BLAKE2b digest in a file's header
+_MAGIC = b"ZTCACHE2"  # files of another format (ZTCACHE1: a BLAKE2b digest) are refused, then fetched again
+_DIGEST = 4  # bytes of CRC-32 in a file's header
 _HEADER = len(_MAGIC) + 8 + _DIGEST
+RENEW_AFTER_S = 60.0  # a hit renews a file's modification time (its place in the LRU order) when older than this
 _WRITES = itertools.count()  # temporary files' numbers in this process
 _LOCK = ".lock"  # the file writers under a limit lock, in the cache's root
 _THREADS_WRITING = threading.Lock()
@@ -64,8 +71,10 @@ os.register_at_fork(after_in_child=_new_lock_after_fork)
 _METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=_DIGEST).digest()
+def _digest(data) -> bytes:
+    """The check of a file's bytes: CRC-32 (zlib's: a fifth of a cryptographic digest's cost, and it lets the GIL
+    go on large buffers)."""
+    return zlib.crc32(data).to_bytes(_DIGEST, "little")
 
 
 class ChunkCache:
@@ -103,17 +112,18 @@ class ChunkCache:
         """The chunk's bytes if a whole, intact file holds them; a damaged file is deleted (``None``: fetch it)."""
         path = self.path(store_id, key)
         try:
-            data = path.read_bytes()
+            data, modified = _read_file(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         body = _verified(data)
         if body is None:
             _remove(path)
             return None
-        try:
-            os.utime(path)  # used now: the last to be evicted
-        except OSError:  # evicted meanwhile by another process: the bytes read are still right
-            pass
+        if modified < time.time() - RENEW_AFTER_S:
+            try:
+                os.utime(path)  # used now: the last to be evicted
+            except OSError:  # evicted meanwhile by another process: the bytes read are still right
+                pass
         return body
 
     def write(self, store_id: str, key: str, data: bytes) -> None:
@@ -124,17 +134,17 @@ class ChunkCache:
         if self.limit_bytes is not None and size > self.limit_bytes:
             return
         path = self.path(store_id, key)
-        header = _MAGIC + len(data).to_bytes(8, "little") + _digest(data)
+        parts = (_MAGIC + len(data).to_bytes(8, "little") + _digest(data), data)  # written as they are: no copy
         try:
             if path.parent not in self._folders:  # made once per process: a system call less per chunk
                 path.parent.mkdir(exist_ok=True)
                 self._folders.add(path.parent)
             if self.limit_bytes is None:
-                _write_atomically(path, header + data)
+                _write_atomically(path, *parts)
                 return
             with self._writing_alone():  # room counted and filled by one writer of the node at a time
                 self.make_room(size)
-                _write_atomically(path, header + data)
+                _write_atomically(path, *parts)
         except OSError:  # the folder removed meanwhile (a clear): made again at the next write
             self._folders.discard(path.parent)
 
@@ -149,6 +159,19 @@ class ChunkCache:
                     yield
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def names(self, store_id: str, also: list[str] = ()) -> np.ndarray:
+        """The files in the store's folder now (one directory listing) and the names ``also``, as the sorted
+        hashes of their names (:func:`_name_hash`): 8 bytes a file, not a set of names (~90 bytes each), on a
+        store of millions of chunks."""
+        try:
+            with os.scandir(self.root / store_id) as entries:
+                hashes = np.fromiter((_name_hash(e.name) for e in entries), dtype=np.int64)
+        except (FileNotFoundError, NotADirectoryError):
+            hashes = np.empty(0, dtype=np.int64)
+        hashes = np.concatenate([hashes, np.fromiter(map(_name_hash, also), dtype=np.int64, count=len(also))])
+        hashes.sort()
+        return hashes
 
     def drop(self, store_id: str, key: str) -> None:
         """Forget the chunk (its bytes did not decode: they are fetched again from the store)."""
@@ -177,6 +200,19 @@ class ChunkCache:
             total -= file_size
 
 
+def _name_hash(name: str) -> int:
+    """A file name's hash, for a listing kept in this process only (two names of one hash only cost a look at
+    the disk)."""
+    return hash(name)
+
+
+def _listed(hashes: np.ndarray, name: str) -> bool:
+    """Whether ``name`` is among the sorted ``hashes`` (:meth:`ChunkCache.names`)."""
+    h = _name_hash(name)
+    at = int(np.searchsorted(hashes, h))
+    return at < len(hashes) and int(hashes[at]) == h
+
+
 def _verified(data: bytes) -> memoryview | None:
     """The bytes after the header (a view: not copied) when the header states their length and digest, else
     ``None``."""
@@ -189,22 +225,49 @@ def _verified(data: bytes) -> memoryview | None:
     return body
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """``data`` written to a temporary file beside ``path``, then renamed onto it: never seen half written. Few
-    system calls (each hands the GIL over and waits to take it back, while the reader decodes in other threads)."""
+def _read_file(path: Path) -> tuple[bytes, float]:
+    """The file's bytes and modification time, in four system calls and no file object: each call is a wait to
+    take the GIL back while the reader decodes in other threads."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        info = os.fstat(fd)
+        data = os.read(fd, info.st_size)
+    finally:
+        os.close(fd)
+    return data, info.st_mtime
+
+
+def _write_atomically(path: Path, *parts: bytes) -> None:
+    """``parts`` written one after another to a temporary file beside ``path``, then renamed onto it: never seen
+    half written. Few system calls (each hands the GIL over and waits to take it back, while the reader decodes in
+    other threads), and no fsync: a crash leaves a temporary file or a whole renamed one, and a file the disk lost
+    part of fails its check on read."""
     temporary = f"{path.parent}{os.sep}.tmp-{os.getpid()}-{threading.get_ident()}-{next(_WRITES)}"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            views = [memoryview(p).cast("B") for p in parts]
+            while views:
+                written = os.writev(fd, views)
+                views = _after(views, written)
         finally:
             os.close(fd)
         os.replace(temporary, path)
     except BaseException:
         _remove(Path(temporary))
         raise
+
+
+def _after(views: list[memoryview], written: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``written`` bytes are written (``os.writev`` may write less)."""
+    left = []
+    for view in views:
+        if written >= len(view):
+            written -= len(view)
+            continue
+        left.append(view[written:])
+        written = 0
+    return left
 
 
 def _remove(path: Path) -> None:
@@ -307,6 +370,13 @@ def pending(cache: ChunkCache, store_id: str, key: str) -> memoryview | None:
     return None if waiting is None else memoryview(waiting[1])
 
 
+def pending_names(cache: ChunkCache, store_id: str) -> list[str]:
+    """The file names of the chunks of ``store_id`` handed to the cache by this process and not written yet."""
+    root = str(cache.root)
+    with _PENDING_LOCK:
+        return [quote(key, safe="") for r, s, key in _pending if r == root and s == store_id]
+
+
 def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: str = "") -> None:
     """Wait until this process's chunks handed to the cache are written (with ``cache``: that one chunk's): at the
     end of a process (a DataLoader worker ends with ``os._exit``, which waits for no thread), before counting what
@@ -336,6 +406,11 @@ class CachingStore(WrapperStore):
     def __init__(self, store, *, cache: ChunkCache, store_id: str):
         super().__init__(store)
         self.cache, self.store_id = cache, store_id
+        self._listed: np.ndarray | None = None  # the files the cache held at the last listing (None: not listed)
+
+    def __getstate__(self) -> dict:
+        # a listing is this process's: its hashes of names are salted per process (a spawned worker's differ)
+        return {**super().__getstate__(), "_listed": None}
 
     def _with_store(self, store):
         return type(self)(store, cache=self.cache, store_id=self.store_id)
@@ -357,7 +432,7 @@ class CachingStore(WrapperStore):
             return prototype.buffer.from_bytes(_cut(held, byte_range))
         got = await self._store.get(key, prototype, byte_range)
         if got is not None and byte_range is None:
-            write_soon(self.cache, self.store_id, key, got.to_bytes())
+            self.keep(key, got.to_bytes())
         return got
 
     def held(self, key: str) -> memoryview | None:
@@ -368,6 +443,26 @@ class CachingStore(WrapperStore):
     def forget(self, key: str) -> None:
         wait_for_writes(self.cache, self.store_id, key)
         self.cache.drop(self.store_id, key)
+
+    def list_held(self) -> None:
+        """List the files the cache holds for this store, once an epoch: a chunk not among them (nor waiting to be
+        written) is requested from the store at once, not looked for first in a reading thread, where the look
+        waits behind the decodes queued there. A file written after the listing is only fetched once more; one
+        deleted after it is looked for, missed and fetched. The chunks this process is still writing count as
+        listed, taken before the folder is read: a write that lands in between is in one or the other."""
+        waiting = pending_names(self.cache, self.store_id)
+        self._listed = self.cache.names(self.store_id, also=waiting)
+
+    def may_hold(self, key: str) -> bool:
+        """Whether the cache may hold ``key`` (listed, or waiting to be written): if not, fetch it at once."""
+        listed = self._listed
+        if listed is None or _listed(listed, quote(key, safe="")):
+            return True
+        return pending(self.cache, self.store_id, key) is not None
+
+    def keep(self, key: str, data: bytes) -> None:
+        """Keep ``data`` as ``key``'s file (:func:`write_soon`)."""
+        write_soon(self.cache, self.store_id, key, data)
 
     def origin(self):
         """The store read through: where a chunk the cache does not hold is fetched from."""
@@ -400,7 +495,19 @@ def cached_bytes(store, key: str) -> memoryview | None:
 
 def keep_cached(store, key: str, data: bytes) -> None:
     """Keep ``data`` as ``key`` in the cache ``store`` reads through (:func:`write_soon`)."""
-    write_soon(store.cache, store.store_id, key, data)
+    store.keep(key, data)
+
+
+def may_be_cached(store, key: str) -> bool:
+    """Whether the cache ``store`` reads through may hold ``key`` (:meth:`CachingStore.may_hold`)."""
+    return store.may_hold(key)
+
+
+def list_cached(arr: zarr.Array) -> None:
+    """List what ``arr``'s cache holds of it now, if it reads through one (:meth:`CachingStore.list_held`)."""
+    store = arr.store_path.store
+    if isinstance(store, CachingStore):
+        store.list_held()
 
 
 def uncached(store):

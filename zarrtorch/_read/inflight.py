@@ -153,6 +153,19 @@ class InFlight:
             self._trial = (self.level, rate, 1)
         return level
 
+    def start_from_floor(self) -> None:
+        """Go down to ``first`` and start a fresh window: the next reads wait on no round trip (a node's warm chunk
+        cache holds them), and a level found for the network would only queue them at the decoders, where the
+        latency it sees never tells it to shrink. If they do wait, the level grows again as it does."""
+        if self.fixed:
+            return
+        if self.level != self.first:
+            self.level = self.first
+            if self.on_change is not None:
+                self.on_change(self.level)
+        self._trial = None
+        self._start_window()
+
     def new_epoch(self) -> None:
         """The next epoch keeps the level found and starts a fresh window (not while the last one drained)."""
         self._trial = None

@@ -21,10 +21,11 @@ import numpy as np
 import zarr
 
 from zarrtorch._read.cache import (
-    cache_threads,
     cached_bytes,
     forget_cached,
     keep_cached,
+    list_cached,
+    may_be_cached,
     reads_through_cache,
     uncached,
 )
@@ -35,6 +36,8 @@ from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
+
+PIECES_LOOKED_UP = 64  # pieces of an epoch looked up in the cache's listing to tell whether it holds the epoch
 
 
 def reading_threads(threads: int, prefetch: int) -> int:
@@ -126,8 +129,8 @@ class PieceReader:
         ]
         # every array remote and decoded directly: requests wait on zarr's event loop, not in a thread each
         self._fetch_ahead = bool(arrays) and cache is None and len(self._together) == len(arrays)
-        # and each read through the node's chunk cache: what it holds is read in the cache's threads, not through
-        # the event loop (that way a warm epoch ran at half the local disk's rate)
+        # and each read through the node's chunk cache: what it holds is read and decoded in one reading thread, as
+        # a local store's chunks are, and the rest requested at once (:meth:`_fetch_then_decode`)
         self._cached = self._fetch_ahead and all(reads_through_cache(a) for a in arrays.values())
         if first is not None:
             self.read_first(first)
@@ -236,6 +239,28 @@ class PieceReader:
                 damaged.add_note(_REFETCHED)
                 raise damaged from None
 
+    def _list_cached(self, pieces: np.ndarray) -> None:
+        """At an epoch's start: note which chunks the node's cache holds (one listing per array), so that the
+        others are requested at once; when it holds the epoch's ``pieces``, the reads in flight start from their
+        floor, as a local store's (:meth:`InFlight.start_from_floor`)."""
+        if not self._cached:
+            return
+        for arr in self.arrays.values():
+            list_cached(arr)
+        if len(pieces) and self._cache_holds(pieces):
+            self.in_flight.start_from_floor()
+
+    def _cache_holds(self, pieces: np.ndarray) -> bool:
+        """Whether the node's cache listed the chunks of ``pieces`` (:data:`PIECES_LOOKED_UP` of them, spread
+        over the epoch: a guess that sets a starting level only, so its cost stays fixed)."""
+        looked = np.unique(np.linspace(0, len(pieces) - 1, min(len(pieces), PIECES_LOOKED_UP)).astype(np.int64))
+        chunks = {int(pieces[i][0]) // self.chunk_rows for i in looked}
+        return all(
+            may_be_cached(arr.store_path.store, self._keys[name](chunk))
+            for chunk in chunks
+            for name, arr in self.arrays.items()
+        )
+
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of
         at the first batch: a DataLoader worker makes its iterator as it starts, well before the first
@@ -246,6 +271,7 @@ class PieceReader:
         if self.early is not None or len(pieces) == 0 or (threads == 1 and self.in_flight.most <= 1):
             return
         fetch_ahead = self._fetch_ahead  # requested now, decoded in the decode threads as they arrive
+        self._list_cached(pieces)
         self._pool = pool = _reading_pool(self.threads if fetch_ahead else threads)  # the epoch's
 
         submit_early = weakref.WeakMethod(self._submit_early)  # the early reads are held here: must not hold us
@@ -285,6 +311,7 @@ class PieceReader:
         early_times, self._early_times, self.early = self._early_times, {}, None
         if len(pieces) == 0:
             return
+        self._list_cached(pieces)
         threads = reading_threads(self.threads, self.in_flight.most)
         fetch_ahead = self._fetch_ahead and self.in_flight.most > 1
         if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
@@ -452,11 +479,11 @@ class PieceReader:
             unsent.append(fetch_soon(stores, self.policy))
             unsent[0].add_done_callback(lambda request: arrived(request, held))
 
-        def from_cache() -> None:  # in a thread of the cache's: what it holds is read as a local store's chunks are
+        def from_cache() -> None:  # in a reading thread: what the cache holds is read as a local store's chunks are
             if out.cancelled():
                 return
             try:
-                held = [cached_bytes(store, key) for store, key in keys]
+                held = [cached_bytes(*k) if maybe else None for k, maybe in zip(keys, listed, strict=True)]
                 wanted = wanted_of(held)
             except BaseException as exc:  # noqa: BLE001 (it reaches the consumer, who must not wait for nothing)
                 if out.set_running_or_notify_cancel():
@@ -464,8 +491,8 @@ class PieceReader:
                 return
             if wanted:
                 fetch(wanted, held)
-            else:
-                hand_over(held)
+            else:  # decoded in this thread: a hand-over to another costs a wait for the GIL per read
+                decode(held)
 
         unsent: list = []
         # a read nobody waits for any more (the epoch ended or failed): its requests are cancelled too, not left
@@ -473,8 +500,14 @@ class PieceReader:
         # they are answered: the two futures must not hold each other, a cycle that would keep every answer's bytes
         # until a full garbage collection, which torch makes rare (memory past the loader's bound)
         out.add_done_callback(lambda done: [r.cancel() for r in unsent] if done.cancelled() else None)
-        if self._cached:
-            cache_threads().submit(from_cache)
+        listed = [self._cached and may_be_cached(store, key) for store, key in keys]
+        if any(listed):  # the node's cache may hold some: looked for first, the rest fetched
+            try:
+                submit(from_cache)
+            except RuntimeError:  # the reading threads are shut down: the epoch ended, nobody waits for it
+                out.cancel()
+        elif self._cached:  # none there: fetched at once, then kept
+            fetch(keys, [None] * len(keys))
         else:
             fetch(keys)
         return out

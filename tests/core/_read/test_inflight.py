@@ -250,3 +250,15 @@ def test_the_level_found_is_kept_for_the_next_epochs_workers():
     state.publish(EpochView(epoch=1, skip=0, rank=0, world_size=1))  # a new epoch keeps the levels
     assert InFlight(8, 64, start=state.level(1)).level == 64
     assert InFlight(8, 40, start=state.level(1)).level == 40 and InFlight(8, 64, start=3).level == 8
+
+
+def test_start_from_floor_goes_down_to_the_first_level_and_tells_the_loader():
+    """A node's warm chunk cache: the next reads wait on no round trip, so an adapted level starts from its floor
+    (and the loader remembers it for the next epoch's workers); a fixed setting never moves."""
+    changes = []
+    adapted = InFlight(8, 256, start=32, on_change=changes.append)
+    adapted.start_from_floor()
+    assert adapted.level == 8 and changes == [8]
+    fixed = InFlight(3, 3)
+    fixed.start_from_floor()
+    assert fixed.level == 3
