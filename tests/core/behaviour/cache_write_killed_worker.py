@@ -1,6 +1,6 @@
 """A process of test_cache_interrupted.py: one epoch of a remote store read through a chunk cache, whose first
-chunk file stops half written (its ``os.write`` writes half the bytes, prints ``MID-WRITE`` and waits for good):
-the test kills it there."""
+chunk file stops half written (its ``os.write`` or ``os.writev``, whichever the cache calls, writes half the
+bytes, prints ``MID-WRITE`` and waits for good): the test kills it there."""
 
 from __future__ import annotations
 
@@ -26,10 +26,17 @@ def half_then_wait(fd: int, data) -> int:
     return written
 
 
+def half_of_buffers_then_wait(fd: int, buffers) -> int:
+    if stopped.is_set():
+        return os.writev(fd, buffers)
+    return half_then_wait(fd, b"".join(bytes(b) for b in buffers))
+
+
 def main() -> None:
     url, cache_dir = sys.argv[1:3]
     ds = ZarrIterableDataset(url, seed=5, read=ReadOptions(cache_dir=cache_dir))
-    cache_module.os = types.SimpleNamespace(**{**vars(os), "write": half_then_wait})  # after the marker's write
+    stalled = {"write": half_then_wait, "writev": half_of_buffers_then_wait}
+    cache_module.os = types.SimpleNamespace(**{**vars(os), **stalled})  # after the marker's write
     for _ in ZarrDataLoader(ds, batch_size=8, rank=0, world_size=1):
         pass
     wait_for_writes()
