@@ -522,12 +522,21 @@ def forget_cached(arr: zarr.Array, key: str) -> None:
         store.forget(key)
 
 
+def store_address(store) -> str:
+    """Where ``store`` is: its text (``<FsspecStore(S3FileSystem, bucket/path.zarr)>``) and, for an S3-compatible
+    service named by an endpoint, that endpoint, which the text leaves out: one bucket and path on two services
+    are two stores."""
+    options = getattr(getattr(store, "fs", None), "storage_options", None) or {}
+    endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
+    return f"{store} at {endpoint}" if endpoint else str(store)
+
+
 def store_id(arr: zarr.Array, first_bytes: bytes | None, group_attrs: dict) -> str:
     """The folder of ``arr``'s chunks in a cache: a digest of its store's address, its path, its metadata, its
     group's attributes and ``first_bytes`` (of its first chunk): another store, or this one rewritten, gets
     another folder."""
     described = (arr.metadata.to_dict(), dict(group_attrs))
-    text = repr((str(arr.store_path.store), arr.path, json.dumps(described, sort_keys=True, default=repr)))
+    text = repr((store_address(arr.store_path.store), arr.path, json.dumps(described, sort_keys=True, default=repr)))
     return hashlib.blake2b(text.encode() + (first_bytes or b"missing"), digest_size=16).hexdigest()
 
 

@@ -419,3 +419,26 @@ def test_a_store_sent_to_another_process_carries_no_listing(tmp_path):
     assert store._listed is not None
     copy = pickle.loads(pickle.dumps(store))
     assert copy._listed is None and copy.store_id == store.store_id and copy.may_hold("x/c/0/0")
+
+
+def test_one_bucket_and_path_on_two_s3_endpoints_are_two_stores_in_the_cache():
+    """The store's text names the bucket and path but not the S3-compatible service (``endpoint_url``): two
+    services holding ``s3://bucket/data.zarr`` with the same metadata, attributes and first chunk would have
+    shared one cache folder, and the second would have been served the first one's later chunks. The endpoint is
+    part of the store's address; one endpoint given either way is one store."""
+    from types import SimpleNamespace
+
+    from zarr.storage import FsspecStore
+
+    pytest.importorskip("s3fs")
+    arr = zarr.create_array(zarr.storage.MemoryStore(), shape=(4,), chunks=(2,), dtype="f4")
+
+    def cache_folder(**options):
+        store = FsspecStore.from_url("s3://bucket/data.zarr", storage_options={"anon": True, **options})
+        on_store = SimpleNamespace(metadata=arr.metadata, path=arr.path, store_path=SimpleNamespace(store=store))
+        return cache_module.store_id(on_store, b"first chunk", {"write_id": "w"})
+
+    one, other = cache_folder(endpoint_url="http://a:9000"), cache_folder(endpoint_url="http://b:9000")
+    assert one != other
+    assert cache_folder(client_kwargs={"endpoint_url": "http://a:9000"}) == one
+    assert cache_folder() not in (one, other)
