@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import warnings
+import weakref
 from datetime import timedelta
 
 from zarrtorch._compat.torch_distributed import default_group_timeout
@@ -132,19 +133,24 @@ def group_timeout_s() -> float:
     return RANK_CHECK_TIMEOUT_S if timeout is None else float(timeout.total_seconds())
 
 
-_CHECK_GROUPS: dict[str, tuple] = {}  # "group": (the default process group, the gloo group checks run in)
+_CHECK_GROUPS: dict[str, tuple] = {}  # "group": weak references to (the default process group, its check group)
 
 
 def _check_group(timeout_s: float):
     """A gloo group over every rank, made once per process group: the check's collective runs on the CPU
-    whatever the training's backend, and waits ``timeout_s`` at most (the default group waits 30 minutes)."""
+    whatever the training's backend, and waits ``timeout_s`` at most (the default group waits 30 minutes).
+
+    Held by weak reference only: torch owns process groups and frees them in ``destroy_process_group``; a group
+    kept alive past that is destroyed during interpreter shutdown, where a gloo group can abort the process."""
     import torch.distributed as dist
 
     world = dist.group.WORLD
     cached = _CHECK_GROUPS.get("group")
-    if cached is None or cached[0] is not world:
-        _CHECK_GROUPS["group"] = (world, dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
-    return _CHECK_GROUPS["group"][1]
+    group = cached[1]() if cached is not None and cached[0]() is world else None
+    if group is None:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        _CHECK_GROUPS["group"] = (weakref.ref(world), weakref.ref(group))
+    return group
 
 
 def check_ranks_agree(value: str, what: str, timeout_s: float | None = None) -> None:
