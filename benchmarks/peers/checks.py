@@ -83,3 +83,21 @@ def resume_elsewhere(before: Sequence[Batches], after: Sequence[Batches], n_rows
     if twice == 0 and missing <= may_drop:
         return "yes"
     return f"wrong: {twice} rows twice, {missing} missing"
+
+
+def same_batches_any_workers(per_workers: dict[int, Batches]) -> str:
+    """One rank's epoch, read with each worker count in ``per_workers`` (``{workers: batches}``): ``yes`` when
+    every count gives the same batches in the same order (a laptop run with 0 workers debugs the cluster's
+    batches), else, for each count that differs from the smallest, the first batch that differs and whether the
+    epoch's rows are at least the same."""
+    counts = sorted(per_workers)
+    first = [list(map(int, b)) for b in per_workers[counts[0]]]
+    differ = []
+    for w in counts[1:]:
+        other = [list(map(int, b)) for b in per_workers[w]]
+        if other != first:
+            pairs = zip(first, other, strict=False)  # a count may give fewer batches
+            k = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(other)))
+            rows = "the same rows" if sorted(_rows(first)) == sorted(_rows(other)) else "other rows"
+            differ.append(f"{w} from batch {k + 1} ({rows})")
+    return f"no, against {counts[0]} workers: " + "; ".join(differ) if differ else "yes"

@@ -3,8 +3,9 @@
 A peer script defines a :class:`Peer` (how its library opens, iterates, saves and restores a loader, written
 from that library's documentation) and calls :func:`main`. One process does one job: ``convert`` (the
 peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
-to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes) or ``layout``
-(rows or windows/s over one of ``beluga_layouts.py``'s stores), and prints
+to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes), ``layout``
+(rows or windows/s over one of ``beluga_layouts.py``'s stores) or ``workers`` (one rank's batches read with
+several DataLoader worker counts), and prints
 one ``PEER-RESULT {json}`` line (with the start method its children were started by: ``--start-method fork``, as
 an ordinary Linux script, or ``spawn``, as macOS, Windows and CUDA code). Only numpy, torch and the standard
 library are assumed here; memory is read
@@ -246,6 +247,22 @@ def guarantees(peer: Peer, ctx: Ctx, workers: int) -> dict:
     return out
 
 
+def worker_counts(peer: Peer, ctx: Ctx, counts: list[int]) -> dict:
+    """Rank 0 of 2, epochs 1 and 2, read by a new loader for each DataLoader worker count in ``counts``: are its
+    batches the same whatever the count (issue 44's third case)?"""
+    t0 = time.perf_counter()
+    per_epoch: list[dict[int, list]] = [{}, {}]
+    for w in counts:
+        loader = peer.open(ctx, rank=0, world=2, workers=w)
+        for e in range(2):
+            per_epoch[e][w] = collect(peer, peer.epoch(loader, e))
+        del loader
+    verdicts = [checks.same_batches_any_workers(per) for per in per_epoch]
+    out = {"counts": list(counts), "batches": {str(w): len(b) for w, b in per_epoch[0].items()}}
+    out["same_batches"] = next((v for v in verdicts if v != "yes"), "yes")
+    return out | {"seconds": time.perf_counter() - t0}
+
+
 def convert(peer: Peer, ctx: Ctx) -> dict:
     """The peer's own copy of the store, made once per store (``done.json`` marks a finished one)."""
     done = ctx.work / "done.json"
@@ -268,13 +285,16 @@ START_METHODS = ("fork", "spawn")
 def parser(name: str) -> argparse.ArgumentParser:
     """The options of one peer job (every peer script's command line)."""
     p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {name}")
-    p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout"])
+    p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout", "workers"])
     p.add_argument("--store", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--chunk-rows", type=int, required=True)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument(
+        "--counts", type=lambda s: [int(w) for w in s.split(",")], default=[0, 1, 2, 3], help="workers: the counts"
+    )
     p.add_argument("--world", type=int, default=1, help="throughput: rank 0 of this many simulated ranks")
     p.add_argument("--max-s", type=float, default=None, help="throughput, layout: stop an epoch after this long")
     p.add_argument("--kind", default="course", help="layout: the store's layout (beluga_layouts.py)")
@@ -312,6 +332,8 @@ def main(peer: Peer) -> None:
         result = convert(peer, ctx)
     elif a.job == "throughput":
         result = throughput(peer, ctx, a.workers, a.world, a.max_s)
+    elif a.job == "workers":
+        result = worker_counts(peer, ctx, a.counts)
     elif a.job == "layout":
         result = layout_throughput(peer, ctx, a.kind, a.frames, a.workers, a.max_s)
     else:

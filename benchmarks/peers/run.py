@@ -12,7 +12,8 @@ catches that, the spawned one a loader that learns its rank inside its workers (
 read the same rows, their equal batch counts come from that overlap, so the forked pass is needed too).
 Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
 on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
-disk and over HTTP with a delay per request.
+disk and over HTTP with a delay per request. Last, the worker-count case (:func:`run_workers_case`,
+``--workers-case``): one rank's batches read with 0, 1, 2 and 3 workers, the same or not.
 Prints the tables, writes the JSON (``--out``) and, with ``--md``, the markdown page.
 """
 
@@ -49,6 +50,8 @@ PEERS = [
     ("anemoi-datasets", "anemoi_peer.py", "anemoi", True),
     ("zarr-beluga 0.3.0", "beluga_peer.py", "beluga", True),
 ]
+# the worker-count case only: zarrtorch's order whose batches do not depend on the worker count
+RANK_ORDER = ("zarrtorch, batch_order='rank'", "zarrtorch_peer.py --rank-order", None, False)
 BELUGA = "zarr-beluga 0.3.0"
 # the layouts part: (store kind in beluga_layouts.py, its description); "course" is the peers' store itself
 LAYOUTS = [
@@ -140,6 +143,25 @@ def run_uneven_peer(name, script, env_name, converts, store: dict, a, log, start
     print(f"  {name}: guarantees, uneven store, {start_method}", flush=True)
     out["guarantees"] = job(python, script, ["guarantees", "--workers", "2", *common], a.timeout, log)
     return out
+
+
+def run_workers_case(store: dict, a, log) -> dict:
+    """Issue 44's third case on the main store: rank 0 of 2 simulated ranks, epochs 1 and 2, read by a new
+    loader with each of ``--worker-counts``; does a loader give the same batches whatever the count? Every
+    selected peer, and zarrtorch's ``batch_order='rank'`` beside its default."""
+    t0 = time.perf_counter()
+    counts = ",".join(str(w) for w in a.worker_counts)
+    out: dict = {"settings": {"counts": a.worker_counts, "batch_size": a.batch_size, "start_method": a.start_method}}
+    out["peers"] = []
+    wanted = wanted_names(a)
+    chosen = selected(wanted) + ([RANK_ORDER] if not wanted or any("zarrtorch".startswith(w) for w in wanted) else [])
+    for name, script, env_name, converts in chosen:
+        print(f"  {name}: worker counts {counts}", flush=True)
+        record, python, common = prepare_peer(name, script, env_name, converts, store, a, log, a.start_method)
+        if record["status"] == "ok":
+            record["workers"] = job(python, script, ["workers", "--counts", counts, *common], a.timeout, log)
+        out["peers"].append({k: v for k, v in record.items() if k != "environment"})
+    return out | machine_and_date() | {"wall_s": time.perf_counter() - t0}
 
 
 def uneven_split(rows: int, chunk_rows: int, batch_size: int, ranks: int = 2, workers: int = 2) -> dict:
@@ -262,6 +284,14 @@ def parser() -> argparse.ArgumentParser:
         default=list(table.START_METHODS),
         help="one uneven pass per start method of the DataLoader workers, comma-separated (default: fork,spawn)",
     )
+    p.add_argument(
+        "--workers-case",
+        choices=["yes", "no", "only"],
+        default="yes",
+        help="one rank's batches read with each of --worker-counts: the same whatever the count? (only: that part "
+        "alone, merged into the JSON beside --md, or --out, keeping the rest)",
+    )
+    p.add_argument("--worker-counts", type=lambda s: [int(w) for w in s.split(",")], default=[0, 1, 2, 3])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
@@ -281,6 +311,8 @@ def main() -> None:
         return main_uneven_only(a)
     if a.layouts == "only":
         return main_layouts_only(a)
+    if a.workers_case == "only":
+        return main_workers_only(a)
     t0 = time.perf_counter()
     from store import ensure_peer_store
 
@@ -302,13 +334,15 @@ def main() -> None:
         beluga_wanted = not wanted or any(BELUGA.lower().startswith(w) for w in wanted)
         if a.layouts == "yes" or (a.layouts == "auto" and beluga_wanted):
             results["layouts"] = run_layouts(store, a, log)
+        if a.workers_case == "yes":
+            results["workers_case"] = run_workers_case(store, a, log)
     results["wall_s"] = time.perf_counter() - t0
     results |= machine_and_date()
     Path(a.out).write_text(json.dumps(results, indent=1))
     text = table.markdown(results)
     if results.get("layouts"):
         text += "\n\n" + table.layouts_markdown(results["layouts"])
-    text += uneven_sections(results)
+    text += tail_sections(results)
     print(text)
     print(
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
@@ -336,8 +370,8 @@ def main_uneven_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven sections are replaced
-        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].rstrip("\n")
-        Path(a.md).write_text(kept + uneven_sections(results) + "\n")
+        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + tail_sections(results) + "\n")
     for method in a.uneven_start_methods:
         uneven = results[table.uneven_key(method)]
         print(f"\n{method}:\n{table.uneven_markdown(uneven)}\n{uneven['wall_s']:.0f} s")
@@ -369,12 +403,52 @@ def main_layouts_only(a) -> None:
         target.write_text(json.dumps(results, indent=1))
     text = table.layouts_markdown(layouts)
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its layouts table is replaced
-        kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0].split(UNEVEN_HEADING)[0]
-        Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + uneven_sections(results) + "\n")
+        kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0]
+        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0]
+        Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + tail_sections(results) + "\n")
     print(f"{text}\n{layouts['wall_s']:.0f} s; JSON: {path}")
 
 
 UNEVEN_HEADING = "## Guarantees on the uneven store"
+WORKERS_HEADING = "## One rank's batches and the worker count"
+
+
+def main_workers_only(a) -> None:
+    """``--workers-case only``: the worker-count case alone, put under ``workers_case`` in the JSON beside
+    ``--md`` (else ``--out``) with its own machine and date; the rest of the results are kept."""
+    from store import ensure_peer_store
+
+    path = Path(a.md).with_suffix(".json") if a.md else Path(a.out)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    store = ensure_peer_store(a.data_dir, a.rows, a.chunk_rows)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with Path(a.out).with_suffix(".workers.log").open("w") as log:
+        results["workers_case"] = run_workers_case(store, a, log)
+    for target in {path, Path(a.out)}:
+        target.write_text(json.dumps(results, indent=1))
+    if a.md and Path(a.md).exists():  # the page keeps everything else; its worker-count section is replaced
+        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + workers_section(results) + "\n")
+    print(f"{table.workers_markdown(results['workers_case'])}\n{results['workers_case']['wall_s']:.0f} s; JSON: {path}")
+
+
+def tail_sections(results: dict) -> str:
+    """The sections after the layouts table: the uneven passes, then the worker-count case."""
+    return uneven_sections(results) + workers_section(results)
+
+
+def workers_section(results: dict) -> str:
+    """The worker-count case as a section of ``benchmarks/peers.md`` ("" when the results have none)."""
+    case = results.get("workers_case")
+    if not case:
+        return ""
+    settings = case["settings"]
+    about = (
+        f"Rank 0 of 2 simulated ranks, epochs 1 and 2, batch size {settings['batch_size']}, a new loader for each of "
+        f"{', '.join(map(str, settings['counts']))} DataLoader workers (started by {settings['start_method']}); "
+        f"{case['date']}, {case['wall_s']:.0f} s."
+    )
+    return f"\n\n{WORKERS_HEADING}\n\n{about}\n\n{table.workers_markdown(case)}"
 
 
 def uneven_sections(results: dict) -> str:

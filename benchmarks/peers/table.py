@@ -199,3 +199,27 @@ def layouts_markdown(layouts: dict) -> str:
         cells += [_num(r_all / best, 2) if r_all and best else "", note]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+WORKERS_HEAD = [
+    "loader",
+    "worker counts",
+    "batches of rank 0 in epoch 1, per count",
+    "same batches for any worker count (workers: first batch that differs)",
+]
+
+
+def workers_markdown(case: dict) -> str:
+    """The worker-count case (``run.py``'s ``run_workers_case``): one line per loader, the counts it was read
+    with, its batch count per count and the verdict; a loader that could not run says why."""
+    lines = ["| " + " | ".join(WORKERS_HEAD) + " |", "|" + "---|" * len(WORKERS_HEAD)]
+    for peer in case["peers"]:
+        result = peer.get("workers") or {}
+        if peer.get("status") != "ok" or "error" in result:
+            why = peer.get("reason") or result.get("error") or peer.get("status") or "?"
+            lines.append("| " + " | ".join([peer["name"], "", "", _cell(f"not run: {why}")]) + " |")
+            continue
+        counts = ", ".join(str(w) for w in result["counts"])
+        batches = ", ".join(str(n) for n in result["batches"].values())
+        lines.append("| " + " | ".join([peer["name"], counts, batches, _cell(result["same_batches"])]) + " |")
+    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """zarrtorch itself, as ``make bench`` runs it: ``ZarrDataLoader(ZarrIterableDataset(store))``, shuffled, seed 0,
 ``drop_last=True``, persistent workers; simulated ranks through ``rank=``/``world_size=``. ``--uncompressed``
 (the peer "zarrtorch, uncompressed copy"): the same, on a copy of the store written by ``prepare_zarr`` without a
-codec, beside the uncompressed copies LitData and MosaicML Streaming read.
+codec, beside the uncompressed copies LitData and MosaicML Streaming read. ``--rank-order`` (the peer
+"zarrtorch, batch_order='rank'"): the same with batches that do not depend on the worker count.
 
 The ``layout`` job reads ``beluga_layouts.py``'s stores with default settings: rows, or windows of 2 input and
 ``frames - 2`` target steps (``Windows(history=2, lead=frames - 2)``).
@@ -23,6 +24,8 @@ class Zarrtorch(LoaderStatePeer):
     name = "zarrtorch"
     recipe = "this repository: benchmarks/harness.py zarrtorch_loader"
 
+    batch_order = "worker"
+
     def _loader(self, ds, ctx: Ctx, *, rank: int, world: int, workers: int):
         persistent = {"persistent_workers": True} if workers else {}
         return ZarrDataLoader(
@@ -32,6 +35,7 @@ class Zarrtorch(LoaderStatePeer):
             drop_last=True,
             rank=rank,
             world_size=world,
+            batch_order=self.batch_order,
             **persistent,
         )
 
@@ -75,8 +79,16 @@ class ZarrtorchUncompressed(Zarrtorch):
         return str(ctx.converted)
 
 
+class ZarrtorchRankOrder(Zarrtorch):
+    name = "zarrtorch, batch_order='rank'"
+    recipe = "this repository: docs/batch-order.md, ZarrDataLoader(..., batch_order='rank')"
+    batch_order = "rank"
+
+
+FLAGS = {"--uncompressed": ZarrtorchUncompressed, "--rank-order": ZarrtorchRankOrder}
+
 if __name__ == "__main__":
-    uncompressed = "--uncompressed" in sys.argv
-    if uncompressed:
-        sys.argv.remove("--uncompressed")
-    main(ZarrtorchUncompressed() if uncompressed else Zarrtorch())
+    chosen = [flag for flag in FLAGS if flag in sys.argv]
+    for flag in chosen:
+        sys.argv.remove(flag)
+    main(FLAGS[chosen[0]]() if chosen else Zarrtorch())

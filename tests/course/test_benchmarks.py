@@ -238,11 +238,13 @@ def test_obstore_eval_fork_part_answers_every_case(tmp_path):
     prepare_zarr({"x": np.ones((128, 4, 8), "f4")}, store, chunk_rows=64, progress=False)
     out = tmp_path / "fork.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "obstore_eval.py"), "--store", str(store), "--json", str(out)]
-    cmd += ["--protocols", "http", "--parts", "fork", "--delay-ms", "0", "--fork-timeout", "3"]
+    # a spawned child imports torch and zarr first: seconds on a loaded machine, so the deadline is not 3 s
+    cmd += ["--protocols", "http", "--parts", "fork", "--delay-ms", "0", "--fork-timeout", "12"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     fork = json.loads(out.read_text())["fork"]
-    assert len(fork) == 8 and all(case["child"] for case in fork.values())
+    # obstore in a forked child after the parent used it hangs or crashes (exit -11), by run: both are answers
+    assert len(fork) == 8 and all(case.get("child") or case.get("error") for case in fork.values())
     for method in ("spawn", "forkserver"):
         case = fork[f"{method} after a request in the parent, the store pickled to the child"]
         assert case["child"].startswith("ok") and case["parent after"].startswith("ok"), case

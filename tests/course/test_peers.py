@@ -542,3 +542,40 @@ def test_a_fixed_share_that_drops_other_rows_each_epoch_is_not_reshuffled_across
     assert checks.reshuffled_across_ranks(epoch_1, epoch_2) == "no: fixed share per rank"
     swapped = [batches([*range(16, 28)]), batches([*range(0, 12)])]
     assert checks.reshuffled_across_ranks(epoch_1, swapped) == "yes"
+
+
+def test_same_batches_for_any_worker_count_says_where_and_how_they_differ():
+    rows = list(range(16))
+    assert checks.same_batches_any_workers({0: batches(rows), 2: batches(rows), 3: batches(rows)}) == "yes"
+    swapped = batches(rows[4:8] + rows[:4] + rows[8:])
+    said = checks.same_batches_any_workers({0: batches(rows), 2: swapped})
+    assert said == "no, against 0 workers: 2 from batch 1 (the same rows)"
+    fewer = batches(rows[:8])
+    said = checks.same_batches_any_workers({3: fewer, 0: batches(rows), 2: swapped})
+    assert said == "no, against 0 workers: 2 from batch 1 (the same rows); 3 from batch 3 (other rows)"
+
+
+def test_the_worker_count_case_runs_zarrtorch_for_real_and_merges_into_the_page(tmp_path, monkeypatch, run_py):
+    """Issue 44's third case among the peers: one rank's batches read with several worker counts. zarrtorch's
+    default order gives other batches with 2 workers than with 0 (each worker forms its own), its
+    ``batch_order='rank'`` the same ones; ``--workers-case only`` merges the case into the committed JSON and
+    page, keeping the rest. Real processes on a 256-row store in chunks of 32 (``--only zarrtorch``: zarrtorch,
+    its uncompressed copy and its rank order)."""
+    run = run_py
+    committed = {"peers": [{"name": "timed"}], "date": "2026-01-01T00:00"}
+    (tmp_path / "peers.json").write_text(json.dumps(committed))
+    (tmp_path / "peers.md").write_text(f"# the main table\n\n| timed |\n\n{run.WORKERS_HEADING}\n\nold\n")
+    argv = ["run.py", "--workers-case", "only", "--worker-counts", "0,2", "--only", "zarrtorch"]
+    argv += ["--md", str(tmp_path / "peers.md"), "--out", str(tmp_path / "out" / "peers.json")]
+    argv += ["--data-dir", str(tmp_path), "--rows", "256", "--chunk-rows", "32", "--batch-size", "8"]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(run, "work_dir", lambda script, env, store: tmp_path / "work" / script.replace(" ", ""))
+    run.main()
+    results = json.loads((tmp_path / "peers.json").read_text())
+    assert results["peers"] == committed["peers"]
+    said = {p["name"]: p["workers"]["same_batches"] for p in results["workers_case"]["peers"]}
+    assert said["zarrtorch, batch_order='rank'"] == "yes"
+    assert said["zarrtorch"] == "no, against 0 workers: 2 from batch 2 (the same rows)"
+    page = (tmp_path / "peers.md").read_text()
+    assert page.startswith("# the main table\n\n| timed |\n\n") and "old" not in page
+    assert "| zarrtorch, batch_order='rank' | 0, 2 | 16, 16 | yes |" in page

@@ -294,6 +294,7 @@ def page(results: dict) -> str:
         _page_two_stores(results) if uneven_passes(results) else _page_limits(results),
         _page_findings(results),
         _page_layouts(results),
+        _page_workers(results),
         _page_figure(results),
         _page_reproduce(),
     ]
@@ -847,6 +848,32 @@ def _page_layouts(results: dict) -> str:
 
 def _rate(v: float | None) -> str:
     return "?" if v is None else f"{v:,.0f}"
+
+
+def _page_workers(results: dict) -> str:
+    """The worker-count case (``run.py --workers-case``): which loaders give one rank the same batches whatever
+    the number of DataLoader workers, every statement computed from the run."""
+    case = results.get("workers_case")
+    if not case:
+        return ""
+    ran = [p for p in case["peers"] if p.get("status") == "ok" and "error" not in (p.get("workers") or {})]
+    same = [p["name"] for p in ran if p["workers"]["same_batches"] == "yes"]
+    other = [p["name"] for p in ran if p["workers"]["same_batches"] != "yes"]
+    counts = ", ".join(str(w) for w in case["settings"]["counts"])
+    text = f"""A run debugged on a laptop with 0 workers should see the batches the cluster's run saw with more. Here
+    rank 0 of 2 simulated ranks reads epochs 1 and 2 with a new loader for each of {counts} DataLoader workers
+    ({case["date"].replace("T", " ")}, {case["wall_s"]:.0f} s); the verdict is "yes" when every count gives the
+    same batches, row for row and in the same order. The same batches whatever the count (loaders separated by
+    semicolons):
+    {"; ".join(same) or "none"}. Other batches with another count: {"; ".join(other) or "none"}. zarrtorch's
+    default lets each worker form batches from its own chunks (the fastest way, so the default);
+    `batch_order="rank"` assembles them in one place per rank ([batch-order.md](batch-order.md))."""
+    return f"""## One rank's batches and the worker count
+
+{_paragraph(text)}
+
+{table_module().workers_markdown(case)}
+"""
 
 
 def _page_figure(results: dict) -> str:
