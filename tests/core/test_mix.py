@@ -188,6 +188,53 @@ def test_an_epoch_whose_every_step_was_taken_is_over_though_its_end_was_not_aske
     assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
 
 
+# -- what a consumer says (a trainer: zarrtorch.lightning.MixedDataModule) --------------------------------------------
+@pytest.mark.parametrize("form", [{"weights": [2, 1], "epoch_rows": 160}, {"batches": "mixed", "epoch_rows": 160}])
+def test_a_state_saved_while_the_consumer_holds_a_batch_resumes_at_that_batch(stores, form):
+    """A consumer that reads one batch ahead (``consumed_batches`` one below the steps yielded) saves a state that
+    puts that batch back, in the mix and in its source: the resumed mix yields it again, then the rest as the
+    uninterrupted run does."""
+    form = {"sizes": {"era": 6, "cerra": 2}, **form} if "batches" in form else form
+    whole = mix_for(stores, **form)
+    it = iter(whole)
+    taken = [next(it) for _ in range(8)]  # 7 trained, the 8th held
+    whole.consumed_batches = lambda: 7
+    state = json.loads(json.dumps(whole.state_dict()))
+    whole.consumed_batches = None
+    rest = [taken[7], *it]
+    resumed = mix_for(stores, **form)
+    resumed.load_state_dict(state)
+    again = run_steps(resumed)
+    assert state["steps"] == 7
+    assert [drawn([b]) for b in again] == [drawn([b]) for b in rest]
+
+
+def test_the_consumers_epoch_length_ends_the_epoch_in_a_state(stores):
+    """A consumer that takes 5 steps of each epoch (Lightning's ``limit_train_batches=5``): a state saved after them
+    is the next epoch's start, the sources where the 5 steps left them."""
+    whole = mix_for(stores, weights=[2, 1], epoch_rows=160)
+    whole.consumer_epoch_length = lambda: 5
+    run_steps(whole, 5)
+    state = json.loads(json.dumps(whole.state_dict()))
+    assert (state["epoch"], state["steps"]) == (1, 0)
+    whole.set_epoch(1)
+    resumed = mix_for(stores, weights=[2, 1], epoch_rows=160)
+    resumed.load_state_dict(state)
+    assert [drawn([b]) for b in run_steps(resumed)] == [drawn([b]) for b in run_steps(whole)]
+
+
+def test_steps_a_trainer_counts_as_done_lengthen_the_epoch_and_shift_its_count(stores):
+    """``count_as_done(3)`` (a trainer resumed at an epoch's end on another world size keeps the old epoch's count):
+    ``len()`` counts the 3 steps, and a state saved when the trainer counts 3 + 4 holds 4 steps."""
+    mix = mix_for(stores, weights=[2, 1], epoch_rows=160)
+    length = len(mix)
+    mix.count_as_done(3)
+    assert len(mix) == length + 3 and mix.batches_before() == 0
+    run_steps(mix, 4)
+    mix.consumed_batches = lambda: 3 + 4
+    assert mix.state_dict()["steps"] == 4
+
+
 def loaders(stores, **over):
     out = {}
     for name, path in stores.items():
