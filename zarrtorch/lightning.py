@@ -1,4 +1,7 @@
-"""``ZarrDataModule``: a ``LightningDataModule`` over one prepared store, split along time by whole chunks.
+"""``ZarrDataModule``: a ``LightningDataModule`` over one prepared store, split along time by whole chunks;
+``MixedDataModule``: several of them mixed by weight (:class:`zarrtorch.MixedLoader`, ``docs/mix.md``). Both keep
+their training loader's position in Lightning's checkpoints and follow the trainer's limits
+(:class:`ResumableTraining`).
 
 ``ZarrDataModule`` splits the store along time by whole chunks (the last ``val_fraction`` of the chunks
 validate) without copying anything: the training and the validation datasets are two row windows

@@ -23,6 +23,9 @@ own shuffle and its own resume. The mixed loader only decides which source the n
 Batches are per source (the default: different grids cannot share a batch) or, for sources of one grid,
 ``batches="mixed"``: every batch holds a fixed number of rows of every source (its loader's batch size, which is
 its share), so each source's state is exact at every step and every guarantee above holds as it is.
+
+Under Lightning: :class:`zarrtorch.lightning.MixedDataModule`, which tells the loader what the trainer has consumed
+(``consumed_batches``, ``consumer_epoch_length``, ``count_as_done``) as it does for one store.
 """
 
 from __future__ import annotations

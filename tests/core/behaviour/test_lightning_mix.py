@@ -107,6 +107,21 @@ def test_a_trainer_fits_two_epochs_on_per_source_batches_that_say_their_source(s
     assert model.validated == {0, 1}  # every source's validation loader, dataloader_idx its index in names
 
 
+def test_bad_mix_arguments_are_refused_when_the_data_module_is_built(stores):
+    def source(name, **kw):
+        return ZarrDataModule(stores[name], **{"batch_size": BATCH, "val_fraction": 0.25, **kw})
+
+    with pytest.raises(ValueError, match="other batch sizes"):
+        MixedDataModule({"era": source("era"), "cerra": source("cerra", batch_size=4)})
+    with pytest.raises(ValueError, match="weights must name every source once"):
+        MixedDataModule({"era": source("era"), "cerra": source("cerra")}, weights={"era": 1, "cera": 1})
+    with pytest.raises(TypeError, match="source 'cerra' must be a zarrtorch.lightning.ZarrDataModule"):
+        MixedDataModule({"era": source("era"), "cerra": str(stores["cerra"])})
+    one = source("era")
+    with pytest.raises(ValueError, match="a ZarrDataModule is given as two sources"):
+        MixedDataModule({"era": one, "again": one})
+
+
 CASES = {
     # Lightning holds the batch after the checkpoint's step (it fetches ahead): the mix and its source put it back
     "mid-epoch, 5 steps": (dict(max_epochs=2), 5),
