@@ -44,7 +44,7 @@ from zarrtorch._util.random_streams import MIX_ORDER
 from zarrtorch.loader import ZarrDataLoader
 from zarrtorch.plan import rng_for
 
-MIX_VERSION = 1
+MIX_VERSION = 2  # 2: steps_before
 SOURCE = "source"  # the batch key that names a batch's source
 PER_SOURCE, MIXED = "per_source", "mixed"
 
@@ -66,13 +66,15 @@ def step_order(quotas: Sequence[int], *, seed: int, epoch: int, segment: int) ->
 @dataclass(frozen=True)
 class MixPoint:
     """Where a mix epoch stands: its ``epoch``, the rows drawn per source in earlier segments (on other
-    topologies), the segment's number, the world size it runs on and the steps of it already yielded."""
+    topologies), the segment's number, the world size it runs on, the steps of it already yielded, and the steps
+    every rank yielded in the earlier segments (a trainer counts them in the epoch)."""
 
     epoch: int
     drawn_before: tuple[int, ...]
     segment: int
     world_size: int
     steps: int
+    steps_before: int = 0
 
     def on(self, world: int, batches: Sequence[int], global_batches: Sequence[int]) -> MixPoint:
         """This point as a new segment on ``world`` ranks when it ran on another: the rows of the ``batches`` per rank
@@ -80,7 +82,7 @@ class MixPoint:
         if world == self.world_size:
             return self
         drawn = tuple(d + c * g for d, c, g in zip(self.drawn_before, batches, global_batches, strict=True))
-        return MixPoint(self.epoch, drawn, self.segment + 1, world, 0)
+        return MixPoint(self.epoch, drawn, self.segment + 1, world, 0, self.steps_before + self.steps)
 
 
 class MixedLoader:
@@ -191,9 +193,11 @@ class MixedLoader:
         return tuple(int(c) for c in np.bincount(steps, minlength=len(self._names)))
 
     def __len__(self) -> int:
-        """Steps this rank yields in the epoch the next ``iter()`` runs, from its start (a state resumed on the
-        saved world size counts the whole epoch; on another one, the rest of it)."""
-        return len(self.order(self.start_point(self.topology()[1]))) + self._counted(self.epoch)
+        """Steps of this rank in the epoch the next ``iter()`` runs, from its start: a resumed state's steps
+        yielded before count too (on another world size: those of the earlier segments plus the rest), as a
+        ``ZarrDataLoader`` counts them and a trainer, resumed with its count of them, expects."""
+        point = self.start_point(self.topology()[1])
+        return point.steps_before + len(self.order(point)) + self._counted(self.epoch)
 
     def count_as_done(self, steps: int) -> None:
         """A trainer counts ``steps`` steps of the epoch the next ``iter()`` runs as done that this loader never
@@ -204,7 +208,8 @@ class MixedLoader:
 
     def batches_before(self) -> int:
         """Steps of the epoch the next ``iter()`` runs that were yielded before it (by a loaded state)."""
-        return self.start_point(self.topology()[1]).steps
+        point = self.start_point(self.topology()[1])
+        return point.steps_before + point.steps
 
     def _counted(self, epoch: int) -> int:
         ahead = self._counted_ahead
@@ -303,7 +308,7 @@ class MixedLoader:
         run = self._run
         if run is not None and not run.done:
             p, steps = run.point, self._steps_consumed(run)
-            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, steps)
+            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, steps, p.steps_before)
             if steps >= self._consumed_length(run):  # every step taken: the next epoch's start
                 point = MixPoint(p.epoch + 1, (0,) * len(self._names), 0, world, 0)
         else:
@@ -320,6 +325,7 @@ class MixedLoader:
             "world_size": point.world_size,
             "steps": point.steps,
             "drawn_before": list(point.drawn_before),
+            "steps_before": point.steps_before,
             "sources": {name: loader.state_dict() for name, loader in self.sources.items()},
         }
 
@@ -330,7 +336,8 @@ class MixedLoader:
         consumed = self.consumed_batches() if self.consumed_batches is not None else None
         if consumed is None:
             return yielded
-        consumed = int(consumed) - self._counted(run.point.epoch)  # in the trainer's count, not yielded here
+        # in the trainer's count: steps it counts as done that were never yielded, and the earlier segments'
+        consumed = int(consumed) - self._counted(run.point.epoch) - run.point.steps_before
         return max(run.point.steps, min(yielded, consumed))
 
     def _consumed_length(self, run: MixRun) -> int:
@@ -338,7 +345,8 @@ class MixedLoader:
         limit = self.consumer_epoch_length() if self.consumer_epoch_length is not None else None
         if limit is None:
             return len(run.order)
-        return max(run.point.steps, min(len(run.order), int(limit) - self._counted(run.point.epoch)))
+        limit = int(limit) - self._counted(run.point.epoch) - run.point.steps_before
+        return max(run.point.steps, min(len(run.order), limit))
 
     def unconsumed_of(self, name: str) -> int:
         """Batches of source ``name`` this loader has yielded that its consumer has not finished with (0 without a
@@ -379,6 +387,7 @@ class MixedLoader:
             whole_number(state["segment"], "segment", least=0),
             whole_number(state["world_size"], "world_size", least=1),
             whole_number(state["steps"], "steps", least=0),
+            whole_number(state["steps_before"], "steps_before", least=0),
         )
         saved_sources = state.get("sources")
         if not isinstance(saved_sources, Mapping) or set(saved_sources) != set(self._names):

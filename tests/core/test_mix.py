@@ -235,6 +235,27 @@ def test_steps_a_trainer_counts_as_done_lengthen_the_epoch_and_shift_its_count(s
     assert mix.state_dict()["steps"] == 4
 
 
+def test_a_mix_resumed_on_another_world_size_counts_the_steps_before_as_a_trainer_does(stores):
+    """Saved after 3 steps on 2 ranks, resumed on 1: ``len()`` is those 3 steps plus the rest (as a ZarrDataLoader's),
+    and a trainer's count (3 + 4 after 4 more steps) saves 4 steps of the new segment. Lightning, resumed with its
+    count at 3, asked for ``len()`` = the rest only and stopped 3 steps short of the epoch's end."""
+    old = [mix_for(stores, r, 2, weights=[2, 1], epoch_rows=160) for r in range(2)]
+    for m in old:
+        run_steps(m, 3)
+    state = json.loads(json.dumps(old[0].state_dict()))
+    new = mix_for(stores, 0, 1, weights=[2, 1], epoch_rows=160)
+    new.load_state_dict(state)
+    assert new.batches_before() == 3
+    length = len(new)
+    it = iter(new)
+    assert [next(it) for _ in range(4)] and len(list(it)) == length - 3 - 4
+    again = mix_for(stores, 0, 1, weights=[2, 1], epoch_rows=160)
+    again.load_state_dict(state)
+    run_steps(again, 4)
+    again.consumed_batches = lambda: 3 + 4
+    assert again.state_dict()["steps"] == 4
+
+
 def loaders(stores, **over):
     out = {}
     for name, path in stores.items():
