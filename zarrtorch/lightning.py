@@ -170,9 +170,10 @@ def plan_split(rows: int, chunk_rows: int, val_fraction: float, halo: int = 0) -
 
 class ResumableTraining(L.LightningDataModule):
     """What a data module needs for its training loader to follow Lightning exactly: the batches Lightning has
-    trained (it fetches one ahead) and the most it trains per epoch (``limit_train_batches``, ``max_steps``) told
-    to the loader, the loader's position kept in the data module's own state (restored in every order Lightning
-    restores things), and an epoch resumed on another number of ranks reconciled with Lightning's counters.
+    trained (fewer than the loader yielded when it fetches ahead) and the most it trains per epoch
+    (``limit_train_batches``, ``max_steps``) told to the loader, the loader's position kept in the data module's
+    own state (restored in every order Lightning restores things), and an epoch resumed on another number of ranks
+    reconciled with Lightning's counters.
 
     A subclass builds its training loader (:meth:`new_train_loader`) and loads a state into it
     (:meth:`load_train_state`); the loader (a :class:`~zarrtorch.ZarrDataLoader` or a
@@ -252,7 +253,7 @@ class ResumableTraining(L.LightningDataModule):
         has another length than the whole epochs after it (2 ranks -> 1: 17 batches, then 20, the last 3 never
         trained). Its counters are restored only after a first loader is built, so this is done after every
         resume: the reload returns the resumed loader while its epoch has still to run (reconciled with those
-        counters, :meth:`_align_with_the_trainers_count`), a new one after it."""
+        counters, :meth:`_align_with_the_trainers_count`), the same loader set to the next epoch after it."""
         if trainer is not None and getattr(trainer.state, "fn", None) == "fit" and self._reload_setting is None:
             self._reload_setting = trainer.reload_dataloaders_every_n_epochs
             trainer.reload_dataloaders_every_n_epochs = 1

@@ -136,7 +136,7 @@ class MixedLoader:
         self._names = names
         self._counted_ahead: tuple[int, int] | None = None  # (epoch, steps) a trainer counts as done
         # what a consumer says, when it can (a trainer: see zarrtorch.lightning): the steps of this mix epoch it has
-        # finished with (it fetches ahead), and the most it takes of an epoch (``limit_train_batches``)
+        # finished with (it may fetch ahead), and the most it takes of an epoch (``limit_train_batches``)
         self.consumed_batches: Callable[[], int | None] | None = None
         self.consumer_epoch_length: Callable[[], int | None] | None = None
         for name, loader in self.sources.items():
@@ -330,8 +330,8 @@ class MixedLoader:
         }
 
     def _steps_consumed(self, run: MixRun) -> int:
-        """Steps of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so (a trainer
-        fetches ahead), never fewer than where ``run`` began."""
+        """Steps of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so (it may
+        fetch ahead), never fewer than where ``run`` began."""
         yielded = run.point.steps + run.seen
         consumed = self.consumed_batches() if self.consumed_batches is not None else None
         if consumed is None:
@@ -432,7 +432,7 @@ def load_all(
 
 class _SourceConsumed:
     """A source's ``consumed_batches``: the batches of its own epoch it has yielded, less those the mix's consumer
-    has not finished with (a trainer fetches ahead; a checkpoint must hold them as not yet trained). ``None``
+    has not finished with (it may read ahead; a checkpoint must hold them as not yet trained). ``None``
     (all yielded) when the mix has nothing to subtract. Holds the mix by weak reference (no loader cycle)."""
 
     def __init__(self, mix: MixedLoader, name: str):
