@@ -71,7 +71,7 @@ class Batches(L.Callback):
 def fit(stores, *, ckpt_path=None, callbacks=(), model=None, **trainer_kw) -> dict[int, list[tuple[str, list[int]]]]:
     L.seed_everything(0, verbose=False)
     seen = Batches()
-    trainer_kw.setdefault("enable_checkpointing", bool(callbacks))
+    trainer_kw.setdefault("enable_checkpointing", any(isinstance(c, ModelCheckpoint) for c in callbacks))
     trainer_kw.setdefault("limit_val_batches", 0)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(does not have many workers|LeafSpec|val_dataloader|__len__).*")
