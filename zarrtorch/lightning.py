@@ -1,4 +1,7 @@
-"""``ZarrDataModule``: a ``LightningDataModule`` over one prepared store, split along time by whole chunks.
+"""``ZarrDataModule``: a ``LightningDataModule`` over one prepared store, split along time by whole chunks;
+``MixedDataModule``: several of them mixed by weight (:class:`zarrtorch.MixedLoader`, ``docs/mix.md``). Both keep
+their training loader's position in Lightning's checkpoints and follow the trainer's limits
+(:class:`ResumableTraining`).
 
 ``ZarrDataModule`` splits the store along time by whole chunks (the last ``val_fraction`` of the chunks
 validate) without copying anything: the training and the validation datasets are two row windows
@@ -21,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,7 @@ from zarrtorch._util.sizes import ceil_div
 from zarrtorch.dataset import ZarrIterableDataset
 from zarrtorch.layout import check_first_axis_layout
 from zarrtorch.loader import ZarrDataLoader
+from zarrtorch.mix import PER_SOURCE, MixedLoader
 from zarrtorch.options import ReadOptions, check_batch_order_name
 
 SHUFFLE_MODES = ("none", "chunks", "full")
@@ -164,7 +168,114 @@ def plan_split(rows: int, chunk_rows: int, val_fraction: float, halo: int = 0) -
     return SplitPlan(int(rows), int(chunk_rows), split, int(halo))
 
 
-class ZarrDataModule(L.LightningDataModule):
+class ResumableTraining(L.LightningDataModule):
+    """What a data module needs for its training loader to follow Lightning exactly: the batches Lightning has
+    trained (fewer than the loader yielded when it fetches ahead) and the most it trains per epoch
+    (``limit_train_batches``, ``max_steps``) told to the loader, the loader's position kept in the data module's
+    own state (restored in every order Lightning restores things), and an epoch resumed on another number of ranks
+    reconciled with Lightning's counters.
+
+    A subclass builds its training loader (:meth:`new_train_loader`) and loads a state into it
+    (:meth:`load_train_state`); the loader (a :class:`~zarrtorch.ZarrDataLoader` or a
+    :class:`~zarrtorch.MixedLoader`) has ``consumed_batches``, ``consumer_epoch_length``, ``epoch``, ``set_epoch``,
+    ``batches_before``, ``count_as_done``, ``state_dict`` and ``load_state_dict``."""
+
+    def __init__(self):
+        super().__init__()
+        self._train_loader = None
+        self._train_state: dict | None = None  # a checkpoint's loader state, for the next training loader
+        self._reload_setting: int | None = None  # the trainer's own, while a reload after a resumed epoch is due
+        self._resumed_epoch = 0  # the epoch the last loaded state resumes
+
+    def new_train_loader(self):
+        """A training loader at its first epoch's start (Lightning's hooks and a resumed position come after)."""
+        raise NotImplementedError
+
+    def load_train_state(self, loader, state: dict) -> None:
+        """Load a checkpoint's loader state into ``loader``."""
+        raise NotImplementedError
+
+    def train_dataloader(self):
+        trainer = getattr(self, "trainer", None)
+        resumed = self._train_loader
+        if self._reload_setting is not None and resumed is not None and self._train_state is None:
+            if trainer is not None and trainer.current_epoch <= self._resumed_epoch:
+                # Lightning reloads at the resumed epoch's own start: that epoch has still to run, and Lightning's
+                # counters are restored by now (not yet when the state was loaded into this loader)
+                self._align_with_the_trainers_count(resumed, trainer)
+                return resumed
+            if trainer is not None:  # that reload: the next epoch, whole, from the same loader (a mix's sources
+                # go on from where they stand; a new loader would start them afresh)
+                trainer.reload_dataloaders_every_n_epochs, self._reload_setting = self._reload_setting, None
+                resumed.set_epoch(trainer.current_epoch)
+                return resumed
+        loader = self.new_train_loader()
+        loader.consumed_batches = _TrainedBatches(self)
+        loader.consumer_epoch_length = _TrainerEpochLength(self)
+        if self._train_state is not None:
+            self._resume(loader, trainer)
+        self._train_loader = loader
+        return loader
+
+    def _resume(self, loader, trainer) -> None:
+        """Load the checkpoint's state into ``loader``, reconcile it with Lightning's counters, and have Lightning
+        ask for the loader again when the resumed epoch is over (:meth:`_arm_reload`)."""
+        self.load_train_state(loader, self._train_state)
+        self._train_state, self._resumed_epoch = None, loader.epoch
+        self._align_with_the_trainers_count(loader, trainer)
+        self._arm_reload(trainer)
+
+    @staticmethod
+    def _align_with_the_trainers_count(loader, trainer) -> None:
+        """A checkpoint taken at an epoch's last batch holds the next epoch's start; Lightning resumes it as that
+        next epoch, but with its batch counter still at the last epoch's length. On as many ranks that length is
+        the next epoch's too, and Lightning starts the epoch afresh; on fewer ranks the epoch is longer and
+        Lightning would skip its first batches' worth (2 ranks -> 1: batches 10-19 of 20 asked for, so half the
+        epoch untrained). The loader then counts those batches as done (:meth:`ZarrDataLoader.count_as_done`)."""
+        if trainer is None or getattr(trainer.state, "fn", None) != "fit":
+            return
+        counted = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        try:
+            before = loader.batches_before()
+        except TopologyUnknown:
+            return
+        # the state is an epoch's start (a checkpoint at the last batch of the one before, on any number of
+        # ranks) and Lightning goes on from its batch counter: unless that counter reaches the epoch's length
+        # here (then Lightning starts the epoch afresh itself), its first batches' worth would be skipped
+        starts_epoch = before == 0 and loader.epoch in (trainer.current_epoch, trainer.current_epoch + 1)
+        if starts_epoch and 0 < counted < trained_per_epoch(len(loader), trainer.limit_train_batches):
+            loader.count_as_done(counted)
+
+    def _arm_reload(self, trainer) -> None:
+        """Have Lightning ask for the training loader again at the next epoch's start, once (its own
+        ``reload_dataloaders_every_n_epochs`` is put back then). Lightning counts an epoch's batches only when it
+        builds the loader, and stops every later epoch at that count; an epoch resumed on another number of ranks
+        has another length than the whole epochs after it (2 ranks -> 1: 17 batches, then 20, the last 3 never
+        trained). Its counters are restored only after a first loader is built, so this is done after every
+        resume: the reload returns the resumed loader while its epoch has still to run (reconciled with those
+        counters, :meth:`_align_with_the_trainers_count`), the same loader set to the next epoch after it."""
+        if trainer is not None and getattr(trainer.state, "fn", None) == "fit" and self._reload_setting is None:
+            self._reload_setting = trainer.reload_dataloaders_every_n_epochs
+            trainer.reload_dataloaders_every_n_epochs = 1
+
+    # -- checkpoints: the training loader's position travels with the DataModule's state ------------
+    def state_dict(self) -> dict:
+        """Saved by Lightning in every checkpoint. Lightning also saves the loader's own state, but restores
+        it only if the loader is created after the checkpoint is read, which is not the case when the model
+        asks for ``trainer.estimated_stepping_batches`` (a learning-rate schedule): this copy always is."""
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._train_state = state.get("train_loader")
+        if self._train_state is not None and self._train_loader is not None:
+            self.load_train_state(self._train_loader, self._train_state)
+            self._train_state, self._resumed_epoch = None, self._train_loader.epoch
+            # the loader was built before (for ``estimated_stepping_batches``) and Lightning counted its batches
+            # then: have it asked for again at the resumed epoch's start, where the counts can be reconciled
+            self._arm_reload(getattr(self, "trainer", None))
+
+
+class ZarrDataModule(ResumableTraining):
     """Training and validation loaders over one prepared Zarr store, split along time by whole chunks.
 
     Both datasets read the same store: the training one the rows ``split_plan.fit_range``, the validation
@@ -248,9 +359,6 @@ class ZarrDataModule(L.LightningDataModule):
         )
         self.train_dataset: ZarrIterableDataset | None = None
         self.val_dataset: ZarrIterableDataset | None = None
-        self._train_loader: ZarrDataLoader | None = None
-        self._train_state: dict | None = None  # a checkpoint's loader state, for the next training loader
-        self._reload_setting: int | None = None  # the trainer's own, while a reload after a resumed epoch is due
 
     # -- data ---------------------------------------------------------------------------------------
     def _dataset_options(self) -> tuple[bool, int]:
@@ -290,79 +398,13 @@ class ZarrDataModule(L.LightningDataModule):
             kw["persistent_workers"] = self.persistent_workers
         return kw
 
-    def train_dataloader(self) -> ZarrDataLoader:
+    def new_train_loader(self) -> ZarrDataLoader:
         if self.train_dataset is None:
             self.setup("fit")
-        trainer = getattr(self, "trainer", None)
-        resumed = self._train_loader
-        if self._reload_setting is not None and resumed is not None and self._train_state is None:
-            if trainer is not None and trainer.current_epoch <= resumed.epoch:
-                # Lightning reloads at the resumed epoch's own start: that epoch has still to run, and Lightning's
-                # counters are restored by now (not yet when the state was loaded into this loader)
-                self._align_with_the_trainers_count(resumed, trainer)
-                return resumed
-        loader = ZarrDataLoader(self.train_dataset, batch_size=self.batch_size, drop_last=True, **self._loader_kwargs())
-        loader.consumed_batches = _TrainedBatches(self)
-        loader.consumer_epoch_length = _TrainerEpochLength(self)
-        if self._train_state is not None:
-            loader.load_state_dict(self._train_state, allow_other_data=self.allow_other_data)
-            self._train_state = None
-            self._align_with_the_trainers_count(loader, trainer)
-            self._arm_reload(trainer)
-        elif self._reload_setting is not None and trainer is not None:  # that reload: the next epoch, whole
-            trainer.reload_dataloaders_every_n_epochs, self._reload_setting = self._reload_setting, None
-            loader.set_epoch(trainer.current_epoch)
-        self._train_loader = loader
-        return loader
+        return ZarrDataLoader(self.train_dataset, batch_size=self.batch_size, drop_last=True, **self._loader_kwargs())
 
-    @staticmethod
-    def _align_with_the_trainers_count(loader: ZarrDataLoader, trainer) -> None:
-        """A checkpoint taken at an epoch's last batch holds the next epoch's start; Lightning resumes it as that
-        next epoch, but with its batch counter still at the last epoch's length. On as many ranks that length is
-        the next epoch's too, and Lightning starts the epoch afresh; on fewer ranks the epoch is longer and
-        Lightning would skip its first batches' worth (2 ranks -> 1: batches 10-19 of 20 asked for, so half the
-        epoch untrained). The loader then counts those batches as done (:meth:`ZarrDataLoader.count_as_done`)."""
-        if trainer is None or getattr(trainer.state, "fn", None) != "fit":
-            return
-        counted = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-        try:
-            before = loader.batches_before()
-        except TopologyUnknown:
-            return
-        # the state is an epoch's start (a checkpoint at the last batch of the one before, on any number of
-        # ranks) and Lightning goes on from its batch counter: unless that counter reaches the epoch's length
-        # here (then Lightning starts the epoch afresh itself), its first batches' worth would be skipped
-        starts_epoch = before == 0 and loader.epoch in (trainer.current_epoch, trainer.current_epoch + 1)
-        if starts_epoch and 0 < counted < trained_per_epoch(len(loader), trainer.limit_train_batches):
-            loader.count_as_done(counted)
-
-    def _arm_reload(self, trainer) -> None:
-        """Have Lightning ask for the training loader again at the next epoch's start, once (its own
-        ``reload_dataloaders_every_n_epochs`` is put back then). Lightning counts an epoch's batches only when it
-        builds the loader, and stops every later epoch at that count; an epoch resumed on another number of ranks
-        has another length than the whole epochs after it (2 ranks -> 1: 17 batches, then 20, the last 3 never
-        trained). Its counters are restored only after a first loader is built, so this is done after every
-        resume: the reload returns the resumed loader while its epoch has still to run (reconciled with those
-        counters, :meth:`_align_with_the_trainers_count`), a new one after it."""
-        if trainer is not None and getattr(trainer.state, "fn", None) == "fit" and self._reload_setting is None:
-            self._reload_setting = trainer.reload_dataloaders_every_n_epochs
-            trainer.reload_dataloaders_every_n_epochs = 1
-
-    # -- checkpoints: the training loader's position travels with the DataModule's state ------------
-    def state_dict(self) -> dict:
-        """Saved by Lightning in every checkpoint. Lightning also saves the loader's own state, but restores
-        it only if the loader is created after the checkpoint is read, which is not the case when the model
-        asks for ``trainer.estimated_stepping_batches`` (a learning-rate schedule): this copy always is."""
-        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._train_state = state.get("train_loader")
-        if self._train_state is not None and self._train_loader is not None:
-            self._train_loader.load_state_dict(self._train_state, allow_other_data=self.allow_other_data)
-            self._train_state = None
-            # the loader was built before (for ``estimated_stepping_batches``) and Lightning counted its batches
-            # then: have it asked for again at the resumed epoch's start, where the counts can be reconciled
-            self._arm_reload(getattr(self, "trainer", None))
+    def load_train_state(self, loader: ZarrDataLoader, state: dict) -> None:
+        loader.load_state_dict(state, allow_other_data=self.allow_other_data)
 
     def val_dataloader(self) -> ZarrDataLoader:
         if self.val_dataset is None:
@@ -395,3 +437,88 @@ class ZarrDataModule(L.LightningDataModule):
             fit, val = (WindowStarts.of(self.windows, p.rows, r).n for r in (p.fit_range, p.val_range))
             text += f"; windows of {self.windows.span} rows: {fit} to fit on, {val} to validate on"
         return text
+
+
+class MixedDataModule(ResumableTraining):
+    """Training on a mix of stores (:class:`zarrtorch.MixedLoader`), each validated on its own period, with
+    everything :class:`ZarrDataModule` does for one store under Lightning: exact resume from Lightning's
+    checkpoints, ``limit_train_batches``/``max_steps``/``val_check_interval`` told to the loader, a new order every
+    epoch, the ranks and world size from the trainer.
+
+    Args:
+        sources: ``{name: ZarrDataModule}`` (or a list: names ``"0"``, ``"1"``...). Each source's data module says
+            how its store is split, read and batched (its ``batch_size``, workers, shuffle, windows, ``rows``,
+            ``allow_other_data``...); with per-source batches every source has the same ``batch_size``. This data
+            module uses them only to build their datasets and loaders (it gives them its trainer).
+        weights, rows, epoch_rows, seed, batches: the mix, as :class:`zarrtorch.MixedLoader`'s: each batch says its
+            source in ``batch["source"]``, every rank draws the same source at every step.
+
+    Validation: :meth:`val_dataloader` returns every source's validation loader, in the sources' order, so
+    Lightning calls ``validation_step(batch, batch_idx, dataloader_idx)`` with ``dataloader_idx`` the source's
+    index in :attr:`names`. The mix's arguments are checked here, at construction.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, ZarrDataModule] | Sequence[ZarrDataModule],
+        *,
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        rows: Mapping[str, int] | Sequence[int] | None = None,
+        epoch_rows: int | None = None,
+        seed: int = 0,
+        batches: str = PER_SOURCE,
+    ):
+        super().__init__()
+        self.sources = named_data_modules(sources)
+        self.mix_options = dict(weights=weights, rows=rows, epoch_rows=epoch_rows, seed=seed, batches=batches)
+        self.new_train_loader()  # refuses bad mix arguments now, by name
+
+    @property
+    def names(self) -> list[str]:
+        """The sources' names, in order (``dataloader_idx`` of validation indexes them)."""
+        return list(self.sources)
+
+    def _sources_with_my_trainer(self) -> dict[str, ZarrDataModule]:
+        """The sources, each told this data module's trainer (it decides their pinning, in the rank)."""
+        for source in self.sources.values():
+            source.trainer = getattr(self, "trainer", None)
+        return self.sources
+
+    def setup(self, stage: str | None = None) -> None:
+        for source in self._sources_with_my_trainer().values():
+            source.setup(stage)
+
+    def new_train_loader(self) -> MixedLoader:
+        loaders = {name: source.new_train_loader() for name, source in self._sources_with_my_trainer().items()}
+        return MixedLoader(loaders, **self.mix_options)
+
+    def load_train_state(self, loader: MixedLoader, state: dict) -> None:
+        allowed = {name: source.allow_other_data for name, source in self.sources.items()}
+        loader.load_state_dict(state, allow_other_data=allowed)
+
+    def val_dataloader(self) -> list[ZarrDataLoader]:
+        return [source.val_dataloader() for source in self._sources_with_my_trainer().values()]
+
+    def describe(self) -> str:
+        """Every source's split, one line each."""
+        return "\n".join(f"{name}: {source.describe()}" for name, source in self.sources.items())
+
+
+def named_data_modules(sources) -> dict[str, ZarrDataModule]:
+    """``{name: ZarrDataModule}`` from a mapping or a list, each a ZarrDataModule given once."""
+    if isinstance(sources, Mapping):
+        named = {str(k): v for k, v in sources.items()}
+    elif isinstance(sources, Sequence) and not isinstance(sources, str):
+        named = {str(i): v for i, v in enumerate(sources)}
+    else:
+        raise TypeError(f"sources must be {{name: ZarrDataModule}} or a list of them, got {type(sources).__name__}")
+    for name, source in named.items():
+        if not isinstance(source, ZarrDataModule):
+            raise TypeError(
+                f"source {name!r} must be a zarrtorch.lightning.ZarrDataModule, got {type(source).__name__}"
+            )
+    if len({id(s) for s in named.values()}) < len(named):
+        raise ValueError(
+            f"a ZarrDataModule is given as two sources ({list(named)}): give each source a data module of its own"
+        )
+    return named

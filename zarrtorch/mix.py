@@ -23,13 +23,17 @@ own shuffle and its own resume. The mixed loader only decides which source the n
 Batches are per source (the default: different grids cannot share a batch) or, for sources of one grid,
 ``batches="mixed"``: every batch holds a fixed number of rows of every source (its loader's batch size, which is
 its share), so each source's state is exact at every step and every guarantee above holds as it is.
+
+Under Lightning: :class:`zarrtorch.lightning.MixedDataModule`, which tells the loader what the trainer has consumed
+(``consumed_batches``, ``consumer_epoch_length``, ``count_as_done``) as it does for one store.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +44,7 @@ from zarrtorch._util.random_streams import MIX_ORDER
 from zarrtorch.loader import ZarrDataLoader
 from zarrtorch.plan import rng_for
 
-MIX_VERSION = 1
+MIX_VERSION = 2  # 2: steps_before
 SOURCE = "source"  # the batch key that names a batch's source
 PER_SOURCE, MIXED = "per_source", "mixed"
 
@@ -62,13 +66,15 @@ def step_order(quotas: Sequence[int], *, seed: int, epoch: int, segment: int) ->
 @dataclass(frozen=True)
 class MixPoint:
     """Where a mix epoch stands: its ``epoch``, the rows drawn per source in earlier segments (on other
-    topologies), the segment's number, the world size it runs on and the steps of it already yielded."""
+    topologies), the segment's number, the world size it runs on, the steps of it already yielded, and the steps
+    every rank yielded in the earlier segments (a trainer counts them in the epoch)."""
 
     epoch: int
     drawn_before: tuple[int, ...]
     segment: int
     world_size: int
     steps: int
+    steps_before: int = 0
 
     def on(self, world: int, batches: Sequence[int], global_batches: Sequence[int]) -> MixPoint:
         """This point as a new segment on ``world`` ranks when it ran on another: the rows of the ``batches`` per rank
@@ -76,7 +82,7 @@ class MixPoint:
         if world == self.world_size:
             return self
         drawn = tuple(d + c * g for d, c, g in zip(self.drawn_before, batches, global_batches, strict=True))
-        return MixPoint(self.epoch, drawn, self.segment + 1, world, 0)
+        return MixPoint(self.epoch, drawn, self.segment + 1, world, 0, self.steps_before + self.steps)
 
 
 class MixedLoader:
@@ -128,6 +134,13 @@ class MixedLoader:
         self._iters: dict[str, object] = {}  # each source's iterator in flight, kept across mix epochs
         self._run: MixRun | None = None  # the newest iteration
         self._names = names
+        self._counted_ahead: tuple[int, int] | None = None  # (epoch, steps) a trainer counts as done
+        # what a consumer says, when it can (a trainer: see zarrtorch.lightning): the steps of this mix epoch it has
+        # finished with (it may fetch ahead), and the most it takes of an epoch (``limit_train_batches``)
+        self.consumed_batches: Callable[[], int | None] | None = None
+        self.consumer_epoch_length: Callable[[], int | None] | None = None
+        for name, loader in self.sources.items():
+            loader.consumed_batches = _SourceConsumed(self, name)
 
     # -- the schedule --------------------------------------------------------------------------------------------
     @property
@@ -180,14 +193,41 @@ class MixedLoader:
         return tuple(int(c) for c in np.bincount(steps, minlength=len(self._names)))
 
     def __len__(self) -> int:
-        """Steps this rank yields in the epoch the next ``iter()`` runs, from its start (a state resumed on the
-        saved world size counts the whole epoch; on another one, the rest of it)."""
-        return len(self.order(self.start_point(self.topology()[1])))
+        """Steps of this rank in the epoch the next ``iter()`` runs, from its start: a resumed state's steps
+        yielded before count too (on another world size: those of the earlier segments plus the rest), as a
+        ``ZarrDataLoader`` counts them and a trainer, resumed with its count of them, expects."""
+        point = self.start_point(self.topology()[1])
+        return point.steps_before + len(self.order(point)) + self._counted(self.epoch)
+
+    def count_as_done(self, steps: int) -> None:
+        """A trainer counts ``steps`` steps of the epoch the next ``iter()`` runs as done that this loader never
+        yielded (Lightning resumed at an epoch's end on another world size keeps the old epoch's count): ``len()``
+        counts them too, and the trainer's count of consumed steps is taken less them. Until that epoch ends or
+        another one is set."""
+        self._counted_ahead = (self.epoch, int(steps)) if int(steps) > 0 else None
+
+    def batches_before(self) -> int:
+        """Steps of the epoch the next ``iter()`` runs that were yielded before it (by a loaded state)."""
+        point = self.start_point(self.topology()[1])
+        return point.steps_before + point.steps
+
+    def _counted(self, epoch: int) -> int:
+        ahead = self._counted_ahead
+        return ahead[1] if ahead is not None and ahead[0] == epoch else 0
+
+    @property
+    def sampler(self) -> _EpochSetter:
+        """Where Lightning calls ``set_epoch`` every epoch (it looks for ``loader.sampler.set_epoch`` and nowhere
+        else): without it a ``limit_train_batches`` epoch, which never runs to its end, would run again."""
+        return _EpochSetter(self)
 
     def set_epoch(self, epoch: int) -> None:
         """Make ``epoch`` the mix epoch the next ``iter()`` runs (its order of sources). The sources run their own
         epochs on: their rows continue where the last mix epoch left them."""
-        self.epoch = whole_number(epoch, "epoch", least=0, below=INT64_LIMIT)
+        epoch = whole_number(epoch, "epoch", least=0, below=INT64_LIMIT)
+        if epoch != self.epoch:
+            self._counted_ahead = None
+        self.epoch = epoch
 
     # -- iterating -----------------------------------------------------------------------------------------------
     def __iter__(self):
@@ -231,6 +271,8 @@ class MixedLoader:
         says another)."""
         run.done = True
         self._start = None
+        if self._counted(run.point.epoch):
+            self._counted_ahead = None
         if self.epoch == run.point.epoch:
             self.epoch = run.point.epoch + 1
 
@@ -265,9 +307,9 @@ class MixedLoader:
         rank, world = self.topology()
         run = self._run
         if run is not None and not run.done:
-            p, steps = run.point, run.point.steps + run.seen
-            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, steps)
-            if steps == len(run.order):  # every step yielded: the next epoch's start
+            p, steps = run.point, self._steps_consumed(run)
+            point = MixPoint(p.epoch, p.drawn_before, p.segment, p.world_size, steps, p.steps_before)
+            if steps >= self._consumed_length(run):  # every step taken: the next epoch's start
                 point = MixPoint(p.epoch + 1, (0,) * len(self._names), 0, world, 0)
         else:
             point = self.start_point(world)
@@ -283,13 +325,44 @@ class MixedLoader:
             "world_size": point.world_size,
             "steps": point.steps,
             "drawn_before": list(point.drawn_before),
+            "steps_before": point.steps_before,
             "sources": {name: loader.state_dict() for name, loader in self.sources.items()},
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def _steps_consumed(self, run: MixRun) -> int:
+        """Steps of ``run``'s epoch to count as done: those yielded, or fewer if the consumer says so (it may
+        fetch ahead), never fewer than where ``run`` began."""
+        yielded = run.point.steps + run.seen
+        consumed = self.consumed_batches() if self.consumed_batches is not None else None
+        if consumed is None:
+            return yielded
+        # in the trainer's count: steps it counts as done that were never yielded, and the earlier segments'
+        consumed = int(consumed) - self._counted(run.point.epoch) - run.point.steps_before
+        return max(run.point.steps, min(yielded, consumed))
+
+    def _consumed_length(self, run: MixRun) -> int:
+        """Steps of ``run``'s epoch the consumer takes: all of them, or the fewer it says it stops at."""
+        limit = self.consumer_epoch_length() if self.consumer_epoch_length is not None else None
+        if limit is None:
+            return len(run.order)
+        limit = int(limit) - self._counted(run.point.epoch) - run.point.steps_before
+        return max(run.point.steps, min(len(run.order), limit))
+
+    def unconsumed_of(self, name: str) -> int:
+        """Batches of source ``name`` this loader has yielded that its consumer has not finished with (0 without a
+        ``consumed_batches`` hook): a checkpoint puts them back into the source's state."""
+        run = self._run
+        if run is None or run.done or self.consumed_batches is None:
+            return 0
+        ahead = run.order[self._steps_consumed(run) : run.point.steps + run.seen]
+        index = self._names.index(name)
+        return len(ahead) if self.mixed else int(np.count_nonzero(ahead == index))
+
+    def load_state_dict(self, state: dict, *, allow_other_data: bool | Mapping[str, bool] = False) -> None:
         """Continue the saved mix epoch: exactly on the saved world size; on another, every source resumes as its
         loader does elastically and the rest of each target is split in the new global batches. The sources,
-        targets, batch size and seed must be the saved ones. Everything is checked before anything changes."""
+        targets, batch size and seed must be the saved ones. Everything is checked before anything changes.
+        ``allow_other_data``: as :meth:`ZarrDataLoader.load_state_dict`, for every source or ``{name: bool}``."""
         differences = [
             f"{key}: saved {state.get(key)!r}, now {now!r}"
             for key, now in (
@@ -314,13 +387,14 @@ class MixedLoader:
             whole_number(state["segment"], "segment", least=0),
             whole_number(state["world_size"], "world_size", least=1),
             whole_number(state["steps"], "steps", least=0),
+            whole_number(state["steps_before"], "steps_before", least=0),
         )
         saved_sources = state.get("sources")
         if not isinstance(saved_sources, Mapping) or set(saved_sources) != set(self._names):
             raise ValueError(f"the state's sources {list(saved_sources or ())} are not this loader's {self._names}")
-        load_all(self.sources, saved_sources)
+        load_all(self.sources, saved_sources, allow_other_data)
         self._start, self.epoch = point, point.epoch
-        self._run, self._iters = None, {}
+        self._run, self._iters, self._counted_ahead = None, {}, None
 
 
 @dataclass
@@ -335,18 +409,58 @@ class MixRun:
     done: bool = False
 
 
-def load_all(sources: dict[str, ZarrDataLoader], states: Mapping[str, dict]) -> None:
-    """Load every source's state, or none: a source that refuses its state puts the ones loaded before back."""
+def load_all(
+    sources: dict[str, ZarrDataLoader], states: Mapping[str, dict], allow_other_data: bool | Mapping[str, bool] = False
+) -> None:
+    """Load every source's state, or none: a source that refuses its state puts the ones loaded before back.
+    ``allow_other_data``: for every source, or ``{name: bool}``."""
+    allowed = {
+        n: allow_other_data.get(n, False) if isinstance(allow_other_data, Mapping) else allow_other_data
+        for n in sources
+    }
     before = {name: loader.state_dict() for name, loader in sources.items()}
     done = []
     try:
         for name, loader in sources.items():
-            loader.load_state_dict(states[name])
+            loader.load_state_dict(states[name], allow_other_data=allowed[name])
             done.append(name)
     except Exception:
         for name in done:
             sources[name].load_state_dict(before[name])
         raise
+
+
+class _SourceConsumed:
+    """A source's ``consumed_batches``: the batches of its own epoch it has yielded, less those the mix's consumer
+    has not finished with (it may read ahead; a checkpoint must hold them as not yet trained). ``None``
+    (all yielded) when the mix has nothing to subtract. Holds the mix by weak reference (no loader cycle)."""
+
+    def __init__(self, mix: MixedLoader, name: str):
+        self._mix, self._name = weakref.ref(mix), name
+
+    def __call__(self) -> int | None:
+        mix = self._mix()
+        ahead = mix.unconsumed_of(self._name) if mix is not None else 0
+        if ahead == 0:
+            return None
+        run = mix.sources[self._name].position.run
+        if run is None or ahead > run.seen:
+            raise RuntimeError(
+                f"source {self._name!r} of a MixedLoader: its consumer holds {ahead} of its batches, more than its "
+                "current epoch has yielded; a checkpoint cannot put them back (consume all but the last batch before "
+                "saving)"
+            )
+        return run.position - ahead
+
+
+class _EpochSetter:
+    """``MixedLoader.sampler``: forwards ``set_epoch`` (what Lightning calls every epoch)."""
+
+    def __init__(self, mix: MixedLoader):
+        self._mix = mix
+
+    def set_epoch(self, epoch: int) -> None:
+        self._mix.set_epoch(epoch)
 
 
 def _digest(order: np.ndarray) -> str:

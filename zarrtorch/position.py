@@ -73,7 +73,10 @@ class EpochPosition:
         if run is not None and not run.done and epoch == run.epoch == self.epoch:
             return None  # the iteration in flight runs it already (Lightning calls set_epoch after it iterates)
         alive = self.run_iterator is not None and self.run_iterator() is not None  # not dropped (a break, Ctrl-C)
-        late = run is not None and not run.done and alive and epoch != run.epoch and run.seen <= 2
+        # an iteration that yielded its every batch is over, though its end was not asked for (Lightning's
+        # validation takes exactly len() batches)
+        going_on = run is not None and not run.done and alive and run.position < run.length
+        late = going_on and epoch != run.epoch and run.seen <= 2
         if epoch != self.epoch:
             self.start, self.counted_ahead = None, None
         self.epoch, self.set_since_run = epoch, True

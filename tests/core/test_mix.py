@@ -188,6 +188,74 @@ def test_an_epoch_whose_every_step_was_taken_is_over_though_its_end_was_not_aske
     assert sorted(rows["era"]) == list(range(240)) and sorted(rows["cerra"]) == list(range(96))
 
 
+# -- what a consumer says (a trainer: zarrtorch.lightning.MixedDataModule) --------------------------------------------
+@pytest.mark.parametrize("form", [{"weights": [2, 1], "epoch_rows": 160}, {"batches": "mixed", "epoch_rows": 160}])
+def test_a_state_saved_while_the_consumer_holds_a_batch_resumes_at_that_batch(stores, form):
+    """A consumer that reads one batch ahead (``consumed_batches`` one below the steps yielded) saves a state that
+    puts that batch back, in the mix and in its source: the resumed mix yields it again, then the rest as the
+    uninterrupted run does."""
+    form = {"sizes": {"era": 6, "cerra": 2}, **form} if "batches" in form else form
+    whole = mix_for(stores, **form)
+    it = iter(whole)
+    taken = [next(it) for _ in range(8)]  # 7 trained, the 8th held
+    whole.consumed_batches = lambda: 7
+    state = json.loads(json.dumps(whole.state_dict()))
+    whole.consumed_batches = None
+    rest = [taken[7], *it]
+    resumed = mix_for(stores, **form)
+    resumed.load_state_dict(state)
+    again = run_steps(resumed)
+    assert state["steps"] == 7
+    assert [drawn([b]) for b in again] == [drawn([b]) for b in rest]
+
+
+def test_the_consumers_epoch_length_ends_the_epoch_in_a_state(stores):
+    """A consumer that takes 5 steps of each epoch (Lightning's ``limit_train_batches=5``): a state saved after them
+    is the next epoch's start, the sources where the 5 steps left them."""
+    whole = mix_for(stores, weights=[2, 1], epoch_rows=160)
+    whole.consumer_epoch_length = lambda: 5
+    run_steps(whole, 5)
+    state = json.loads(json.dumps(whole.state_dict()))
+    assert (state["epoch"], state["steps"]) == (1, 0)
+    whole.set_epoch(1)
+    resumed = mix_for(stores, weights=[2, 1], epoch_rows=160)
+    resumed.load_state_dict(state)
+    assert [drawn([b]) for b in run_steps(resumed)] == [drawn([b]) for b in run_steps(whole)]
+
+
+def test_steps_a_trainer_counts_as_done_lengthen_the_epoch_and_shift_its_count(stores):
+    """``count_as_done(3)`` (a trainer resumed at an epoch's end on another world size keeps the old epoch's count):
+    ``len()`` counts the 3 steps, and a state saved when the trainer counts 3 + 4 holds 4 steps."""
+    mix = mix_for(stores, weights=[2, 1], epoch_rows=160)
+    length = len(mix)
+    mix.count_as_done(3)
+    assert len(mix) == length + 3 and mix.batches_before() == 0
+    run_steps(mix, 4)
+    mix.consumed_batches = lambda: 3 + 4
+    assert mix.state_dict()["steps"] == 4
+
+
+def test_a_mix_resumed_on_another_world_size_counts_the_steps_before_as_a_trainer_does(stores):
+    """Saved after 3 steps on 2 ranks, resumed on 1: ``len()`` is those 3 steps plus the rest (as a ZarrDataLoader's),
+    and a trainer's count (3 + 4 after 4 more steps) saves 4 steps of the new segment. Lightning, resumed with its
+    count at 3, asked for ``len()`` = the rest only and stopped 3 steps short of the epoch's end."""
+    old = [mix_for(stores, r, 2, weights=[2, 1], epoch_rows=160) for r in range(2)]
+    for m in old:
+        run_steps(m, 3)
+    state = json.loads(json.dumps(old[0].state_dict()))
+    new = mix_for(stores, 0, 1, weights=[2, 1], epoch_rows=160)
+    new.load_state_dict(state)
+    assert new.batches_before() == 3
+    length = len(new)
+    it = iter(new)
+    assert [next(it) for _ in range(4)] and len(list(it)) == length - 3 - 4
+    again = mix_for(stores, 0, 1, weights=[2, 1], epoch_rows=160)
+    again.load_state_dict(state)
+    run_steps(again, 4)
+    again.consumed_batches = lambda: 3 + 4
+    assert again.state_dict()["steps"] == 4
+
+
 def loaders(stores, **over):
     out = {}
     for name, path in stores.items():
