@@ -35,6 +35,22 @@ def without_crc32c(raw) -> memoryview:
     return data
 
 
+def crc32c_holds(raw) -> bool:
+    """Whether ``raw`` ends with the crc32c codec's checksum of the bytes before it."""
+    try:
+        without_crc32c(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def ends_with_crc32c(arr: zarr.Array) -> bool:
+    """Whether each stored object of ``arr`` (a chunk, or a whole shard) ends with a crc32c of the bytes before it:
+    its last codec is Zarr v3's crc32c."""
+    codecs = arr.metadata.codecs if arr.metadata.zarr_format == 3 else ()
+    return bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
+
+
 def zstd_checksum_mismatch(exc: RuntimeError) -> ValueError | None:
     """zstd's own error for a frame whose content checksum does not hold, said as :func:`without_crc32c` says it;
     ``None`` for another error."""

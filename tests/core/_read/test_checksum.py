@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import zarr
 
-from zarrtorch._read.checksum import chunk_checksum, without_crc32c, zstd_checksum_mismatch
+from zarrtorch._read.checksum import (
+    chunk_checksum,
+    crc32c_holds,
+    ends_with_crc32c,
+    without_crc32c,
+    zstd_checksum_mismatch,
+)
 
 
 def with_crc32c(data: bytes) -> bytes:
@@ -27,6 +33,27 @@ def test_one_flipped_bit_anywhere_is_a_checksum_mismatch_saying_what_to_do(at):
     stored[at] ^= 0x10
     with pytest.raises(ValueError, match=r"checksum mismatch: .*damaged: re-copy the store"):
         without_crc32c(stored)
+
+
+def test_crc32c_holds_says_whether_the_bytes_match_their_checksum():
+    stored = with_crc32c(b"some chunk")
+    assert crc32c_holds(stored)
+    assert not crc32c_holds(stored[:-1] + bytes([stored[-1] ^ 1]))
+    assert not crc32c_holds(b"ab")
+
+
+@pytest.mark.parametrize(
+    ("options", "ends"),
+    [
+        ({"compressors": [zarr.codecs.BloscCodec(), zarr.codecs.Crc32cCodec()]}, True),
+        ({"compressors": [zarr.codecs.ZstdCodec(checksum=True)]}, False),  # zstd's covers the decoded bytes
+        ({"shards": (8, 3), "compressors": [zarr.codecs.Crc32cCodec()]}, False),  # inner chunks', not the shard's
+        ({"zarr_format": 2, "compressors": numcodecs.Blosc()}, False),
+    ],
+)
+def test_which_arrays_stored_objects_end_with_a_crc32c(options, ends):
+    arr = zarr.create_array(zarr.storage.MemoryStore(), shape=(16, 3), chunks=(4, 3), dtype="f4", **options)
+    assert ends_with_crc32c(arr) is ends
 
 
 def test_bytes_shorter_than_a_checksum_are_damaged():
