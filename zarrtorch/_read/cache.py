@@ -10,6 +10,9 @@ from there the next time. The rules that keep it from ever serving a wrong byte:
   file that is short, lengthened or altered is deleted and the chunk fetched again, never served. (A CRC catches
   every cut, every burst of up to 32 flipped bits and all but 2**-32 of other damage: the cache guards against
   accidents, not an attacker who can write its folder, at a fifth of a cryptographic digest's cost per read.)
+- **Damaged chunks are not kept.** A chunk that does not decode is dropped, fetched once more from the store, and
+  dropped again if that fails too; one whose crc32c (the last codec of ``prepare_zarr``'s Blosc and uncompressed
+  stores) does not hold is never written.
 - **A store id per array.** Files live under a directory named by a digest of the store's address, the
   array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store rewritten
   by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other metadata (a
