@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from zarrtorch._read.checksum import chunk_checksum
 from zarrtorch._read.fastpath import read_path_text
 from zarrtorch._read.listing import missing_chunks, shown
 from zarrtorch._util.sizes import ceil_div
@@ -58,6 +59,7 @@ class AuditReport:
     read_paths: dict[str, str] = field(default_factory=dict)  # array -> how its chunks are decoded (and why)
     batch_order: str = "worker"  # ZarrDataLoader(batch_order=...): "rank", the batches are those of 0 workers
     read_unit: str = ""  # what is read, distributed and shuffled at once, the chunk or the shard (read_unit_text)
+    checksums: dict[str, str] = field(default_factory=dict)  # array -> what checks its chunks' bytes, or "none"
 
     @property
     def loader_bytes_per_node(self) -> int:
@@ -94,6 +96,7 @@ class AuditReport:
         lines += self._memory_lines()
         lines += [f"  read unit            {self.read_unit}"] if self.read_unit else []
         lines += [f"  read path            {name!r}: {path}" for name, path in self.read_paths.items()]
+        lines += [f"  checksum             {name!r}: {checksum_text(kind)}" for name, kind in self.checksums.items()]
         lines += self._missing_lines()
         lines.append("  OK: every rank gets the same batches, no row twice" if self.ok else "  PROBLEM: see above")
         return "\n".join(lines)
@@ -250,6 +253,17 @@ def audit(
         read_paths={name: read_path_text(arr) for name, arr in ds.arrays.items()},
         batch_order=batch_order,
         read_unit=read_unit_text(ds),
+        checksums={name: chunk_checksum(arr) or "none" for name, arr in ds.arrays.items()},
+    )
+
+
+def checksum_text(kind: str) -> str:
+    """What the audit says of an array's chunk checksum: its kind, or what having none means and the remedy."""
+    if kind != "none":
+        return kind
+    return (
+        "none: a byte flipped inside compressed data is not detected (it may decode to other values, silently); "
+        "write the store again with prepare_zarr, whose every codec stores a checksum with each chunk"
     )
 
 

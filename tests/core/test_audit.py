@@ -262,3 +262,26 @@ def test_a_sharded_store_is_audited_saying_the_shard_is_the_unit_and_its_cost(st
     assert said in capsys.readouterr().out
     plain = audit(str(store), world_size=2, batch_size=16).summary()
     assert "  read unit            the chunk: 20 rows, 80 bytes decoded\n" in plain  # 20 rows of 4 bytes
+
+
+def test_audit_says_whether_each_arrays_chunks_carry_a_checksum_and_how_to_get_one(store, tmp_path):
+    """A store written before prepare_zarr wrote checksums (Blosc, or zstd without its content checksum): a byte
+    flipped inside a chunk's compressed data decodes to other values, unnoticed. The audit says so per array, and
+    how to get checksums; a prepare_zarr store's arrays carry one."""
+    import zarr
+
+    old = tmp_path / "old.zarr"
+    prepare_zarr({"x": np.arange(ROWS, dtype=np.float32)}, old, chunk_rows=CHUNK, progress=False)
+    zarr.create_array(
+        str(old), name="b", shape=(ROWS,), chunks=(CHUNK,), dtype="f4", compressors=[zarr.codecs.BloscCodec()]
+    )[:] = np.arange(ROWS, dtype=np.float32)
+    zarr.consolidate_metadata(str(old))
+    report = audit(old, variables=["x", "b"], batch_size=16, world_size=1)
+    assert report.checksums == {"x": "zstd content checksum", "b": "none"}
+    text = report.summary()
+    assert "checksum             'x': zstd content checksum" in text, text
+    assert re.search(r"checksum +'b': none: a byte flipped inside compressed data is not detected.*prepare_zarr", text)
+    assert report.ok  # a warning: the rows are read as stored
+    fresh = audit(store, batch_size=16, world_size=1)
+    assert fresh.checksums == {"x": "zstd content checksum"}
+    assert "not detected" not in fresh.summary()

@@ -15,6 +15,8 @@ import xarray as xr
 import zarr
 
 from zarrtorch import LayoutError, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch._read.checksum import chunk_checksum
+from zarrtorch._read.fastpath import read_path_text
 from zarrtorch.prepare import rows_for_chunk_mb
 
 
@@ -98,24 +100,37 @@ def test_chunk_mb(tmp_path):
         prepare_zarr(arrays, tmp_path / "f.zarr", chunk_rows=0, progress=False)
 
 
+def zstd_with_checksum(c) -> bool:
+    return len(c) == 1 and isinstance(c[0], zarr.codecs.ZstdCodec) and c[0].checksum
+
+
+def blosc_then_crc32c(cname: str):
+    def check(c) -> bool:
+        blosc = len(c) == 2 and isinstance(c[0], zarr.codecs.BloscCodec) and c[0].cname.value == cname
+        return blosc and isinstance(c[1], zarr.codecs.Crc32cCodec)
+
+    return check
+
+
 @pytest.mark.parametrize(
     "codec,check",
     [
-        (None, lambda c: len(c) == 1 and isinstance(c[0], zarr.codecs.ZstdCodec)),  # the default
-        ("zstd", lambda c: len(c) == 1 and isinstance(c[0], zarr.codecs.ZstdCodec)),
-        ("none", lambda c: len(c) == 0),
-        ("blosc-lz4", lambda c: len(c) == 1 and isinstance(c[0], zarr.codecs.BloscCodec) and c[0].cname.value == "lz4"),
-        (
-            "blosc-zstd",
-            lambda c: len(c) == 1 and isinstance(c[0], zarr.codecs.BloscCodec) and c[0].cname.value == "zstd",
-        ),
+        (None, zstd_with_checksum),  # the default
+        ("zstd", zstd_with_checksum),
+        ("none", lambda c: len(c) == 1 and isinstance(c[0], zarr.codecs.Crc32cCodec)),
+        ("blosc-lz4", blosc_then_crc32c("lz4")),
+        ("blosc-zstd", blosc_then_crc32c("zstd")),
     ],
 )
 def test_codec(tmp_path, codec, check):
+    """Each codec prepare_zarr offers writes a checksum with every chunk (a flipped byte inside compressed data
+    would otherwise decode to other values), and is read by zarrtorch's direct decoder."""
     data = np.arange(3000, dtype="f4").reshape(1000, 3)
     kwargs = {} if codec is None else {"codec": codec}
     g = prepare_zarr({"x": data}, tmp_path / "a.zarr", chunk_rows=100, progress=False, **kwargs)
     assert check(g["x"].compressors)
+    assert chunk_checksum(g["x"]) is not None
+    assert read_path_text(g["x"]).startswith("direct ("), read_path_text(g["x"])
     np.testing.assert_array_equal(g["x"][:], data)
 
 

@@ -10,6 +10,9 @@ from there the next time. The rules that keep it from ever serving a wrong byte:
   file that is short, lengthened or altered is deleted and the chunk fetched again, never served. (A CRC catches
   every cut, every burst of up to 32 flipped bits and all but 2**-32 of other damage: the cache guards against
   accidents, not an attacker who can write its folder, at a fifth of a cryptographic digest's cost per read.)
+- **Damaged chunks are not kept.** A chunk that does not decode is dropped, fetched once more from the store, and
+  dropped again if that fails too; one whose crc32c (the last codec of ``prepare_zarr``'s Blosc and uncompressed
+  stores) does not hold is never written.
 - **A store id per array.** Files live under a directory named by a digest of the store's address, the
   array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store rewritten
   by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other metadata (a
@@ -49,6 +52,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from zarr.storage import WrapperStore
 
 from zarrtorch._compat.zarr import array_on_store
+from zarrtorch._read.checksum import crc32c_holds, ends_with_crc32c
 
 WRITE_ID = "write_id"  # in a group's "zarrtorch" attributes (prepare_zarr): new at every write of the store
 MARKER = "ZARRTORCH_CACHE"  # a file in the cache's root: clear_cache removes nothing from a folder without it
@@ -401,11 +405,11 @@ os.register_at_fork(after_in_child=_after_fork)
 class CachingStore(WrapperStore):
     """A read-through wrapper of a remote store: a whole object's bytes come from the cache when it holds them,
     else from the store, then kept (:func:`write_soon`). Files are read and written in threads of their own
-    (:func:`cache_threads`)."""
+    (:func:`cache_threads`). ``checksummed``: each object ends with a crc32c, checked before it is kept."""
 
-    def __init__(self, store, *, cache: ChunkCache, store_id: str):
+    def __init__(self, store, *, cache: ChunkCache, store_id: str, checksummed: bool = False):
         super().__init__(store)
-        self.cache, self.store_id = cache, store_id
+        self.cache, self.store_id, self.checksummed = cache, store_id, checksummed
         self._listed: np.ndarray | None = None  # the files the cache held at the last listing (None: not listed)
 
     def __getstate__(self) -> dict:
@@ -413,7 +417,7 @@ class CachingStore(WrapperStore):
         return {**super().__getstate__(), "_listed": None}
 
     def _with_store(self, store):
-        return type(self)(store, cache=self.cache, store_id=self.store_id)
+        return type(self)(store, cache=self.cache, store_id=self.store_id, checksummed=self.checksummed)
 
     def __str__(self) -> str:  # messages name the store as before
         return str(self._store)
@@ -461,7 +465,10 @@ class CachingStore(WrapperStore):
         return pending(self.cache, self.store_id, key) is not None
 
     def keep(self, key: str, data: bytes) -> None:
-        """Keep ``data`` as ``key``'s file (:func:`write_soon`)."""
+        """Keep ``data`` as ``key``'s file (:func:`write_soon`), unless its crc32c does not hold: damaged bytes are
+        the reader's error to name, never a file that later epochs would start from."""
+        if self.checksummed and not crc32c_holds(data):
+            return
         write_soon(self.cache, self.store_id, key, data)
 
     def origin(self):
@@ -543,7 +550,12 @@ def store_id(arr: zarr.Array, first_bytes: bytes | None, group_attrs: dict) -> s
 def through_cache(arr: zarr.Array, cache: ChunkCache, first_bytes: bytes | None, group_attrs: dict) -> zarr.Array:
     """``arr`` reading its chunks through ``cache`` (``first_bytes``: of its first chunk, and ``group_attrs``: of
     the group it was opened from, for its store id)."""
-    wrapped = CachingStore(arr.store_path.store, cache=cache, store_id=store_id(arr, first_bytes, group_attrs))
+    wrapped = CachingStore(
+        arr.store_path.store,
+        cache=cache,
+        store_id=store_id(arr, first_bytes, group_attrs),
+        checksummed=ends_with_crc32c(arr),
+    )
     return array_on_store(arr, wrapped)
 
 

@@ -7,19 +7,20 @@ request with a deadline and retries for a remote store, :mod:`zarrtorch._read.fe
 reading thread straight into the array it returns, with codecs that release the GIL:
 
 * Zarr v2 (C order, no filters) and Zarr v3 (the bytes codec, no array-to-array codec);
-* no compressor, zstd, Blosc (any of its compressors and shuffles), gzip, zlib (v2);
+* no compressor, zstd, Blosc (any of its compressors and shuffles), gzip, zlib (v2), each optionally followed by
+  Zarr v3's ``crc32c`` checksum codec (checked here, before the decode: :mod:`zarrtorch._read.checksum`);
 * stored in either byte order: a big-endian array is byte-swapped into this machine's order, as a tensor needs;
 * Zarr v3 shards whose inner chunks span the other axes (any of the codecs above inside): the shard's index is
   read once and cached (:data:`SHARD_INDEX_CACHE_BYTES` per process), and the inner chunks a piece needs are
   read by byte range, one read per run of them stored one after the other (a piece that needs every inner
   chunk of a shard whose index is not cached yet reads the whole shard: one request, not two).
 
-Anything else (filters such as delta or fixedscaleoffset, F order, object or string dtypes, other codecs, a
-checksum codec, nested shards) is read through zarr's codecs (:mod:`zarrtorch._read.chunks`);
+Anything else (filters such as delta or fixedscaleoffset, F order, object or string dtypes, other codecs, nested
+shards) is read through zarr's codecs (:mod:`zarrtorch._read.chunks`);
 :func:`read_path_text` says which path an array takes and why (``audit`` and ``roofline`` print it).
 Every check zarr's path makes holds here too: a chunk that does not decode to exactly its bytes, a frame
-followed by other bytes, a wrong checksum, a shard index that points outside the shard or lacks an inner
-chunk is a ``ValueError`` the reader names (:class:`zarrtorch._read.reader.ChunkReadError`).
+followed by other bytes, a wrong checksum (crc32c, zstd's, gzip's, zlib's), a shard index that points outside the
+shard or lacks an inner chunk is a ``ValueError`` the reader names (:class:`zarrtorch._read.reader.ChunkReadError`).
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from typing import NamedTuple
 import numcodecs
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from zarrtorch._compat.zarr import NO_INNER_CHUNK, chunk_spec, decode_shard_index, shard_index_size
+from zarrtorch._read.checksum import without_crc32c, zstd_checksum_mismatch
 from zarrtorch._read.chunks import missing_inner_message
 from zarrtorch._read.fetch import RetryPolicy, get_bytes
 from zarrtorch._util.pool import Pools
@@ -68,7 +70,8 @@ class Shards:
 class DirectLayout:
     """An array the direct reader decodes: ``compressor`` (``"zstd"``, ``"blosc"``, ``"gzip"``, ``"zlib"`` or
     ``"none"``, described as ``detail``), the ``stored`` dtype and ``byteswap`` when it is not this machine's
-    byte order, one compressed unit of ``unit_shape`` (the chunk, or a shard's inner chunk), ``shards`` or None."""
+    byte order, one compressed unit of ``unit_shape`` (the chunk, or a shard's inner chunk), ``shards`` or None;
+    ``crc32c``: each unit's bytes end with a ``crc32c`` codec's checksum of them, checked before the decode."""
 
     zarr_format: int
     compressor: str
@@ -77,6 +80,7 @@ class DirectLayout:
     byteswap: bool
     unit_shape: tuple[int, ...]
     shards: Shards | None = None
+    crc32c: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -97,7 +101,8 @@ class DirectLayout:
             fmt += f" sharded, {self.shards.per_shard} inner chunks of {rows} row{'s' * (rows != 1)} per shard"
         order = ", big-endian, byte-swapped" if self.byteswap and sys.byteorder == "little" else ""
         order = ", little-endian, byte-swapped" if self.byteswap and sys.byteorder == "big" else order
-        return f"direct ({fmt}, {self.detail}{order})"
+        crc = ", crc32c" if self.crc32c else ""
+        return f"direct ({fmt}, {self.detail}{crc}{order})"
 
 
 def read_path(arr: zarr.Array) -> DirectLayout | str:
@@ -146,6 +151,8 @@ def _v3_path(arr: zarr.Array, dtype: np.dtype) -> DirectLayout | str:
             return "nested shards (inner chunks sharded again) not read directly"
     if not codecs or not isinstance(codecs[0], BytesCodec):
         return f"codec {_name(codecs[0]) if codecs else 'none'} not read directly"
+    crc32c = isinstance(codecs[-1], Crc32cCodec)
+    codecs = codecs[:-1] if crc32c else codecs
     if len(codecs) > 2:
         return f"codecs {' + '.join(_name(c) for c in codecs[1:])} not read directly (one compressor at most)"
     found = _compressor(codecs[1] if len(codecs) == 2 else None)
@@ -153,7 +160,7 @@ def _v3_path(arr: zarr.Array, dtype: np.dtype) -> DirectLayout | str:
         return found
     endian = getattr(codecs[0].endian, "value", codecs[0].endian)
     swap = dtype.itemsize > 1 and endian is not None and endian != sys.byteorder
-    return DirectLayout(3, *found, native(dtype), swap, tuple(arr.chunks), shards)
+    return DirectLayout(3, *found, native(dtype), swap, tuple(arr.chunks), shards, crc32c)
 
 
 def _shards(arr: zarr.Array, codec: ShardingCodec) -> Shards | str:
@@ -202,6 +209,17 @@ def _name(codec) -> str:
 
 
 def _unzstd(raw, dest: np.ndarray) -> None:
+    """zstd checks a frame's content checksum (when it has one) itself; its error is said as a checksum's."""
+    try:
+        _unzstd_frame(raw, dest)
+    except RuntimeError as exc:
+        mismatch = zstd_checksum_mismatch(exc)
+        if mismatch is None:
+            raise
+        raise mismatch from None
+
+
+def _unzstd_frame(raw, dest: np.ndarray) -> None:
     size = frame_content_size(raw)
     if size is None:  # a frame that does not state its size (written by a streaming compressor)
         decoded = _ZSTD.decode(raw)
@@ -261,6 +279,14 @@ UNPACK: dict[str, Callable[[object, np.ndarray], None]] = {
 }
 
 
+def unpacker(layout: DirectLayout) -> Callable[[object, np.ndarray], None]:
+    """The decoder of one of ``layout``'s compressed units, checking its crc32c first where it ends with one."""
+    unpack = UNPACK[layout.compressor]
+    if not layout.crc32c:
+        return unpack
+    return lambda raw, dest: unpack(without_crc32c(raw), dest)
+
+
 ZSTD_MAGIC = 0xFD2FB528
 
 
@@ -316,7 +342,7 @@ def read_buffer_bytes(arr: zarr.Array) -> int:
     if not _in_files(arr) or not isinstance(layout, DirectLayout):
         return 0
     if layout.shards is None:
-        return 0 if layout.compressor == "none" else largest_stored(layout.unit_bytes)
+        return 0 if _read_into(layout) else largest_stored(layout.unit_bytes)
     shards = layout.shards
     return largest_stored(layout.unit_bytes * shards.per_shard, shards.per_shard) + shards.index_bytes
 
@@ -329,6 +355,12 @@ def shard_index_cache_bytes(arr: zarr.Array) -> int:
         return 0
     shards = ceil_div(int(arr.shape[0]), layout.shape[0])
     return min(SHARD_INDEX_CACHE_BYTES, shards * _index_entry_bytes(layout.shards.per_shard))
+
+
+def _read_into(layout: DirectLayout) -> bool:
+    """Whether a local chunk file of ``layout`` is read straight into the decoded array: stored as it is decoded,
+    with no checksum after it."""
+    return layout.compressor == "none" and not layout.crc32c and layout.shards is None
 
 
 def _in_files(arr: zarr.Array) -> bool:
@@ -382,11 +414,11 @@ def _bytes_of(out: np.ndarray) -> np.ndarray:
 
 def _chunk_decoder(arr: zarr.Array, layout: DirectLayout, policy: RetryPolicy | None, pools: Pools) -> Decoder:
     store, shape, dtype = arr.store_path.store, layout.shape, layout.dtype
-    unpack, swap = UNPACK[layout.compressor], layout.byteswap
+    unpack, swap = unpacker(layout), layout.byteswap
     chunk_buffer = pools.chunks(shape, dtype)
     local = _in_files(arr)
     read = _local_reader(store, largest_stored(layout.unit_bytes)) if local else _remote_reader(store, policy)
-    read_into = _local_reader_into(store) if local and layout.compressor == "none" else None
+    read_into = _local_reader_into(store) if local and _read_into(layout) else None
 
     def decode(key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
         out = into if _fits(into, shape, dtype) else chunk_buffer()
@@ -523,7 +555,7 @@ class _ShardDecoder:
         self.store, self.policy, self.check_missing = arr.store_path.store, policy, check_missing
         self.fill = arr.fill_value if arr.fill_value is not None else 0
         self.chunk_buffer = pools.chunks(layout.shape, layout.dtype)
-        self.unpack = UNPACK[layout.compressor]
+        self.unpack = unpacker(layout)
         self.root = str(Path(str(self.store.root))) + os.sep if _in_files(arr) else None
         self.buffer = _thread_buffer(read_buffer_bytes(arr)) if self.root is not None else None
 

@@ -236,6 +236,7 @@ class PieceReader:
                     return decode(self._keys[name](chunk), None, into, rows)
                 return read_chunk(arr, chunk, policy=self.policy, check_missing=self.check_missing)
             except (ValueError, RuntimeError):
+                forget_cached(arr, self._keys[name](chunk))  # kept as it arrived: a damaged chunk is never served
                 damaged.add_note(_REFETCHED)
                 raise damaged from None
 

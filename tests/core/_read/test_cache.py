@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
-from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
+from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
 from zarrtorch._read import cache as cache_module
 from zarrtorch._read.cache import MARKER, RENEW_AFTER_S, ChunkCache, wait_for_writes
 from zarrtorch.course.servers import CUT_SHORT, HttpStoreServer
@@ -442,3 +442,41 @@ def test_one_bucket_and_path_on_two_s3_endpoints_are_two_stores_in_the_cache():
     assert one != other
     assert cache_folder(client_kwargs={"endpoint_url": "http://a:9000"}) == one
     assert cache_folder() not in (one, other)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "blosc-lz4"])
+def test_a_fetched_chunk_whose_checksum_fails_is_an_error_and_not_kept(tmp_path, codec):
+    """A chunk damaged on the server (a bit flipped inside its compressed data, its checksum then wrong): the epoch
+    fails naming it, fetched once more from the server, and the cache keeps no file of it (else every later epoch
+    would start from the damaged bytes); the other chunks are kept."""
+    root = tmp_path / "served"
+    write_store(root / "s.zarr", codec=codec)
+    target = root / "s.zarr" / "x" / "c" / "2" / "0"
+    stored = bytearray(target.read_bytes())
+    stored[len(stored) // 2] ^= 0x01
+    target.write_bytes(bytes(stored))
+    cache_dir = tmp_path / "cache"
+    with HttpStoreServer(root) as damaged:
+        ds = cached_dataset(damaged, cache_dir)
+        with pytest.raises(ChunkReadError, match=r"array 'x', key 'x/c/2/0'.*checksum mismatch"):
+            check_epoch(ds, 0)
+        assert damaged.requests["s.zarr/x/c/2/0"] == 2  # fetched again before it is called damaged
+    wait_for_writes()
+    kept = [_key(p) for _, _, p in cache_files(cache_dir)]
+    assert kept and "x/c/2/0" not in kept, kept
+
+
+def test_bytes_whose_crc32c_fails_are_never_written_to_the_cache(tmp_path):
+    """An array whose chunks end with a crc32c (prepare_zarr's Blosc and uncompressed stores): a fetched chunk that
+    fails it is not even written for a moment (another rank of the node would read the file), one that holds is."""
+    path = tmp_path / "s.zarr"
+    write_store(path, codec="blosc-lz4")
+    arr = zarr.open_group(str(path), mode="r")["x"]
+    cache = ChunkCache(tmp_path / "cache")
+    cache.prepare()
+    cached = cache_module.through_cache(arr, cache, None, {}).store_path.store
+    good = (path / "x" / "c" / "1" / "0").read_bytes()
+    cached.keep("x/c/0/0", good[:-1] + bytes([good[-1] ^ 0x01]))
+    cached.keep("x/c/1/0", good)
+    wait_for_writes()
+    assert [_key(p) for _, _, p in cache_files(tmp_path / "cache")] == ["x/c/1/0"]

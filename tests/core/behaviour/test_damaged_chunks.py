@@ -1,11 +1,11 @@
 """Every damaged or missing chunk is an error naming the array, the chunk and its rows: never values.
 
 Each layout (the direct decode of Zarr v2 and v3 with zstd, Blosc, gzip, zlib or no compressor, big-endian,
-sharded with the index at either end; zarr's codecs for F order and a checksum codec) gets a chunk file cut
-short, emptied, lengthened (random or zero bytes), replaced by random bytes, holding a valid frame of fewer or
-more rows than the chunk, or (where the codec has one) a wrong checksum, read locally with 0 workers (and 2 for
-one layout of each reader), in rows and in windows, and over HTTP. The zstd case "frame of fewer rows" once
-returned half real values and half uninitialised memory."""
+sharded with the index at either end, the crc32c checksum codec after zstd or none; zarr's codecs for F
+order) gets a chunk file cut short, emptied, lengthened (random or zero bytes), replaced by random bytes,
+holding a valid frame of fewer or more rows than the chunk, or (where the codec has one) a wrong checksum, read
+locally with 0 workers (and 2 for one layout of each reader), in rows and in windows, and over HTTP. The zstd case
+"frame of fewer rows" once returned half real values and half uninitialised memory."""
 
 from __future__ import annotations
 
@@ -52,14 +52,16 @@ LAYOUTS = {
     ),
     "crc32c": (
         dict(compressors=[zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]),
-        "zarr's path: codecs Zstd + Crc32c not read directly (one compressor at most)",
+        "direct (v3, zstd, crc32c)",
     ),
+    "none-crc32c": (dict(compressors=[zarr.codecs.Crc32cCodec()]), "direct (v3, no compressor, crc32c)"),
 }
 PATHS = list(LAYOUTS)
 # read with 2 workers too (the others' decode paths are the same in a worker): one of each reader
 WITH_WORKERS = ["direct", "sharded", "v2", "v2-order-F"]
 # the codec's own checksum, and where the stored bytes hold it
 CHECKSUM_AT = {"zstd-checksum": -1, "gzip": -8, "v2-gzip": -8, "v2-zlib": -1, "sharded": -1, "crc32c": -1}
+CHECKSUM_AT |= {"none-crc32c": -1}  # Blosc then crc32c: the flipped-byte tests below
 UNFRAMED = {"v2-none"}  # stored as decoded: bytes of the right length are a valid chunk, whatever they hold
 # a shard with its index first: bytes after its last inner chunk are space the index does not point to (the
 # sharding codec allows it); the values read are those written
@@ -411,3 +413,73 @@ def test_a_missing_chunk_of_a_packed_static_array_reads_as_xarray_shows_it(tmp_p
         for s in (s for batch in loader for s in batch["orog"].numpy()):
             assert s.dtype == np.dtype(cf_dtype)
             np.testing.assert_array_equal(s, shown.astype(cf_dtype))
+
+
+# -- a flipped byte inside compressed data: it still decodes, to other values, unless a checksum covers it ----------
+BARE_CODECS = {  # prepare_zarr's codecs as they were written before they carried checksums
+    "zstd": (zarr.codecs.ZstdCodec(level=3), numcodecs.Zstd()),
+    "blosc-zstd": (zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"), numcodecs.Blosc()),
+    "blosc-lz4": (zarr.codecs.BloscCodec(cname="lz4", clevel=3, shuffle="shuffle"), numcodecs.Blosc()),
+}
+RANDOM = np.random.default_rng(11).normal(size=(ROWS, 6)).astype(np.float32)  # compressed, not stored as is
+
+
+def a_silent_flip(raw: bytes, decode) -> int:
+    """The offset nearest the middle of ``raw`` (a chunk's compressed bytes without a checksum) where flipping a bit
+    still decodes, to other values: what no decoder can notice without a checksum."""
+    for at in sorted(range(len(raw)), key=lambda i: (abs(i - len(raw) // 2), i)):
+        flipped = raw[:at] + bytes([raw[at] ^ 0x01]) + raw[at + 1 :]
+        try:
+            decoded = bytes(decode(flipped))
+        except (ValueError, RuntimeError):
+            continue
+        if len(decoded) == len(raw_values := RANDOM[DAMAGED * CHUNK : (DAMAGED + 1) * CHUNK].tobytes()):
+            if decoded != raw_values:
+                return at
+    raise AssertionError("no flip of one bit decodes silently")
+
+
+@pytest.mark.parametrize(
+    ("codec", "num_workers"), [("zstd", 0), ("zstd", 2), ("blosc-zstd", 0), ("blosc-lz4", 0), ("none", 0)]
+)
+def test_a_flipped_byte_inside_a_prepared_stores_compressed_chunk_is_an_error_not_other_values(
+    tmp_path, codec, num_workers
+):
+    """A bit flipped inside a chunk's compressed data (a disk, a copy, a transfer), at a place where the frame
+    still decodes: zstd without its content checksum and Blosc (no checksum of its own) decoded it to other
+    values, silently, in zarr and zarrtorch alike. prepare_zarr's stores carry a checksum for every codec: an
+    error naming the array and the chunk, in the main process and in workers."""
+    bare = tmp_path / "bare.zarr"
+    prepare_zarr({"x": RANDOM}, bare, chunk_rows=CHUNK, codec=BARE_CODECS.get(codec, ("none",))[0], progress=False)
+    raw = chunk_file(bare, "direct").read_bytes()
+    at = a_silent_flip(raw, BARE_CODECS[codec][1].decode) if codec in BARE_CODECS else len(raw) // 2
+    path = tmp_path / "prepared.zarr"
+    prepare_zarr({"x": RANDOM}, path, chunk_rows=CHUNK, codec=codec, progress=False)
+    target = chunk_file(path, "direct")
+    stored = target.read_bytes()
+    assert stored[: at + 1] == raw[: at + 1] or codec == "zstd"  # the same data, a checksum added
+    target.write_bytes(stored[:at] + bytes([stored[at] ^ 0x01]) + stored[at + 1 :])
+    with pytest.raises(ChunkReadError) as err:
+        read_all(path, num_workers)
+    message = str(err.value)
+    assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in message, message
+    assert "'x/c/2/0'" in message, message
+    assert "checksum" in message, message
+    with pytest.raises((ValueError, RuntimeError), match="checksum"):  # zarr itself refuses it too
+        zarr.open_group(str(path), mode="r")["x"][...]
+
+
+@pytest.mark.parametrize("codec", ["blosc-lz4", "zstd"])
+def test_a_flipped_byte_inside_a_prepared_shards_inner_chunk_is_an_error(tmp_path, codec):
+    """Shards written by prepare_zarr carry each inner chunk's checksum (zstd's own, or crc32c after Blosc): a bit
+    flipped in the middle of a shard's inner chunks is an error naming the shard, read directly by byte range."""
+    path = tmp_path / "sharded.zarr"
+    prepare_zarr({"x": RANDOM}, path, chunk_rows=CHUNK // 2, shard_chunks=2, codec=codec, progress=False)
+    assert read_path_text(zarr.open_group(str(path), mode="r")["x"]).startswith("direct (v3 sharded")
+    target = chunk_file(path, "direct")
+    stored = target.read_bytes()
+    index = np.frombuffer(stored[-36:-4], "<u8")  # at the shard's end: (offset, length) per inner chunk, a crc32c
+    at = int(index[0] + index[1] // 2)  # the middle of the first inner chunk
+    target.write_bytes(stored[:at] + bytes([stored[at] ^ 0x01]) + stored[at + 1 :])
+    with pytest.raises(ChunkReadError, match=r"of array 'x', key 'x/c/2/0'.*checksum mismatch"):
+        read_all(path, 0)

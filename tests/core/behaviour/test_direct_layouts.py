@@ -57,6 +57,7 @@ def layouts(draw) -> dict:
         "inner_rows": inner if fmt == 3 and draw(st.booleans()) else None,
         "index_at": draw(st.sampled_from(("end", "start"))),
         "in_files": draw(st.booleans()),
+        "crc32c": fmt == 3 and draw(st.booleans()),  # the compressed chunk followed by its checksum
     }
 
 
@@ -79,7 +80,8 @@ def codec_options(layout: dict) -> dict:
         "blosc": zarr.codecs.BloscCodec(cname=layout["cname"], shuffle=shuffle),
         "gzip": zarr.codecs.GzipCodec(),
     }[name]
-    options = {"compressors": compressor, "dtype": dtype}
+    compressors = [c for c in (compressor,) if c is not None] + [zarr.codecs.Crc32cCodec()] * layout["crc32c"]
+    options = {"compressors": compressors, "dtype": dtype}
     options["serializer"] = zarr.codecs.BytesCodec(endian="big" if layout["big_endian"] else "little")
     if layout["inner_rows"]:
         options["shards"] = {
@@ -149,6 +151,11 @@ def test_every_common_layout_is_decoded_directly_to_what_zarr_reads(layout, cuts
         ({"zarr_format": 2, "compressors": None}, "direct (v2, no compressor)"),
         ({"zarr_format": 2, "dtype": ">f4"}, "direct (v2, zstd, big-endian, byte-swapped)"),
         ({"compressors": zarr.codecs.GzipCodec()}, "direct (v3, gzip)"),
+        ({"compressors": [zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]}, "direct (v3, zstd, crc32c)"),
+        (
+            {"chunks": (2, 3), "shards": (8, 3), "compressors": [zarr.codecs.BloscCodec(), zarr.codecs.Crc32cCodec()]},
+            "direct (v3 sharded, 4 inner chunks of 2 rows per shard, blosc zstd shuffle, crc32c)",
+        ),
         ({"chunks": (2, 3), "shards": (8, 3)}, "direct (v3 sharded, 4 inner chunks of 2 rows per shard, zstd)"),
     ],
 )
@@ -173,8 +180,8 @@ NESTED_SHARDS = zarr.codecs.ShardingCodec(chunk_shape=(4, 3), codecs=[zarr.codec
         ({"zarr_format": 2, "order": "F"}, "zarr's path: order F (column-major chunks) not read directly"),
         ({"zarr_format": 2, "compressors": numcodecs.BZ2()}, "zarr's path: compressor BZ2 not read directly"),
         (
-            {"compressors": [zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]},
-            "zarr's path: codecs Zstd + Crc32c not read directly (one compressor at most)",
+            {"compressors": [zarr.codecs.ZstdCodec(), zarr.codecs.GzipCodec()]},
+            "zarr's path: codecs Zstd + Gzip not read directly (one compressor at most)",
         ),
         ({"filters": [zarr.codecs.TransposeCodec(order=(1, 0))]}, "zarr's path: codec Transpose not read directly"),
         (
