@@ -26,7 +26,8 @@ class ReadOptions:
     datasets of a job, like :class:`~zarrtorch.RetryPolicy`).
 
     Args:
-        decode_threads: threads decoding chunks per process (default: the process's share of the CPUs).
+        decode_threads: threads decoding chunks per process (default: the process's share of the CPUs;
+            one for a local store of small chunks, :func:`zarrtorch.readplan.default_decode_threads`).
         requests_in_flight: chunks read ahead at once per process, fixed; default ``decode_threads + 1`` for a
             local store, and for a remote one, where each request waits for the network, from 32 (at least 8) up to
             what 256 MiB of decoded chunks hold (at most 256), grown while the reads wait on latency, not in a queue.

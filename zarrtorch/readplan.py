@@ -16,6 +16,10 @@ from zarrtorch._read.source import all_local
 from zarrtorch._util.process import cpu_share
 from zarrtorch._util.sizes import pieces_per_read
 
+# a local store's chunks of at most this (every array's rows of a chunk together) are decoded in one thread by
+# default: the Python work per chunk (its file opened, its rows handed on) then outweighs the decode, and a second
+# thread only waits for the GIL (issue 43: one-row chunks of a 10-array group, 1.3-2x the rows/s with one thread)
+SMALL_CHUNK_BYTES = 64 * 2**10
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store keeps at least
 REMOTE_START = 32  # and starts with (a first epoch at 100 ms spent a third of its time growing from 8)
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process
@@ -55,16 +59,16 @@ class ReadPlan:
     def of(cls, data, num_workers: int, *, decode_threads: int | None = None) -> ReadPlan:
         """The plan of each reading process of a loader over ``data`` (a :class:`~zarrtorch.ZarrIterableDataset`)
         with ``num_workers`` workers (0: the training process reads), decoding in ``decode_threads`` threads
-        (default: ``ReadOptions(decode_threads=...)``, else the process's share of the CPUs).
+        (default: ``ReadOptions(decode_threads=...)``, else :func:`default_decode_threads`).
 
         A local store keeps ``decode_threads + 1`` reads in flight, small chunks read several to a task; a remote
         one adapts from ``REMOTE_START`` (at least ``REMOTE_IN_FLIGHT``) up to what ``IN_FLIGHT_BYTES`` of
         decoded chunks hold (at most ``MOST_IN_FLIGHT`` requests), and holds up to ``HOLD`` x that read ahead; a
         number set in ``ReadOptions(requests_in_flight=...)`` stays fixed, one chunk per request."""
         read = data.read
-        threads = int(decode_threads or read.decode_threads or cpu_share(num_workers))
         chunk_bytes = max(1, data.store_chunk_rows * data.row_bytes)
         local = all_local(data.arrays)
+        threads = int(decode_threads or read.decode_threads or default_decode_threads(num_workers, chunk_bytes, local))
         if read.requests_in_flight:
             fixed = int(read.requests_in_flight)
             return cls(
@@ -93,3 +97,11 @@ class ReadPlan:
             pieces_ahead=max(most, min(HOLD * MOST_IN_FLIGHT, IN_FLIGHT_BYTES // chunk_bytes)),
             pieces_per_read=1,
         )
+
+
+def default_decode_threads(num_workers: int, chunk_bytes: int, local: bool) -> int:
+    """Decode threads per reading process when none is set: its share of the CPUs, or one for a local store of
+    chunks of at most :data:`SMALL_CHUNK_BYTES` (one thread reads them faster than several: see there)."""
+    if local and chunk_bytes <= SMALL_CHUNK_BYTES:
+        return 1
+    return cpu_share(num_workers)

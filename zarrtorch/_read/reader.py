@@ -119,6 +119,9 @@ class PieceReader:
             name: direct_decoder(arr, self.policy, pools, check_missing=check_missing) for name, arr in arrays.items()
         }
         self._keys = {name: chunk_keys(arr) for name, arr in arrays.items()}  # chunk -> store key
+        # asked once, not once per chunk (zarr's ``shape`` is three calls)
+        self._local = {name: is_local(arr) for name, arr in arrays.items()}
+        self._rows = {name: int(arr.shape[0]) for name, arr in arrays.items()}
         self._no_bytes = {name for name, arr in arrays.items() if 0 in arr.shape[1:]}
         # remote arrays decoded directly: their chunks of one row range are requested together (not a shard's:
         # its decoder requests the index and the inner chunks a piece needs by byte range)
@@ -192,7 +195,7 @@ class PieceReader:
                 continue
             target = into.get(name) if into is not None else None
             try:
-                span = Span(start - first, stop - first, min(self.chunk_rows, int(arr.shape[0]) - first))
+                span = Span(start - first, stop - first, min(self.chunk_rows, self._rows[name] - first))
                 whole = self._read_chunk(name, arr, chunk, fetched.get(name), target, span)
                 out[name] = whole[start - first : stop - first]
             except FileNotFoundError:
@@ -220,7 +223,7 @@ class PieceReader:
         if isinstance(fetched, Exception):
             raise fetched
         decode = self._direct[name]
-        local = is_local(arr)
+        local = self._local[name]
         try:
             if decode is not None:
                 return decode(self._keys[name](chunk), fetched, into, rows)
