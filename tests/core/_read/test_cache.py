@@ -442,3 +442,63 @@ def test_one_bucket_and_path_on_two_s3_endpoints_are_two_stores_in_the_cache():
     assert one != other
     assert cache_folder(client_kwargs={"endpoint_url": "http://a:9000"}) == one
     assert cache_folder() not in (one, other)
+
+
+def remote_reads_counted(monkeypatch) -> list:
+    """Patch the reader's remote read-ahead (:meth:`PieceReader._fetch_then_decode`) to note each task it is given."""
+    from zarrtorch._read.reader import PieceReader
+
+    entered, fetch_then_decode = [], PieceReader._fetch_then_decode
+    monkeypatch.setattr(
+        PieceReader,
+        "_fetch_then_decode",
+        lambda self, submit, task, *a: entered.append(task) or fetch_then_decode(self, submit, task, *a),
+    )
+    return entered
+
+
+def test_a_warm_epoch_reads_the_chunks_the_cache_listed_as_a_local_stores_not_through_the_remote_read_ahead(
+    served, tmp_path, monkeypatch
+):
+    """A warm chunk went through the remote read-ahead (a future, its callbacks and the wire's count per chunk:
+    about 1.8x a local chunk's interpreter time, warm epochs at 0.67-0.85x the local disk's rate). The chunks the
+    epoch's listing holds are read, checked and decoded in the reading threads as a local store's chunks are: the
+    remote read-ahead is entered only for the chunks the cache does not hold."""
+    ds = cached_dataset(served, tmp_path / "cache")
+    entered = remote_reads_counted(monkeypatch)
+    check_epoch(ds, 0)
+    assert len(entered) > 0  # the cold epoch fetched through it
+    entered.clear()
+    served.requests.clear()
+    check_epoch(ds, 1)
+    assert entered == [] and chunk_requests(served) == 0, (entered, served.requests)
+
+
+def test_a_damaged_or_deleted_file_read_on_the_local_path_is_fetched_again_not_served(served, tmp_path, monkeypatch):
+    """On the local path of a warm epoch: a file cut short, one with a flipped byte (uncompressed chunks: it would
+    decode to a wrong value without a complaint) and one deleted after the epoch listed it are each fetched once
+    from the server, in the reading thread, and the rows are right; the other chunks stay off the remote path."""
+    cache_dir = tmp_path / "cache"
+    ds = cached_dataset(served, cache_dir, "raw.zarr")
+    check_epoch(ds, 0)
+    files = sorted(p for _, _, p in cache_files(cache_dir))
+    cut, flipped, deleted = files[0], files[3], files[5]
+    cut.write_bytes(cut.read_bytes()[:-5])
+    data = bytearray(flipped.read_bytes())
+    data[-20] ^= 0x40
+    flipped.write_bytes(bytes(data))
+    read = ChunkCache.read
+
+    def deleted_as_it_is_read(self, store_id, key):  # by another process, after the epoch listed it
+        if self.path(store_id, key) == deleted:
+            deleted.unlink()
+        return read(self, store_id, key)
+
+    monkeypatch.setattr(ChunkCache, "read", deleted_as_it_is_read)
+    entered = remote_reads_counted(monkeypatch)
+    served.requests.clear()
+    check_epoch(ds, 1)  # the right values: the damaged files were not served
+    assert chunk_requests(served) == 3, served.requests  # those three chunks fetched again, no other
+    assert entered == []
+    monkeypatch.undo()
+    assert all(ChunkCache(cache_dir).read(p.parent.name, _key(p)) is not None for p in (cut, flipped, deleted))
