@@ -502,3 +502,12 @@ def test_a_damaged_or_deleted_file_read_on_the_local_path_is_fetched_again_not_s
     assert entered == []
     monkeypatch.undo()
     assert all(ChunkCache(cache_dir).read(p.parent.name, _key(p)) is not None for p in (cut, flipped, deleted))
+
+
+@pytest.mark.parametrize("key", ["x/c/0/12", "a.b_c-d~e/c/3", "", "a b/c", "x/c/ü", "x%2Fc", "x?c#0", "x\nc"])
+def test_a_keys_file_name_is_its_whole_quoted_form(key):
+    """The cache names a file by its key quoted whole (slashes too): chunk keys take a shortcut, which must give the
+    same name as ``quote`` for them and leave every other key to it."""
+    from urllib.parse import quote
+
+    assert cache_module.file_name(key) == quote(key, safe="")
