@@ -36,6 +36,7 @@ from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
+from zarrtorch._util.sizes import pieces_per_read as local_pieces_per_read
 
 PIECES_LOOKED_UP = 64  # pieces of an epoch looked up in the cache's listing to tell whether it holds the epoch
 
@@ -135,6 +136,9 @@ class PieceReader:
         # and each read through the node's chunk cache: what it holds is read and decoded in one reading thread, as
         # a local store's chunks are, and the rest requested at once (:meth:`_fetch_then_decode`)
         self._cached = self._fetch_ahead and all(reads_through_cache(a) for a in arrays.values())
+        # consecutive pieces the cache holds that one reading task reads, as a local store's (small chunks)
+        self._held_per_read = local_pieces_per_read(chunk_rows * _row_bytes(arrays)) if self._cached else 1
+        self._early_held: set = set()  # reads started early from the cache's files (no round trip to time)
         if first is not None:
             self.read_first(first)
 
@@ -265,6 +269,33 @@ class PieceReader:
             for name, arr in self.arrays.items()
         )
 
+    def _holds_piece(self, piece: tuple[int, int]) -> bool:
+        """Whether the epoch's listing of the node's cache holds the chunk of ``piece`` of every array: then it is
+        read as a local store's chunk is (:meth:`_reading_held`), not requested."""
+        chunk = piece[0] // self.chunk_rows
+        return all(may_be_cached(arr.store_path.store, self._keys[name](chunk)) for name, arr in self.arrays.items())
+
+    def _reading_held(self, read: Callable) -> Callable[[int, int], object]:
+        """``read(start, stop)`` of a piece the cache listed, in a reading thread: the chunk's files read and
+        checked there (:meth:`_held_chunk`) and decoded by ``read`` in the same thread, as a local store's chunk is:
+        no future handed between threads, no event loop."""
+        return lambda start, stop: read(start, stop, fetched=self._held_chunk(start // self.chunk_rows))
+
+    def _held_chunk(self, chunk: int) -> dict:
+        """The chunk's bytes of each array from the node's cache (verified: a damaged file is deleted, not
+        served); one the cache no longer holds (evicted, cleared or damaged since the listing) is fetched here from
+        the store, and kept. An answer that is an error stands in its place (raised when decoded)."""
+        where = {name: (arr.store_path.store, self._keys[name](chunk)) for name, arr in self.arrays.items()}
+        fetched = {name: cached_bytes(*place) for name, place in where.items()}
+        missing = [name for name, raw in fetched.items() if raw is None]
+        if missing:
+            answers = get_many([(uncached(where[n][0]), where[n][1]) for n in missing], self.policy)
+            for name, answer in zip(missing, answers, strict=True):
+                if isinstance(answer, bytes):
+                    keep_cached(*where[name], answer)
+                fetched[name] = answer
+        return fetched
+
     def read_first(self, pieces: np.ndarray) -> None:
         """Start reading the first of ``pieces`` (an epoch's, in order) now, in threads of their own, instead of
         at the first batch: a DataLoader worker makes its iterator as it starts, well before the first
@@ -292,6 +323,10 @@ class PieceReader:
         self, pool: ThreadPoolExecutor, fetch_ahead: bool, read: Callable, a: int, b: int
     ) -> concurrent.futures.Future:
         times = [time.monotonic(), None]
+        if fetch_ahead and self._cached and self._holds_piece((a, b)):  # from the cache's file: no round trip
+            future = pool.submit(self._reading_held(read), a, b)
+            self._early_held.add(future)
+            return future
         if fetch_ahead:
             future = self._fetch_then_decode(pool.submit, [(a, b)], times, read)
         else:
@@ -313,6 +348,7 @@ class PieceReader:
         early = self.early if own else None
         pending: deque = deque(early.take_leading(pieces[len(ready) :]) if early is not None else ())
         early_times, self._early_times, self.early = self._early_times, {}, None
+        early_held, self._early_held = self._early_held, set()
         if len(pieces) == 0:
             return
         self._list_cached(pieces)
@@ -329,8 +365,35 @@ class PieceReader:
 
         # future -> [requested, done] (monotonic seconds) of the requests in flight, the early ones taken here too
         timing: dict = {f: early_times[f] for f in pending if f in early_times}
-        del early_times  # early reads not taken here are not held
+        # reads of the cache's files, as a local store's: not on the wire, nothing to wait for but the decode
+        held_reads = {f for f in pending if f in early_held}
+        del early_times, early_held  # early reads not taken here are not held
         group = self.pieces_per_read
+        # the cache's listing decides per piece: what it holds is read as a local store's (several pieces to a
+        # task), the rest requested. The pieces read ahead and not handed out yet are counted (``ahead``): a task
+        # of several stays within ``held`` pieces, which the memory budget and the window slots count
+        from_cache = fetch_ahead and self._cached
+        ahead = [len(pending)]
+        peeked: list = []  # a piece taken from ``todo`` to end a task of held pieces, not read yet
+        read_held = self._reading_held(read) if from_cache else None
+
+        def next_task(room: int) -> tuple[list, bool]:
+            """The next reading task's pieces (at most ``room`` when the cache holds them) and whether it does."""
+            first = peeked.pop() if peeked else next(todo, None)
+            if first is None:
+                return [], False
+            if not from_cache or not self._holds_piece(first):
+                return [first, *itertools.islice(todo, group - 1)], False
+            task = [first]
+            while len(task) < min(self._held_per_read, room):
+                piece = next(todo, None)
+                if piece is None:
+                    break
+                if not self._holds_piece(piece):
+                    peeked.append(piece)
+                    break
+                task.append(piece)
+            return task, True
 
         def timed(task: list, times: list) -> _Read:
             data = _Read(read, task)
@@ -362,14 +425,21 @@ class PieceReader:
 
         if adapted:
             for future in pending:
-                started(future)
+                if future not in held_reads:
+                    started(future)
 
         def read_ahead():
             held, level = self.in_flight.held, self.prefetch
-            while len(pending) < held and (not adapted or on_wire() < level):
-                task = list(itertools.islice(todo, group))
+            while (ahead[0] if from_cache else len(pending)) < held and (not adapted or on_wire() < level):
+                task, cached = next_task(held - ahead[0])
                 if not task:
                     return
+                ahead[0] += len(task)
+                if cached:  # read, checked and decoded in a reading thread, as a local store's chunks are
+                    future = pool.submit(_Read, read_held, task)
+                    held_reads.add(future)
+                    pending.append(future)
+                    continue
                 times = [time.monotonic(), None]
                 if fetch_ahead:
                     future = self._fetch_then_decode(pool.submit, task, times, read)
@@ -383,14 +453,16 @@ class PieceReader:
         def take():
             future = pending[0]
             asked = time.monotonic()
-            # the reads behind the first may finish before it: each that does makes room on the wire for another
-            while not future.done() and self.in_flight.held > self.prefetch:  # only an adapted level holds more
+            # the reads behind the first may finish before it: each that does makes room on the wire for another (only
+            # an adapted level holds more; a read of the cache's files is on no wire: it is waited for as it is)
+            while future not in held_reads and not future.done() and self.in_flight.held > self.prefetch:
                 arrivals.clear()
                 if future.done():
                     break
                 read_ahead()
                 arrivals.wait()
             pending.popleft()
+            held_reads.discard(future)
             data = future.result()  # the consumer waits for this read if it has not finished
             requested, done = timing.pop(future, (None, None))
             self.in_flight.consumed(time.monotonic() - asked, done - requested if done is not None else None)
@@ -403,11 +475,13 @@ class PieceReader:
             while ready or pending or current:
                 if current:
                     data = current.next()
+                    ahead[0] -= 1
                 elif ready:
                     data = ready.popleft()
                 else:
                     current = take()
                     data = current.next()
+                    ahead[0] -= 1
                 if not current:  # a whole read consumed (the last piece is about to be): read the next
                     read_ahead()
                 if not ready and not pending and not current and self.after_last is not None:  # the last one
@@ -530,6 +604,11 @@ class PieceReader:
             for name, column in out.items():
                 column[sel] = data[name][rows[sel] - lo]
         return out
+
+
+def _row_bytes(arrays: dict[str, zarr.Array]) -> int:
+    """Bytes of one row of every array, decoded."""
+    return sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays.values())
 
 
 def _filled(held: list, fetched: list) -> list:
