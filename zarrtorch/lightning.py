@@ -81,6 +81,21 @@ class _TrainerEpochLength(_FittingTrainer):
         return int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else None
 
 
+class _ValidatedPerRun:
+    """The batches Lightning takes from a validation loader per validation (``limit_val_batches`` applied): it never
+    asks for the rest, so an iteration that reached them is over when Lightning sets the next epoch."""
+
+    def __init__(self, datamodule: L.LightningDataModule, loader):
+        self._datamodule, self._loader = weakref.ref(datamodule), weakref.ref(loader)
+
+    def __call__(self) -> int | None:
+        dm, loader = self._datamodule(), self._loader()
+        trainer = getattr(dm, "trainer", None) if dm is not None else None
+        if trainer is None or loader is None:
+            return None
+        return trained_per_epoch(len(loader), trainer.limit_val_batches)
+
+
 def trained_per_epoch(length: int, limit: int | float) -> int:
     """The batches of an epoch of ``length`` Lightning trains under ``limit_train_batches=limit`` (a count, or a
     share of the epoch, rounded down as Lightning rounds it)."""
@@ -431,9 +446,11 @@ class ZarrDataModule(ResumableTraining):
     def val_dataloader(self) -> ZarrDataLoader:
         if self.val_dataset is None:
             self.setup("validate")
-        return ZarrDataLoader(
+        loader = ZarrDataLoader(
             self.val_dataset, batch_size=self.val_batch_size, drop_last=False, **self._loader_kwargs()
         )
+        loader.consumer_epoch_length = _ValidatedPerRun(self, loader)
+        return loader
 
     # -- helpers ------------------------------------------------------------------------------------
     def describe(self) -> str:
