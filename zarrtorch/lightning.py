@@ -81,6 +81,21 @@ class _TrainerEpochLength(_FittingTrainer):
         return int(limit) if isinstance(limit, (int, float)) and math.isfinite(limit) else None
 
 
+class _ValidatedPerRun:
+    """The batches Lightning takes from a validation loader per validation (``limit_val_batches`` applied): it never
+    asks for the rest, so an iteration that reached them is over when Lightning sets the next epoch."""
+
+    def __init__(self, datamodule: L.LightningDataModule, loader):
+        self._datamodule, self._loader = weakref.ref(datamodule), weakref.ref(loader)
+
+    def __call__(self) -> int | None:
+        dm, loader = self._datamodule(), self._loader()
+        trainer = getattr(dm, "trainer", None) if dm is not None else None
+        if trainer is None or loader is None:
+            return None
+        return trained_per_epoch(len(loader), trainer.limit_val_batches)
+
+
 def trained_per_epoch(length: int, limit: int | float) -> int:
     """The batches of an epoch of ``length`` Lightning trains under ``limit_train_batches=limit`` (a count, or a
     share of the epoch, rounded down as Lightning rounds it)."""
@@ -186,6 +201,7 @@ class ResumableTraining(L.LightningDataModule):
         self._train_state: dict | None = None  # a checkpoint's loader state, for the next training loader
         self._reload_setting: int | None = None  # the trainer's own, while a reload after a resumed epoch is due
         self._resumed_epoch = 0  # the epoch the last loaded state resumes
+        self._state_loaded_from = None  # the trainer's checkpoint path when Lightning last loaded this one's state
 
     def new_train_loader(self):
         """A training loader at its first epoch's start (Lightning's hooks and a resumed position come after)."""
@@ -197,6 +213,7 @@ class ResumableTraining(L.LightningDataModule):
 
     def train_dataloader(self):
         trainer = getattr(self, "trainer", None)
+        self._refuse_a_checkpoint_without_my_state(trainer)
         resumed = self._train_loader
         if self._reload_setting is not None and resumed is not None and self._train_state is None:
             if trainer is not None and trainer.current_epoch <= self._resumed_epoch:
@@ -216,6 +233,24 @@ class ResumableTraining(L.LightningDataModule):
             self._resume(loader, trainer)
         self._train_loader = loader
         return loader
+
+    def _refuse_a_checkpoint_without_my_state(self, trainer) -> None:
+        """A fit resumed from a checkpoint this data module's state is not in: Lightning keeps a data module's
+        state under its class name and loads nothing into one of another class (a :class:`ZarrDataModule`'s
+        checkpoint resumed with a :class:`MixedDataModule`, or the reverse), which would then train its data from
+        the start at the checkpoint's epoch and step, silently."""
+        if trainer is None or getattr(trainer.state, "fn", None) != "fit" or not trainer.ckpt_path:
+            return
+        if self._state_loaded_from == trainer.ckpt_path:
+            return
+        name = type(self).__name__
+        raise ValueError(
+            f"the checkpoint {str(trainer.ckpt_path)!r} holds no {name} state: it was saved with another data module "
+            f"(a {'MixedDataModule' if name == 'ZarrDataModule' else 'ZarrDataModule'}, say) or with none, so the "
+            "data's position in it cannot be resumed. Resume it with the data module it was saved with; to train this "
+            "data from its start with the trained weights, load only them (YourModel.load_from_checkpoint(path)) "
+            "and fit without ckpt_path"
+        )
 
     def _resume(self, loader, trainer) -> None:
         """Load the checkpoint's state into ``loader``, reconcile it with Lightning's counters, and have Lightning
@@ -263,9 +298,11 @@ class ResumableTraining(L.LightningDataModule):
         """Saved by Lightning in every checkpoint. Lightning also saves the loader's own state, but restores
         it only if the loader is created after the checkpoint is read, which is not the case when the model
         asks for ``trainer.estimated_stepping_batches`` (a learning-rate schedule): this copy always is."""
-        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+        # never empty: Lightning saves no empty state, and a checkpoint without one is refused on resume
+        return {"train_loader": self._train_loader.state_dict() if self._train_loader is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
+        self._state_loaded_from = getattr(getattr(self, "trainer", None), "ckpt_path", None)
         self._train_state = state.get("train_loader")
         if self._train_state is not None and self._train_loader is not None:
             self.load_train_state(self._train_loader, self._train_state)
@@ -409,9 +446,11 @@ class ZarrDataModule(ResumableTraining):
     def val_dataloader(self) -> ZarrDataLoader:
         if self.val_dataset is None:
             self.setup("validate")
-        return ZarrDataLoader(
+        loader = ZarrDataLoader(
             self.val_dataset, batch_size=self.val_batch_size, drop_last=False, **self._loader_kwargs()
         )
+        loader.consumer_epoch_length = _ValidatedPerRun(self, loader)
+        return loader
 
     # -- helpers ------------------------------------------------------------------------------------
     def describe(self) -> str:

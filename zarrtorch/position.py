@@ -74,8 +74,9 @@ class EpochPosition:
             return None  # the iteration in flight runs it already (Lightning calls set_epoch after it iterates)
         alive = self.run_iterator is not None and self.run_iterator() is not None  # not dropped (a break, Ctrl-C)
         # an iteration that yielded its every batch is over, though its end was not asked for (Lightning's
-        # validation takes exactly len() batches)
-        going_on = run is not None and not run.done and alive and run.position < run.length
+        # validation takes exactly len() batches); so is one that reached the consumer's own epoch length (a
+        # trainer's limit_train_batches), which never asks for the rest
+        going_on = run is not None and not run.done and alive and run.position < self._consumed_length(run)
         late = going_on and epoch != run.epoch and run.seen <= 2
         if epoch != self.epoch:
             self.start, self.counted_ahead = None, None

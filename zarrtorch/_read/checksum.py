@@ -59,6 +59,14 @@ def zstd_checksum_mismatch(exc: RuntimeError) -> ValueError | None:
     return ValueError(f"checksum mismatch: its zstd frame's content checksum does not hold: {DAMAGED_ADVICE}")
 
 
+def shard_index_checksum_mismatch(exc: ValueError) -> ValueError | None:
+    """zarr's own error for a shard index whose crc32c (its default index codecs) does not hold, said as
+    :func:`without_crc32c` says it, naming the index; ``None`` for another error."""
+    if "checksum do not match" not in str(exc):
+        return None
+    return ValueError(f"checksum mismatch: its shard index's checksum does not hold ({exc}): {DAMAGED_ADVICE}")
+
+
 def chunk_checksum(arr: zarr.Array) -> str | None:
     """What checks the bytes of ``arr``'s chunks (of a shard's inner chunks): ``"crc32c"``, ``"zstd content
     checksum"``, ``"gzip CRC-32"``, ``"zlib Adler-32"``; ``None`` when nothing does (a flipped byte inside

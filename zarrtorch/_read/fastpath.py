@@ -44,7 +44,7 @@ from numcodecs.blosc import decompress as blosc_decompress
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from zarrtorch._compat.zarr import NO_INNER_CHUNK, chunk_spec, decode_shard_index, shard_index_size
-from zarrtorch._read.checksum import without_crc32c, zstd_checksum_mismatch
+from zarrtorch._read.checksum import shard_index_checksum_mismatch, without_crc32c, zstd_checksum_mismatch
 from zarrtorch._read.chunks import missing_inner_message
 from zarrtorch._read.fetch import RetryPolicy, get_bytes
 from zarrtorch._util.pool import Pools
@@ -593,7 +593,7 @@ class _ShardDecoder:
         index = SHARD_INDEXES.get(key) if cached else None
         if index is None:
             stored = source.read_index(shards.index_bytes, shards.index_at_start)
-            index = decode_shard_index(shards.codec, stored, shards.spec).reshape(-1, 2)
+            index = _decoded_index(shards, stored)
             if cached:
                 SHARD_INDEXES.put(key, index)
         return index
@@ -619,6 +619,18 @@ class _ShardDecoder:
                 self.unpack(data[at : at + int(entries[i, 1])], _bytes_of(rows))
                 if self.layout.byteswap:
                     to_native_order(rows)
+
+
+def _decoded_index(shards: Shards, stored: bytes) -> np.ndarray:
+    """A shard's ``(offset, length)`` per inner chunk, its index's checksum checked by zarr's index codecs; a
+    mismatch said as a chunk's is."""
+    try:
+        return decode_shard_index(shards.codec, stored, shards.spec).reshape(-1, 2)
+    except ValueError as exc:
+        mismatch = shard_index_checksum_mismatch(exc)
+        if mismatch is None:
+            raise
+        raise mismatch from None
 
 
 def _runs(entries: np.ndarray, present: np.ndarray) -> list[list[int]]:

@@ -483,3 +483,21 @@ def test_a_flipped_byte_inside_a_prepared_shards_inner_chunk_is_an_error(tmp_pat
     target.write_bytes(stored[:at] + bytes([stored[at] ^ 0x01]) + stored[at + 1 :])
     with pytest.raises(ChunkReadError, match=r"of array 'x', key 'x/c/2/0'.*checksum mismatch"):
         read_all(path, 0)
+
+
+@pytest.mark.parametrize("flipped", ["an entry", "its crc32c"])
+def test_a_flipped_byte_inside_a_prepared_shards_index_is_an_error_saying_what_to_do(tmp_path, flipped):
+    """A shard's index carries a crc32c (zarr's default index codecs): a flipped byte in it was zarr's bare
+    "Stored and computed checksum do not match. Stored: b'...'", naming neither the index nor what to do."""
+    path = tmp_path / "sharded.zarr"
+    prepare_zarr({"x": RANDOM}, path, chunk_rows=CHUNK // 2, shard_chunks=2, progress=False)
+    target = chunk_file(path, "direct")
+    stored = target.read_bytes()
+    at = len(stored) - (36 if flipped == "an entry" else 2)  # the index at the shard's end: 2 x (offset, length), crc
+    target.write_bytes(stored[:at] + bytes([stored[at] ^ 0x01]) + stored[at + 1 :])
+    with pytest.raises(ChunkReadError) as err:
+        read_all(path, 0)
+    message = str(err.value)
+    assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in message, message
+    assert "'x/c/2/0'" in message, message
+    assert "its shard index's checksum does not hold" in message and "re-copy the store" in message, message

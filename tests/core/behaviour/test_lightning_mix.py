@@ -122,6 +122,31 @@ def test_bad_mix_arguments_are_refused_when_the_data_module_is_built(stores):
         MixedDataModule({"era": one, "again": one})
 
 
+def fit_module(data, ckpt_path=None, **trainer_kw) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(does not have many workers|LeafSpec|val_dataloader|__len__).*")
+        checkpointing = "callbacks" in trainer_kw
+        trainer_kw = {"max_epochs": 1, "limit_val_batches": 0, "enable_checkpointing": checkpointing, **trainer_kw}
+        quiet_trainer(**trainer_kw).fit(OneHead(), datamodule=data, ckpt_path=ckpt_path)
+
+
+def a_single_store_module(stores) -> ZarrDataModule:
+    return ZarrDataModule(stores["era"], batch_size=BATCH, seed=3, buffer_chunks=2, val_fraction=0.25)
+
+
+@pytest.mark.parametrize("saved_with", ["ZarrDataModule", "MixedDataModule"])
+def test_a_checkpoint_of_the_other_data_module_is_refused_not_resumed_from_the_start(stores, tmp_path, saved_with):
+    """Lightning keeps a data module's state under its class name and loads nothing into a data module of another
+    class: a ZarrDataModule's checkpoint resumed with a MixedDataModule (and the reverse) trained the mix from its
+    start, silently, at the checkpoint's epoch."""
+    single, mixed = a_single_store_module(stores), mixed_data(stores)
+    saving, resuming = (single, mixed) if saved_with == "ZarrDataModule" else (mixed, single)
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
+    fit_module(saving, callbacks=[saver], limit_train_batches=2)
+    with pytest.raises(ValueError, match=f"holds no {type(resuming).__name__} state.*saved with another data module"):
+        fit_module(resuming, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"), max_epochs=2, limit_train_batches=2)
+
+
 CASES = {
     # epoch 1 after the resume drew the sources' epoch-0 rows again (the reload after a resumed epoch built a fresh
     # mix); with a limit, the limited epoch ran again (no set_epoch reached the mix)
