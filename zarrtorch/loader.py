@@ -125,6 +125,9 @@ class EpochIterator:
         if self._transform is not None:
             batch = self._transform(batch)
         self._run.seen += 1
+        if self._run.late_warning is not None:
+            warnings.warn(self._run.late_warning, stacklevel=2)
+            self._run.late_warning = None
         return batch
 
     def __len__(self) -> int:

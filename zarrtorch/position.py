@@ -33,6 +33,7 @@ class EpochRun:
     length: int  # batches of the whole epoch on this rank (``len(loader)`` when it began)
     seen: int = 0  # batches this iteration has yielded
     done: bool = False  # it ran to its end
+    late_warning: str | None = None  # said at its first batch: a set_epoch of another epoch came before it
 
     @property
     def position(self) -> int:
@@ -83,13 +84,17 @@ class EpochPosition:
         self.epoch, self.set_since_run = epoch, True
         if not late:
             return None
-        return (
+        message = (
             f"ZarrDataLoader: set_epoch({epoch}) came after the iteration over epoch {run.epoch} began; that "
-            f"iteration goes on as epoch {run.epoch} (its first batches are out), and epoch {epoch} starts at the next "
-            "iter(). Under Lightning this is a run resumed at an epoch's end with a bare loader, whose position "
+            f"iteration goes on as epoch {run.epoch} (its batches are of that epoch), and epoch {epoch} starts at the "
+            "next iter(). Under Lightning this is a run resumed at an epoch's end with a bare loader, whose position "
             "Lightning does not restore there: use zarrtorch.lightning.ZarrDataModule (it keeps the position in its "
             "own state), or call loader.set_epoch(epoch) before trainer.fit"
         )
+        if run.seen == 0:  # nothing is out yet: said only if a batch of it ever is (an iterator dropped unused is not)
+            run.late_warning = message
+            return None
+        return message
 
     def start_point(self, world: int, num_workers: int) -> tuple[tuple[Segment, ...], int]:
         """(earlier segments, batches already yielded) from which the next iteration starts its epoch on

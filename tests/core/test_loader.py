@@ -632,6 +632,26 @@ def test_set_epoch_warns_of_a_late_call_only_while_the_iteration_can_go_on(store
         loader.set_epoch(3)
 
 
+def test_a_late_set_epoch_warns_at_the_first_batch_of_an_iterator_that_had_yielded_none(store):
+    """Lightning, resumed after a validation, builds a validation iterator of the old epoch, draws nothing from it,
+    then sets the next epoch: the loader warned "set_epoch(1) came after the iteration over epoch 0 began" though
+    no batch of epoch 0 was ever handed out. Nothing is said for an iterator that yields nothing; one drawn from
+    after the late call still says it."""
+    loader = ZarrDataLoader(ZarrIterableDataset(store, seed=1), batch_size=32)
+    unused = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.set_epoch(1)
+    assert unused is not None
+    drawn = iter(loader)
+    loader.set_epoch(2)
+    with pytest.warns(UserWarning, match=r"set_epoch\(2\) came after the iteration over epoch 1 began"):
+        next(drawn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len([rows_of(b) for b in drawn]) == len(loader) - 1  # said once, at its first batch
+
+
 def test_set_epoch_after_an_iteration_that_yielded_its_every_batch_does_not_warn(store):
     """Lightning's validation loop takes exactly ``len()`` batches (never the end) and keeps the iterator; its
     next ``set_epoch`` warned "came after the iteration over epoch 0 began" every epoch for a validation of 1 or 2
