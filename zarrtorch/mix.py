@@ -140,8 +140,27 @@ class MixedLoader:
         # finished with (it may fetch ahead), and the most it takes of an epoch (``limit_train_batches``)
         self.consumed_batches: Callable[[], int | None] | None = None
         self.consumer_epoch_length: Callable[[], int | None] | None = None
+        self._refuse_an_epoch_of_no_step()
         for name, loader in self.sources.items():
             loader.consumed_batches = _SourceConsumed(self, name)
+
+    def _refuse_an_epoch_of_no_step(self) -> None:
+        """A quota is its target rounded to whole global batches: targets each under half of one would give every
+        epoch no step at all, and a training loop would run its epochs on nothing."""
+        world = self.topology()[1]
+        if sum(self.quotas(MixPoint(0, (0,) * len(self._names), 0, world, 0))) > 0:
+            return
+        targets = dict(zip(self._names, self.targets, strict=True))
+        rows = (
+            f"its {sum(self.targets)} rows (targets {targets}) are"
+            if self.mixed
+            else f"its targets {targets} rows are each"
+        )
+        raise ValueError(
+            f"a MixedLoader's epoch would have no step: {rows} under half a global batch ({world * self.batch_size} "
+            f"rows: world_size {world} x batch_size {self.batch_size}), the unit a quota is rounded to. Give more rows "
+            "per epoch (epoch_rows= or rows=), or a smaller batch_size"
+        )
 
     # -- the schedule --------------------------------------------------------------------------------------------
     @property
