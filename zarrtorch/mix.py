@@ -99,7 +99,8 @@ class MixedLoader:
         seed: fixes every epoch's order of sources (shared by every rank).
         batches: ``"per_source"``: every batch from one source, ``batch["source"]`` its name. ``"mixed"``: every
             batch holds ``batch_size`` rows of every source's loader (its share: no ``weights``/``rows``; sources of
-            the same columns, shapes and dtypes), ``batch["source"]`` each row's source index in :attr:`names`.
+            the same columns, shapes and dtypes, each of ``drop_last=True``), ``batch["source"]`` each row's source
+            index in :attr:`names`.
 
     A source's rows beyond its quota wait for the next mix epoch; a quota above its size runs into its next own
     epoch (a new shuffle). Memory: every source's loader keeps its workers and buffers, so two sources of
@@ -139,8 +140,27 @@ class MixedLoader:
         # finished with (it may fetch ahead), and the most it takes of an epoch (``limit_train_batches``)
         self.consumed_batches: Callable[[], int | None] | None = None
         self.consumer_epoch_length: Callable[[], int | None] | None = None
+        self._refuse_an_epoch_of_no_step()
         for name, loader in self.sources.items():
             loader.consumed_batches = _SourceConsumed(self, name)
+
+    def _refuse_an_epoch_of_no_step(self) -> None:
+        """A quota is its target rounded to whole global batches: targets each under half of one would give every
+        epoch no step at all, and a training loop would run its epochs on nothing."""
+        world = self.topology()[1]
+        if sum(self.quotas(MixPoint(0, (0,) * len(self._names), 0, world, 0))) > 0:
+            return
+        targets = dict(zip(self._names, self.targets, strict=True))
+        rows = (
+            f"its {sum(self.targets)} rows (targets {targets}) are"
+            if self.mixed
+            else f"its targets {targets} rows are each"
+        )
+        raise ValueError(
+            f"a MixedLoader's epoch would have no step: {rows} under half a global batch ({world * self.batch_size} "
+            f"rows: world_size {world} x batch_size {self.batch_size}), the unit a quota is rounded to. Give more rows "
+            "per epoch (epoch_rows= or rows=), or a smaller batch_size"
+        )
 
     # -- the schedule --------------------------------------------------------------------------------------------
     @property
@@ -513,7 +533,8 @@ def common_batch_size(sources: dict[str, ZarrDataLoader]) -> int:
 def mixed_batch_sizes(sources: dict[str, ZarrDataLoader], weights, rows) -> tuple[int, ...]:
     """Each source's rows in a mixed batch: its loader's batch size, which is its share (no ``weights``/``rows``).
     Refused when the sources' batches cannot be stacked: other columns, shapes or dtypes (other grids), or other
-    extra keys (``return_index``, ``return_padding``)."""
+    extra keys (``return_index``, ``return_padding``); and for a source of ``drop_last=False``, whose own epochs end
+    in a short batch (:func:`refuse_short_batches`)."""
     if weights is not None or rows is not None:
         sizes = {name: loader.spec.batch_size for name, loader in sources.items()}
         raise ValueError(
@@ -530,7 +551,20 @@ def mixed_batch_sizes(sources: dict[str, ZarrDataLoader], weights, rows) -> tupl
                 f"{name!r} give other columns (name: (row shape, dtype), return_index, return_padding): {kept[0]} and "
                 f"{kept[1]}. Different grids cannot share a batch: use batches='per_source'"
             )
+    refuse_short_batches(sources)
     return tuple(loader.spec.batch_size for loader in sources.values())
+
+
+def refuse_short_batches(sources: dict[str, ZarrDataLoader]) -> None:
+    """Mixed batches hold every source's batch size of rows at every step: a source whose loader keeps its last,
+    short batch (``drop_last=False``) would put fewer of its rows in the step that ends each of its own epochs."""
+    short = [name for name, loader in sources.items() if not loader.spec.drop_last]
+    if short:
+        raise ValueError(
+            f"batches='mixed' holds every source's batch_size of rows in each batch, but some loaders have "
+            f"drop_last=False (sources {short}): each of their own epochs ends in a short batch, and that step would "
+            "hold fewer of its rows than its share. Give each source's ZarrDataLoader drop_last=True"
+        )
 
 
 def mixed_batch(batches: list[dict]) -> dict:

@@ -314,6 +314,37 @@ def test_mixed_batches_hold_every_sources_share_and_each_row_once(stores, world)
     assert sorted(rows["era"]) == list(range(240))
 
 
+def test_mixed_batches_of_sources_whose_own_epochs_end_in_a_short_batch_are_refused(stores):
+    """batches='mixed' promises every batch ``batch_size`` rows of each source. Sources with the loader's default
+    drop_last=False end each of their own epochs in a short batch: era 4 and cerra 5 rows a batch (96 rows, 1 left
+    at the end of each of its epochs) gave steps of 4 era rows and 1 cerra row, a share other than asked, silently
+    (only audit_mix said so). Refused at construction, naming the sources; drop_last=True keeps every share."""
+    sizes = {"era": 4, "cerra": 5}
+    short = loaders(stores, era={"batch_size": 4}, cerra={"batch_size": 5})  # drop_last=False, the default
+    with pytest.raises(ValueError, match=r"drop_last=False \(sources \['era', 'cerra'\]\).*drop_last=True"):
+        MixedLoader(short, batches="mixed")
+    mix = mix_for(stores, sizes=sizes, batches="mixed", epoch_rows=200)
+    assert all(batch["source"].tolist() == [0] * 4 + [1] * 5 for batch in mix)
+
+
+@pytest.mark.parametrize(
+    ("world", "form"),
+    [
+        (1, {"weights": [1, 1], "epoch_rows": 4}),
+        (1, {"rows": [3, 3]}),
+        (1, {"batches": "mixed", "epoch_rows": 5}),
+        (2, {"rows": [7, 7]}),  # a whole batch on one rank, under half of the two ranks' global batch
+    ],
+)
+def test_a_mix_whose_every_quota_rounds_to_no_batch_is_refused_not_an_empty_epoch(stores, world, form):
+    """epoch_rows=4 with batches of 8: each source's target, under half a global batch, rounded to no batch, and
+    every epoch of the mix had no step: a training loop ran its epochs on nothing, without a word."""
+    with pytest.raises(
+        ValueError, match=r"no step: .*under half a global batch.*\(epoch_rows= or rows=\), or a smaller batch_size"
+    ):
+        mix_for(stores, 0, world, **form)
+
+
 def test_one_loader_given_as_two_sources_is_refused(stores):
     one = loaders(stores)["era"]
     with pytest.raises(ValueError, match="sources 'a' and 'b' are the same ZarrDataLoader"):

@@ -573,7 +573,7 @@ class _ShardDecoder:
             index = self._index(source, cached)
             try:
                 self._decode_inner(source, index, out, int(lo), int(hi))
-            except ValueError:
+            except (ValueError, RuntimeError):  # zstd's errors are RuntimeErrors
                 if cached:  # the shard may have been rewritten since its index was read: read it again next time
                     SHARD_INDEXES.forget(source.cache_key())
                 raise

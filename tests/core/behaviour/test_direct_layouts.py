@@ -356,3 +356,23 @@ def test_the_last_shard_read_whole_is_one_request_too():
     np.testing.assert_array_equal(reader.read_piece(0, 16)["x"], data[0:16])
     assert sorted(key for key, _ in store.requests) == ["c/0/0", "c/1/0"], store.requests
     assert all(whole is None for _, whole in store.requests), store.requests  # each shard whole, no byte range
+
+
+def test_a_shard_rewritten_on_its_server_is_read_with_its_new_index_not_called_damaged(tmp_path):
+    """A store served over HTTP, written again by prepare_zarr while the process that read it runs (a notebook's
+    kernel): its first inner chunks now compress to other lengths. The shard index cached from the first read
+    (a remote shard's has no file time to tell) pointed zstd at the old offsets, whose RuntimeError did not drop
+    it as a ValueError does: the chunk was fetched again with the same index and called damaged, in every later
+    dataset of that process, until it restarted."""
+    from zarrtorch import prepare_zarr
+    from zarrtorch.course.servers import HttpStoreServer
+
+    first = np.random.default_rng(1).normal(size=(40, 6)).astype(np.float32)
+    second = first.copy()
+    second[::10] = 0  # the first row of each shard: its first inner chunk compresses shorter
+    with HttpStoreServer(tmp_path) as server:
+        for data in (first, second):
+            prepare_zarr({"x": data}, tmp_path / "s.zarr", chunk_rows=5, shard_chunks=2, overwrite=True, progress=False)
+            ds = ZarrIterableDataset(f"{server.url}/s.zarr", variables=["x"], shuffle=False)
+            rows = np.concatenate([b["x"].numpy() for b in ZarrDataLoader(ds, batch_size=10)])
+            np.testing.assert_array_equal(rows, data)
