@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zarrtorch._util.arguments import INT64_LIMIT, whole_number
-from zarrtorch._util.process import check_ranks_agree
+from zarrtorch._util.process import TopologyUnknown, check_ranks_agree
 from zarrtorch._util.random_streams import MIX_ORDER
 from zarrtorch.loader import ZarrDataLoader
 from zarrtorch.plan import rng_for
@@ -144,10 +144,16 @@ class MixedLoader:
         for name, loader in self.sources.items():
             loader.consumed_batches = _SourceConsumed(self, name)
 
-    def _refuse_an_epoch_of_no_step(self) -> None:
+    def _refuse_an_epoch_of_no_step(self, world: int | None = None) -> None:
         """A quota is its target rounded to whole global batches: targets each under half of one would give every
-        epoch no step at all, and a training loop would run its epochs on nothing."""
-        world = self.topology()[1]
+        epoch no step at all, and a training loop would run its epochs on nothing. Before a launcher's process
+        group exists the world size is not known yet: checked on one rank then (no step there, none on more), and
+        again by ``iter()``."""
+        if world is None:
+            try:
+                world = self.topology()[1]
+            except TopologyUnknown:
+                world = 1
         if sum(self.quotas(MixPoint(0, (0,) * len(self._names), 0, world, 0))) > 0:
             return
         targets = dict(zip(self._names, self.targets, strict=True))
@@ -252,6 +258,7 @@ class MixedLoader:
     # -- iterating -----------------------------------------------------------------------------------------------
     def __iter__(self):
         rank, world = self.topology()
+        self._refuse_an_epoch_of_no_step(world)
         last = self._run
         if last is not None and not last.done and last.point.steps + last.seen == len(last.order):
             self._finished(last)  # its every step was taken, only its end not asked for: it is over

@@ -345,6 +345,24 @@ def test_a_mix_whose_every_quota_rounds_to_no_batch_is_refused_not_an_empty_epoc
         mix_for(stores, 0, world, **form)
 
 
+def test_a_mix_built_before_its_launchers_process_group_waits_for_the_world_size_to_refuse_an_empty_epoch(
+    stores, monkeypatch
+):
+    """A MixedDataModule under Lightning's DDP is built before the process group exists (WORLD_SIZE set, RANK not):
+    the check for an epoch of no step asked for the topology at construction and failed every DDP run with
+    TopologyUnknown. It checks on one rank then, and again on the real world size at iter()."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    sources = {
+        name: ZarrDataLoader(ZarrIterableDataset(path, seed=3), batch_size=BATCH, drop_last=True)
+        for name, path in stores.items()
+    }
+    mix = MixedLoader(sources, seed=5, rows=[7, 7])  # a step on one rank, none on two
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match=r"no step: .*world_size 2 x batch_size"):
+        iter(mix)
+
+
 def test_one_loader_given_as_two_sources_is_refused(stores):
     one = loaders(stores)["era"]
     with pytest.raises(ValueError, match="sources 'a' and 'b' are the same ZarrDataLoader"):
