@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,7 @@ class MixedLoader:
         # finished with (it may fetch ahead), and the most it takes of an epoch (``limit_train_batches``)
         self.consumed_batches: Callable[[], int | None] | None = None
         self.consumer_epoch_length: Callable[[], int | None] | None = None
+        self._warned_worlds: set[int] = set()  # world sizes whose never-drawn sources were said
         self._refuse_an_epoch_of_no_step()
         for name, loader in self.sources.items():
             loader.consumed_batches = _SourceConsumed(self, name)
@@ -154,7 +156,9 @@ class MixedLoader:
                 world = self.topology()[1]
             except TopologyUnknown:
                 world = 1
-        if sum(self.quotas(MixPoint(0, (0,) * len(self._names), 0, world, 0))) > 0:
+        quotas = self.quotas(MixPoint(0, (0,) * len(self._names), 0, world, 0))
+        if sum(quotas) > 0:
+            self._warn_of_sources_never_drawn(quotas, world)
             return
         targets = dict(zip(self._names, self.targets, strict=True))
         rows = (
@@ -167,6 +171,23 @@ class MixedLoader:
             f"rows: world_size {world} x batch_size {self.batch_size}), the unit a quota is rounded to. Give more rows "
             "per epoch (epoch_rows= or rows=), or a smaller batch_size"
         )
+
+    def _warn_of_sources_never_drawn(self, quotas: tuple[int, ...], world: int) -> None:
+        """A source whose target is under half its global batch rounds to no batch, and the rounding is the same
+        every epoch: asked for, it would never be trained on. Said once per world size."""
+        if self.mixed or world in self._warned_worlds:
+            return
+        self._warned_worlds.add(world)
+        never = {n: t for n, t, q in zip(self._names, self.targets, quotas, strict=True) if q == 0 and t > 0}
+        if never:
+            globals_ = dict(zip(self._names, self.global_batches(world), strict=True))
+            warnings.warn(
+                f"MixedLoader: sources {sorted(never)} get no batch in any epoch: their targets (rows {never}) are "
+                f"each under half of one of their global batches (rows: {globals_}, world_size {world} x "
+                "batch_size), the unit a quota is rounded to. Give them more weight or rows, more rows per epoch "
+                "(epoch_rows=), or a smaller batch_size",
+                stacklevel=3,
+            )
 
     # -- the schedule --------------------------------------------------------------------------------------------
     @property

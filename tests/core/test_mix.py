@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -361,6 +362,17 @@ def test_a_mix_built_before_its_launchers_process_group_waits_for_the_world_size
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match=r"no step: .*world_size 2 x batch_size"):
         iter(mix)
+
+
+def test_a_source_whose_target_rounds_to_no_batch_in_every_epoch_is_named_not_left_out_silently(stores):
+    """Weights 1000:1 over 800 rows an epoch: the small source's target (under half a global batch) rounded to no
+    batch, the same every epoch, so a source the user mixed in was never trained on, without a word."""
+    with pytest.warns(UserWarning, match=r"sources \['cerra'\] get no batch in any epoch.*more weight or rows"):
+        mix = mix_for(stores, weights=[1000, 1], epoch_rows=800)
+    assert {int(s) for s in mix.order(mix.start_point(1))} == {0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mix_for(stores, weights=[1, 1], epoch_rows=800)
 
 
 def test_one_loader_given_as_two_sources_is_refused(stores):
