@@ -23,6 +23,7 @@ from zarrtorch._read.fastpath import SHARD_INDEX_CACHE_BYTES, read_buffer_bytes,
 from zarrtorch._read.source import is_local
 from zarrtorch._util.cgroup import cgroup_memory_limit
 from zarrtorch._util.sizes import held_chunks
+from zarrtorch._workers.dealt import PIECES_PER_ITEM
 from zarrtorch.plan import Topology, shuffles_rows
 from zarrtorch.readplan import ReadPlan
 from zarrtorch.window_stream import window_chunks_for_batches
@@ -208,13 +209,14 @@ def dealt_memory(loader) -> MemoryBudget:
     """:func:`loader_memory` with ``batch_order="rank"`` and workers: each worker holds the pieces it reads ahead
     and the one it copies into shared memory to send (no buffer, no batch); the ring of piece slots they send
     through (:func:`zarrtorch._workers.dealt.piece_ring`), allocated once; the main process holds the shuffle
-    buffer (or the chunks held for windows), the pieces the workers sent ahead (``prefetch_factor`` each, waiting
-    in DataLoader's queue or its reorder buffer: counted again outside the ring, for those a worker sends through
-    the queue when it finds every slot held) and the one it takes rows from, and the batches it formed."""
+    buffer (or the chunks held for windows), the pieces the workers sent ahead (``prefetch_factor`` items of
+    ``PIECES_PER_ITEM`` each, and those of the item being taken, waiting in DataLoader's queue or its reorder
+    buffer: counted again outside the ring, for those a worker sends through the queue when it finds every slot
+    held) and the one it takes rows from, and the batches it formed."""
     job = loader.job
     ds, workers, plan = job.data, job.num_workers, job.read_plan
     piece_bytes = (ds.store_chunk_rows if ds.windows is not None else ds.chunk_rows) * ds.row_bytes
-    sent_ahead = workers * (loader.prefetch_factor or 2)
+    sent_ahead = (workers * (loader.prefetch_factor or 2) + 1) * PIECES_PER_ITEM  # and the item being taken
     assembling = dataclasses.replace(plan, pieces_ahead=sent_ahead, pieces_per_read=1)
     batches = (loader.work_ahead + 1 if loader.work_ahead else 0) + 2
     return MemoryBudget(

@@ -37,7 +37,7 @@ from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.reader import PieceReader
 from zarrtorch._read.source import for_this_process
 from zarrtorch._util.pool import Pools
-from zarrtorch._workers.dealt import DealtPieces, dealt, ended, sent
+from zarrtorch._workers.dealt import DealtPieces, dealt, ended, items, pieces_of, sent
 from zarrtorch._workers.shared import EpochView, epoch_view
 from zarrtorch.buffer import buffer_rng
 from zarrtorch.dataset import INDEX, PADDING
@@ -114,6 +114,7 @@ def assemble_epoch(job, local: ProcessState, received: Iterator[dict]) -> Iterat
     """The rank's batches with ``batch_order="rank"`` and workers, formed in the training process from the pieces
     its workers read (``received``: DataLoader's iterator over them, :mod:`zarrtorch._workers.dealt`), by the
     same stages as with no worker: the batches are the plan's single worker's, whatever the workers."""
+    received = pieces_of(received)
     share = dataclasses.replace(_rank_share(job, local, epoch_view(job.epochs)), received=received)
     yield from _batches(share, None)
     ended(received)
@@ -128,7 +129,7 @@ def _rank_share(job, local: ProcessState, view: EpochView) -> Share:
 
 def _dealt_reads(epoch: Share, worker: int, workers: int) -> Iterator[dict[str, torch.Tensor]]:
     """What DataLoader worker ``worker`` of ``workers`` sends with ``batch_order="rank"``: its turn of the pieces
-    the rank's stream reads (:func:`zarrtorch._workers.dealt.dealt`), each decoded and sent as one item."""
+    the rank's stream reads (:func:`zarrtorch._workers.dealt.dealt`), decoded and sent a group per item."""
     job, local = epoch.job, epoch.local
     mine = _dealt_pieces(epoch, worker, workers)
     early, local.early = local.early, None  # taken by this epoch's reader where they match, else dropped
@@ -137,7 +138,7 @@ def _dealt_reads(epoch: Share, worker: int, workers: int) -> Iterator[dict[str, 
         # the reader is passed when called, not held: a reader holding itself would outlive its loader
         reader.after_last = partial(_read_next_dealt_early, epoch, worker, workers)
     writer = job.ring.writer(worker) if job.ring is not None else None
-    return (sent(piece, data, writer) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
+    return items(sent(piece, data, writer) for piece, data in zip(mine, reader.iter_pieces(mine), strict=True))
 
 
 def _dealt_pieces(epoch: Share, worker: int, workers: int) -> np.ndarray:

@@ -2,12 +2,14 @@
 
 With ``batch_order="rank"`` a rank's batches come from one stream, the plan's single worker, whatever the number
 of DataLoader workers: so the batches cannot depend on it. The workers only read and decode that stream's pieces:
-worker ``w`` of ``W`` reads pieces ``w, w + W, w + 2W, ...`` (:func:`dealt`), and sends each one as one DataLoader
-item, its rows written into a slot of a ring reused every epoch (:func:`piece_ring`) and only the slot's number
+the stream's pieces are grouped ``PIECES_PER_ITEM`` consecutive ones at a time, and worker ``w`` of ``W`` reads
+groups ``w, w + W, w + 2W, ...`` (:func:`dealt`) and sends each group as one DataLoader item (:func:`items`), each
+piece's rows written into a slot of a ring reused every epoch (:func:`piece_ring`) and only the slot's number
 sent. DataLoader hands its workers' items back in turn (``in_order=True``), worker 0 first, skipping a worker
 once it has ended; the workers' counts differ by at most one, the lower workers holding the extra ones, so the
-items come back as pieces 0, 1, 2, ... The training process's shuffle buffer and batches take them from
-:class:`DealtPieces`, which stands in for the reader there, and checks that each piece is the one expected.
+items come back as groups 0, 1, 2, ... and their pieces (:func:`pieces_of`) as pieces 0, 1, 2, ... The training
+process's shuffle buffer and batches take them from :class:`DealtPieces`, which stands in for the reader there,
+and checks that each piece is the one expected.
 """
 
 from __future__ import annotations
@@ -22,11 +24,37 @@ from zarrtorch._util.sizes import native
 from zarrtorch._workers.ring import REF, BatchRing, RingShape, RingWriter
 
 PIECE = "_zarrtorch_piece"  # the key of a sent piece's [start, stop) store rows (with REF: its slot)
+PIECES = "_zarrtorch_pieces"  # the key of an item's list of sent pieces
+# Pieces per DataLoader item: each item costs the training process a fixed time (DataLoader's queues, its
+# bookkeeping, a thread wake-up) in series with the batches it forms; fewer, larger items cost less of it
+# (docs/batch-order.md, "Measured"), each one more ring slot per worker (piece_slots).
+PIECES_PER_ITEM = 4
 
 
-def dealt(pieces: np.ndarray, worker: int, workers: int) -> np.ndarray:
-    """Worker ``worker``'s pieces of ``pieces`` (in order), dealt out in turn to ``workers``."""
-    return pieces[worker::workers]
+def dealt(pieces: np.ndarray, worker: int, workers: int, per_item: int = PIECES_PER_ITEM) -> np.ndarray:
+    """Worker ``worker``'s pieces of ``pieces`` (in order): groups of ``per_item`` consecutive pieces, dealt out
+    in turn to ``workers`` (the last group may be shorter)."""
+    group = np.arange(len(pieces)) // per_item
+    return pieces[group % workers == worker]
+
+
+def items(sent_pieces: Iterator[dict], per_item: int = PIECES_PER_ITEM) -> Iterator[dict]:
+    """The DataLoader items a worker sends: its sent pieces, ``per_item`` at a time, as :func:`dealt` grouped
+    them (the last item may hold fewer)."""
+    group: list[dict] = []
+    for piece in sent_pieces:
+        group.append(piece)
+        if len(group) == per_item:
+            yield {PIECES: group}
+            group = []
+    if group:
+        yield {PIECES: group}
+
+
+def pieces_of(received: Iterator[dict]) -> Iterator[dict]:
+    """The sent pieces of the items received from the workers, in order."""
+    for item in received:
+        yield from item[PIECES]
 
 
 def piece_ring(data, num_workers: int, prefetch_factor: int, transport: str | None) -> BatchRing | None:
@@ -41,11 +69,12 @@ def piece_ring(data, num_workers: int, prefetch_factor: int, transport: str | No
 
 
 def piece_slots(prefetch_factor: int) -> int:
-    """Slots per worker so that a worker seldom finds none free: the ``prefetch_factor`` pieces DataLoader lets it
-    have in flight (the one being written included), the one the training process copies rows from and the one
-    it received before (freed as the next arrives), and one spare. A worker that finds none free sends the piece
-    through the queue instead: it never waits and never writes into a slot still held."""
-    return prefetch_factor + 3
+    """Slots per worker so that a worker seldom finds none free: the pieces of the ``prefetch_factor`` items
+    DataLoader lets it have in flight (the one being written included), those of the item the training process
+    takes pieces from, the piece it received before (freed as the next arrives), and one spare. A worker that
+    finds none free sends the piece through the queue instead: it never waits and never writes into a slot
+    still held."""
+    return (prefetch_factor + 1) * PIECES_PER_ITEM + 2
 
 
 def sent(piece: np.ndarray, data: dict[str, np.ndarray], writer: RingWriter | None) -> dict:

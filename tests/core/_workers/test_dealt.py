@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zarrtorch._workers.dealt import PIECE, DealtPieces, dealt, piece_ring, sent
+from zarrtorch._workers.dealt import PIECE, DealtPieces, dealt, items, piece_ring, pieces_of, sent
 from zarrtorch._workers.ring import FREE, REF, BatchRing, RingShape
 
 ROW = (3,)
@@ -28,7 +28,42 @@ def sent_piece(k: int, writer) -> dict:
 
 def test_workers_are_dealt_pieces_in_turn():
     pieces = np.arange(7)
-    assert [dealt(pieces, w, 3).tolist() for w in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
+    assert [dealt(pieces, w, 3, per_item=1).tolist() for w in range(3)] == [[0, 3, 6], [1, 4], [2, 5]]
+
+
+def test_workers_are_dealt_groups_of_consecutive_pieces_in_turn():
+    pieces = np.arange(11)
+    assert [dealt(pieces, w, 3, per_item=2).tolist() for w in range(3)] == [[0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10]]
+
+
+def in_turn(per_worker: list[list]) -> list:
+    """DataLoader's order with ``in_order=True``: an item of each worker in turn, worker 0 first, skipping a
+    worker once it has ended."""
+    out, left = [], [iter(w) for w in per_worker]
+    while left:
+        for it in list(left):
+            item = next(it, None)
+            if item is None:
+                left.remove(it)
+            else:
+                out.append(item)
+    return out
+
+
+def test_several_pieces_per_item_come_back_as_the_streams_pieces_in_order():
+    """Regression for several pieces per DataLoader item (fewer items for the training process to receive): the
+    items, handed back in turn, must give the stream's pieces in order whatever the workers, the pieces per item
+    and the count (a last group shorter than the others, workers with no group at all)."""
+    for workers in range(1, 5):
+        for per_item in (1, 2, 3, 4):
+            for count in range(13):
+                pieces = np.arange(count)
+                per_worker = [
+                    list(items(({PIECE: int(p)} for p in dealt(pieces, w, workers, per_item)), per_item))
+                    for w in range(workers)
+                ]
+                got = [piece[PIECE] for piece in pieces_of(iter(in_turn(per_worker)))]
+                assert got == pieces.tolist(), (workers, per_item, count)
 
 
 def test_a_piece_in_a_slot_travels_as_plain_ints():
