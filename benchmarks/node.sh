@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# The measurements still owed on a many-core node (issue 24 first; issue 25's windows last), in one call that fits a
-# 15-minute loan.
+# The measurements owed on a loaned GPU node, in one call that fits a 15-minute loan. STEPS picks the parts, in
+# this order by default (the GPU questions first; they take longer than one 600 s call all together):
+#   workers  the course's workers rule on a GPU: benchmarks/gpu_feed.py, windows trained with 0 and 2 workers
+#   lesson05 lesson 05 run on the GPU (benchmarks/run_lesson.py): needs lightning, matplotlib, xarray and pandas
+#            carried as wheels, and data/tiny made here first and carried (see below); skipped, saying so, without
+#   remote   rows/s at 0, 20 and 100 ms per request (issue 24), then head_of_line.py
+#   windows  windows/s against the decode limit (issue 25)
+# e.g. STEPS="workers lesson05" bash benchmarks/node.sh
 #
 # A node of this workplace has Python 3.12 with torch, aiohttp and fsspec, but not zarr: carry its wheels.
 # Once, here, in the repository root:
@@ -8,11 +14,16 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     --platform manylinux1_x86_64 -d .whl zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 crc32c google-crc32c
-# Then run it with carry [".whl"] and a timeout of 590 s:
+# For lesson05 also lightning, lightning-utilities, torchmetrics, matplotlib (and its contourpy, cycler, fonttools,
+# kiwisolver, pillow, pyparsing), xarray, pandas, python-dateutil, tzdata, pyyaml, tqdm, packaging; and
+# `make data SIZE=tiny`, carrying data/tiny/train.zarr only (54 MB: the carry limit is 64 MiB in all, so carry that
+# part's wheels in a second call if they do not fit beside it). Lesson 05 trains on the store's first rows at every
+# size, so tiny answers the question.
+# Then run it with carry [".whl"] (and "data/tiny/train.zarr" for lesson05) and a timeout of 590 s:
 #   bash benchmarks/node.sh
 # Each part has its own time limit and writes its JSON and log under $OUT (or benchmarks/results/node when
 # OUT is unset), so a part that runs long leaves the others' figures. Nothing here decides a pass or a fail.
-# WINDOW_ROWS and REMOTE_ROWS make the stores smaller (a quick look: 600 and 2000).
+# WINDOW_ROWS, FEED_ROWS and REMOTE_ROWS make the stores smaller (a quick look: 600, 600 and 2000).
 set -u
 OUT=${OUT:-benchmarks/results/node}
 mkdir -p "$OUT"
@@ -28,18 +39,35 @@ export PYTHONUNBUFFERED=1
   $PY -c "import sys, torch, zarr, numcodecs; print(sys.version.split()[0], torch.__version__, zarr.__version__, numcodecs.__version__)"
 } 2>&1 | tee "$OUT/versions.txt"
 DATA=$(mktemp -d /tmp/zarrtorch-bench.XXXX)
+STEPS=${STEPS:-workers lesson05 remote windows}
+want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# the workers rule: windows/s trained on the GPU with 0 and 2 DataLoader workers (pin_memory, non_blocking copies)
+want workers && timeout 150 $PY benchmarks/gpu_feed.py --rows "${FEED_ROWS:-4000}" --epochs 3 --workers 0 2 \
+  --data-dir "$DATA" 2>&1 | tee "$OUT/gpu_feed.log"
+
+# lesson 05 on the GPU, cell by cell (its Trainer takes the GPU with accelerator="auto")
+if want lesson05; then
+  if [ -d data/tiny/train.zarr ] && $PY -c "import lightning, matplotlib, xarray" 2>/dev/null; then
+    ZARRTORCH_SIZE=tiny timeout 200 $PY benchmarks/run_lesson.py notebooks/05_training.ipynb \
+      --out "$OUT/lesson05.json" 2>&1 | tee "$OUT/lesson05.log"
+  else
+    echo "lesson05 skipped: it needs data/tiny/train.zarr and lightning, matplotlib and xarray (see the header)" \
+      | tee "$OUT/lesson05.log"
+  fi
+fi
 
 # issue 24: rows/s at 0, 20 and 100 ms per request, 0 and 2 workers, with default settings; then a bare aiohttp
 # client with 256 and 512 requests at once against the same servers: what the server gives, without the loader
-timeout 270 $PY benchmarks/remote.py --rows "${REMOTE_ROWS:-100000}" --delay-ms 0 20 100 --in-flight --workers 0 2 --repeats 3 \
+want remote && timeout 270 $PY benchmarks/remote.py --rows "${REMOTE_ROWS:-100000}" --delay-ms 0 20 100 --in-flight --workers 0 2 --repeats 3 \
   --plain-client 256 512 --verbose --json "$OUT/remote.json" 2>&1 | tee "$OUT/remote.log"
 
 # issue 24: reads handed out in order against a latency tail (no server): held = level against 2-4 x the level
-timeout 100 $PY benchmarks/head_of_line.py --pieces 6000 --repeats 3 2>&1 | tee "$OUT/head_of_line.log"
+want remote && timeout 100 $PY benchmarks/head_of_line.py --pieces 6000 --repeats 3 2>&1 | tee "$OUT/head_of_line.log"
 
 # issue 25: windows/s against the decode limit, one-step and 16-step chunks, epochs of 20,000 steps
 # and with 0 workers in 4 and 8 decode threads besides the default (the CPUs: does one process's GIL limit it?)
-timeout 180 $PY benchmarks/windows.py --rows "${WINDOW_ROWS:-20000}" --chunks 1 16 --repeats 3 --blocks 16 --trade-steps 8760 \
+want windows && timeout 180 $PY benchmarks/windows.py --rows "${WINDOW_ROWS:-20000}" --chunks 1 16 --repeats 3 --blocks 16 --trade-steps 8760 \
   --decode-threads 4 8 --data-dir "$DATA" --out "$OUT/windows.json" 2>&1 | tee "$OUT/windows.log"
 
 rm -rf "$DATA"

@@ -320,14 +320,49 @@ def test_resume_first_batch_benchmark(tmp_path):
 def test_node_script_passes_only_flags_its_benchmarks_take():
     """benchmarks/node.sh is run on a loaned node, where a wrong flag costs a loan: every ``--flag`` it passes to
     a benchmark script is one that script's argument parser defines."""
-    script = (ROOT / "benchmarks" / "node.sh").read_text()
-    calls = re.findall(r"(benchmarks/\w+\.py)((?:[^\n]|\\\n)*)", script)
-    scripts = {"benchmarks/windows.py", "benchmarks/remote.py", "benchmarks/head_of_line.py"}
+    text = (ROOT / "benchmarks" / "node.sh").read_text()
+    script = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))  # commands only
+    calls = re.findall(r"(benchmarks/\w+\.py)((?:\\\n|[^\n])*)", script)  # continued lines too
+    scripts = {
+        "benchmarks/windows.py",
+        "benchmarks/remote.py",
+        "benchmarks/head_of_line.py",
+        "benchmarks/gpu_feed.py",
+        "benchmarks/run_lesson.py",
+    }
     assert {name for name, _ in calls} == scripts
     for name, args in calls:
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
+
+
+def test_the_lesson_runner_runs_cells_in_one_namespace_and_stops_at_the_first_error(tmp_path):
+    """benchmarks/run_lesson.py, what runs lesson 05 on a node without Jupyter: cells share one namespace, run in
+    the notebook's folder, skip magics, record what they print, and the run stops (status 1) at a failing cell."""
+    import json
+
+    def notebook(name, cells):
+        path = tmp_path / name
+        code = [
+            {"cell_type": "code", "source": c, "metadata": {}, "outputs": [], "execution_count": None} for c in cells
+        ]
+        path.write_text(json.dumps({"cells": code, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        return path
+
+    (tmp_path / "here.txt").write_text("found")
+    good = notebook("good.ipynb", ["%matplotlib inline\nx = 2", "print(x * 21, open('here.txt').read())"])
+    out = tmp_path / "good.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run_lesson.py"), str(good), "--out", str(out)]
+    assert subprocess.run(cmd, capture_output=True, text=True, timeout=120).returncode == 0
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["ran"] == 2 and report["results"][1]["printed"] == "42 found\n"
+    bad = notebook("bad.ipynb", ["y = 1", "raise ValueError('lesson broke')", "print('never')"])
+    cmd[2], cmd[-1] = str(bad), str(tmp_path / "bad.json")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    report = json.loads((tmp_path / "bad.json").read_text())
+    assert proc.returncode == 1 and not report["ok"] and report["ran"] == 2
+    assert "lesson broke" in report["results"][1]["error"]
 
 
 def test_dropping_a_file_from_the_page_cache_makes_its_next_read_cold(tmp_path):
