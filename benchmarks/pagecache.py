@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -100,8 +101,17 @@ def prepare_pass(path: str | os.PathLike, cold: bool) -> float:
     """Make the store's files cold (dropped from the page cache) or warm (read once) for the next timed pass;
     returns the share of their pages resident just after, for the table to report (NaN where the platform
     cannot tell: no ``mincore``)."""
-    if cold:
-        drop_from_cache(path)
-    else:
+    if not cold:
         load_into_cache(path)
-    return resident_fraction(path) if MINCORE is not None else float("nan")
+        return resident_fraction(path) if MINCORE is not None else float("nan")
+    drop_from_cache(path)
+    if MINCORE is None:
+        return float("nan")
+    # a page still mapped or read by a process of the pass before (a worker exiting) is not dropped: try again
+    for _ in range(5):
+        share = resident_fraction(path)
+        if share < 0.05:
+            break
+        time.sleep(0.2)
+        drop_from_cache(path)
+    return resident_fraction(path)
