@@ -448,8 +448,8 @@ def _index_entry_bytes(per_shard: int) -> int:
 
 
 class _IndexCache:
-    """Shard indexes, ``(offset, length)`` per inner chunk, by (store, key, size and time of a local file),
-    least recently used dropped past :data:`SHARD_INDEX_CACHE_BYTES`. The process's (:data:`SHARD_INDEXES`) starts
+    """Shard indexes, ``(offset, length)`` per inner chunk, by :meth:`_ShardSource.cache_key`, least recently used
+    dropped past :data:`SHARD_INDEX_CACHE_BYTES`. The process's (:data:`SHARD_INDEXES`) starts
     afresh in a forked child: a lock held by a parent's thread at the fork would never be released there."""
 
     def __init__(self, most: int = SHARD_INDEX_CACHE_BYTES):
@@ -494,8 +494,11 @@ class _ShardSource:
     """One shard's bytes, read by byte range: a local file (opened once for the shard's reads), a remote object
     (a request with the policy's deadline and retries per range), or bytes given whole."""
 
-    def __init__(self, store, root: str | None, key: str, raw, policy: RetryPolicy | None, buffer: Callable):
+    def __init__(
+        self, store, root: str | None, key: str, raw, policy: RetryPolicy | None, buffer: Callable, scope: object
+    ):
         self.store, self.key, self.raw, self.policy, self._buffer = store, key, raw, policy, buffer
+        self.scope = scope  # the decoder reading it (its token): what a shard with no file version keys its index by
         self.fd, self.size = None, None
         if raw is not None:
             self.size = len(raw)
@@ -509,8 +512,14 @@ class _ShardSource:
             os.close(self.fd)
 
     def cache_key(self) -> tuple:
-        local = (self.size, self.version) if self.fd is not None else None
-        return (str(self.store), self.key, local)
+        """The key of the shard's index in :data:`SHARD_INDEXES`. A local file's index holds for as long as its
+        size and time do, in every reader of the process. A shard in memory or on a server has no version to
+        tell one written again under the same key (a store's name is even reused by a new store in memory): its
+        index holds for the decoder that read it only (one epoch's reader in one process), so that a dataset made
+        after a write reads the new index, as zarr does."""
+        if self.fd is not None:
+            return (str(self.store), self.key, (self.size, self.version))
+        return (str(self.store), self.key, self.scope)
 
     def read(self, start: int, stop: int, into_buffer: bool = True):
         """Bytes ``[start, stop)`` of the shard; ``ValueError`` where the shard ends before ``stop``."""
@@ -560,12 +569,14 @@ class _ShardDecoder:
         self.unpack = unpacker(layout)
         self.root = str(Path(str(self.store.root))) + os.sep if _in_files(arr) else None
         self.buffer = _thread_buffer(read_buffer_bytes(arr)) if self.root is not None else None
+        # a token, not the decoder: a cached key keeps it alive, and the decoder holds chunk buffers
+        self.index_scope = object()
 
     def decode(self, key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
         shape = self.layout.shape
         out = into if _fits(into, shape, self.layout.dtype) else self.chunk_buffer()
         lo, hi, held = rows if rows is not None else Span(0, shape[0], shape[0])
-        source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer)
+        source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer, self.index_scope)
         cached = raw is None  # a stored object's index is cached; bytes handed over are decoded as they are
         try:
             if cached and self._needs_all(lo, hi, held) and SHARD_INDEXES.get(source.cache_key()) is None:
