@@ -577,16 +577,16 @@ class _ShardDecoder:
         out = into if _fits(into, shape, self.layout.dtype) else self.chunk_buffer()
         lo, hi, held = rows if rows is not None else Span(0, shape[0], shape[0])
         source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer, self.index_scope)
-        cached = raw is None  # a stored object's index is cached; bytes handed over are decoded as they are
+        key = source.cache_key() if raw is None else None  # a stored object's index is cached; given bytes are not
         try:
-            if cached and self._needs_all(lo, hi, held) and SHARD_INDEXES.get(source.cache_key()) is None:
+            if key is not None and self._needs_all(lo, hi, held) and SHARD_INDEXES.get(key) is None:
                 source.read_whole()  # one request for the index and every inner chunk, not two
-            index = self._index(source, cached)
+            index = self._index(source, key)
             try:
                 self._decode_inner(source, index, out, int(lo), int(hi))
             except (ValueError, RuntimeError):  # zstd's errors are RuntimeErrors
-                if cached:  # the shard may have been rewritten since its index was read: read it again next time
-                    SHARD_INDEXES.forget(source.cache_key())
+                if key is not None:  # the shard may have been rewritten since its index was read: read it again
+                    SHARD_INDEXES.forget(key)
                 raise
         finally:
             source.close()
@@ -597,15 +597,15 @@ class _ShardDecoder:
         inner = self.shards.inner_rows
         return lo < inner and ceil_div(hi, inner) >= ceil_div(held, inner)
 
-    def _index(self, source: _ShardSource, cached: bool) -> np.ndarray:
-        """The shard's ``(offset, length)`` per inner chunk along the first axis, from the cache when read before."""
+    def _index(self, source: _ShardSource, key: tuple | None) -> np.ndarray:
+        """The shard's ``(offset, length)`` per inner chunk along the first axis, from the cache when read before
+        (``key``: its place there; ``None``, bytes given whole, not cached)."""
         shards = self.shards
-        key = source.cache_key()
-        index = SHARD_INDEXES.get(key) if cached else None
+        index = SHARD_INDEXES.get(key) if key is not None else None
         if index is None:
             stored = source.read_index(shards.index_bytes, shards.index_at_start)
             index = _decoded_index(shards, stored)
-            if cached:
+            if key is not None:
                 SHARD_INDEXES.put(key, index)
         return index
 
