@@ -142,15 +142,16 @@ class MixedLoader:
         self.consumed_batches: Callable[[], int | None] | None = None
         self.consumer_epoch_length: Callable[[], int | None] | None = None
         self._warned_worlds: set[int] = set()  # world sizes whose never-drawn sources were said
-        self._refuse_an_epoch_of_no_step()
+        self._check_quotas()
         for name, loader in self.sources.items():
             loader.consumed_batches = _SourceConsumed(self, name)
 
-    def _refuse_an_epoch_of_no_step(self, world: int | None = None) -> None:
-        """A quota is its target rounded to whole global batches: targets each under half of one would give every
-        epoch no step at all, and a training loop would run its epochs on nothing. Before a launcher's process
-        group exists the world size is not known yet: checked on one rank then (no step there, none on more), and
-        again by ``iter()``."""
+    def _check_quotas(self, world: int | None = None) -> None:
+        """The quotas on ``world`` ranks, checked: a quota is its target rounded to whole global batches, so targets
+        each under half of one would give every epoch no step at all (refused: a training loop would run its
+        epochs on nothing), and a single source under half of its own is never drawn (said). Before a launcher's
+        process group exists the world size is not known yet: checked on one rank then (no step there, none on
+        more), and again by ``iter()``."""
         if world is None:
             try:
                 world = self.topology()[1]
@@ -279,7 +280,7 @@ class MixedLoader:
     # -- iterating -----------------------------------------------------------------------------------------------
     def __iter__(self):
         rank, world = self.topology()
-        self._refuse_an_epoch_of_no_step(world)
+        self._check_quotas(world)
         last = self._run
         if last is not None and not last.done and last.point.steps + last.seen == len(last.order):
             self._finished(last)  # its every step was taken, only its end not asked for: it is over
