@@ -4,10 +4,11 @@ A job's memory per GPU is the loader's data on top of what any PyTorch process h
 every reading process (:func:`reader_bytes`), with ``keep_in_memory=True`` the rows each
 process keeps, the stored bytes its reading threads hold (a chunk file read into a thread's buffer, or the
 answer of a remote request in flight), the ring of batch slots the main process shares with its workers
-(:mod:`zarrtorch._workers.ring`), the batches waiting in the main process, and what each process of the loader
-holds besides its data (:data:`MAIN_PROCESS_BYTES`, :data:`WORKER_PROCESS_BYTES`). Pages of library files
-(torch's, numpy's code) are not counted: they are the OS page cache's, shared by every process that maps them.
-``benchmarks/run.py`` compares this prediction with what it measures (``benchmarks/README.md``, "Memory").
+(:mod:`zarrtorch._workers.ring`) or, with ``pin_memory=True`` and no workers on a GPU, the page-locked slots batches
+are gathered into (:mod:`zarrtorch._workers.pinned`), the batches waiting in the main process, and what each
+process of the loader holds besides its data (:data:`MAIN_PROCESS_BYTES`, :data:`WORKER_PROCESS_BYTES`). Pages of
+library files (torch's, numpy's code) are not counted: they are the OS page cache's, shared by every process that maps
+them. ``benchmarks/run.py`` compares this prediction with what it measures (``benchmarks/README.md``, "Memory").
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ MEMORY_LIMIT_SHARE = 0.5
 class MemoryBudget:
     """Bytes, at most: ``readers`` processes holding ``per_reader`` decoded data each, the rows ``kept`` by
     all of them together (``keep_in_memory=True``), their ``read_buffers`` (compressed chunk files), the ``ring``
-    of shared batch slots, ``batches`` of ``batch_bytes`` held in the main process outside the ring, and with
-    ``batch_order="rank"`` and workers, the decoded data the main process forms the batches from (``assembler``:
-    its shuffle buffer and the pieces the workers sent ahead)."""
+    of shared batch slots (or the pinned ones), ``batches`` of ``batch_bytes`` held in the main process outside
+    them, and with ``batch_order="rank"`` and workers, the decoded data the main process forms the batches from
+    (``assembler``: its shuffle buffer and the pieces the workers sent ahead)."""
 
     readers: int
     per_reader: int
@@ -171,8 +172,9 @@ def loader_memory(loader) -> MemoryBudget | MixMemory:
     """The memory budget of a :class:`~zarrtorch.ZarrDataLoader` with its current settings (of a
     :class:`~zarrtorch.MixedLoader`: every source's, :class:`MixMemory`).
 
-    Outside the ring the main process holds the work-ahead queue's batches, one more in the work-ahead
-    thread's hands and the consumer's current and previous ones; with workers and DataLoader's own queue,
+    Outside the ring (or the pinned slots, which hold them: :mod:`zarrtorch._workers.pinned`) the main process
+    holds the work-ahead queue's batches, one more in the work-ahead thread's hands and the consumer's current and
+    previous ones; with workers and DataLoader's own queue,
     also the ``prefetch_factor`` batches each worker may have in flight. With ``keep_in_memory=True`` every piece of
     this rank's (frozen) share stays in its process as the decoded chunk it was cut from, and that is all
     the decoded data its readers hold (``per_reader`` is what they decode CF-packed columns in). A remote
@@ -190,8 +192,10 @@ def loader_memory(loader) -> MemoryBudget | MixMemory:
     read_buffers = max(1, workers) * fetched_bytes(ds.arrays, job.read_plan.threads)
     batch_bytes = batch * (ds.batch_row_bytes + 8)  # + the int64 row index
     ring = job.ring.nbytes if job.ring is not None else 0
+    if job.pinned is not None:  # the batches received and not yet freed are in these slots
+        ring += job.pinned.nbytes
     batches = 0
-    if job.ring is None:
+    if job.ring is None and job.pinned is None:
         batches = (loader.work_ahead + 1 if loader.work_ahead else 0) + 2
         if workers:
             batches += workers * (loader.prefetch_factor or 2)

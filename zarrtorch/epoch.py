@@ -162,9 +162,7 @@ def _batches(share: Share, writer) -> Iterator:
     """The batches of ``share``, through every stage from the gather to the delivery (``writer``: its ring
     slots' writer, or ``None``)."""
     job, local, plan = share.job, share.local, share.plan
-    dest = Destination(
-        writer.out if writer is not None else local.pools.batches(job.spec.batch_size, job.data.batch_columns)
-    )
+    dest = Destination(_batch_memory(job, local, writer))
     out, decoder = dest, None
     if job.data.packings:  # packed columns gathered as stored, decoded into the batch
         scratch = local.pools.batches(job.spec.batch_size, gathered_packed_columns(job.data))
@@ -191,6 +189,24 @@ class Destination:
     def __call__(self, rows: int) -> Batch | None:
         self.last = self._out(rows)
         return self.last
+
+
+def _batch_memory(job, local: ProcessState, writer) -> Callable[[int], Batch]:
+    """``out(rows)``: where each batch is gathered. A worker's shared slot; with ``pin_memory=True``, no workers and
+    CUDA, a page-locked slot (:mod:`zarrtorch._workers.pinned`), or the pooled arrays while the consumer holds every
+    slot (the loader never waits for a slot); else the process's pooled arrays."""
+    if writer is not None:
+        return writer.out
+    pooled = local.pools.batches(job.spec.batch_size, job.data.batch_columns)
+    if job.pinned is None:
+        return pooled
+    pinned = job.pinned.out
+
+    def out(rows: int) -> Batch:
+        slot = pinned(rows)
+        return slot if slot is not None else pooled(rows)
+
+    return out
 
 
 def _reader(job, local: ProcessState, worker: int, **options) -> PieceReader:

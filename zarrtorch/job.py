@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from zarrtorch._workers.pinned import PinnedSlots
 from zarrtorch._workers.ring import BatchRing
 from zarrtorch._workers.shared import EpochState
 from zarrtorch.plan import EpochSpec
@@ -35,7 +36,8 @@ class EpochJob:
     the workers, or with ``batch_order="rank"`` their piece slots (``None``: through DataLoader's queue);
     ``epochs``: where the loader publishes each epoch's view (:class:`~zarrtorch._workers.shared.EpochState`);
     ``batch_order``: ``"worker"``, each worker forms its own batches, or ``"rank"``, the rank's batches are those of
-    one stream whatever the workers."""
+    one stream whatever the workers; ``pinned``: with ``pin_memory=True``, no workers and CUDA, the page-locked slots
+    batches are gathered into (:mod:`zarrtorch._workers.pinned`)."""
 
     data: object
     spec: EpochSpec
@@ -46,6 +48,7 @@ class EpochJob:
     ring: BatchRing | None
     epochs: EpochState
     batch_order: str = "worker"
+    pinned: PinnedSlots | None = None
 
     @property
     def plan_workers(self) -> int:

@@ -43,6 +43,7 @@ from zarrtorch._util.process import (
     process_state,
 )
 from zarrtorch._workers.dealt import piece_ring
+from zarrtorch._workers.pinned import make_pinned
 from zarrtorch._workers.ring import make_ring, pin_copy
 from zarrtorch._workers.shared import EpochState, EpochView
 from zarrtorch._workers.workahead import ProducerSilent, WorkAhead
@@ -250,6 +251,7 @@ class ZarrDataLoader(DataLoader):
             ),
             epochs=EpochState(),
             batch_order=batch_order,
+            pinned=make_pinned(dataset, batch_size, num_workers, work_ahead, bool(kwargs.get("pin_memory"))),
         )
         # what receive() keeps of a slot
         self._ring_keep = None if dataset.return_index else set(dataset.out_columns) | {"padding"}

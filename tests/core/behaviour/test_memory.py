@@ -268,6 +268,36 @@ def test_loader_budget_with_workers_counts_the_ring_or_the_queue(tmp_path):
     assert queue.read_buffers == ring.read_buffers == 2 * sum(read_buffer_bytes(a) for a in ds.arrays.values())
 
 
+def test_loader_budget_counts_the_pinned_slots_that_hold_every_batch(tmp_path, monkeypatch):
+    """``pin_memory=True`` and no workers on a GPU: the batches are gathered into page-locked slots
+    (zarrtorch._workers.pinned), counted as the allocator rounds their block, in place of the pooled batches; a
+    consumer that keeps the previous batch never finds every slot held (no batch falls back to ordinary memory).
+    An ordinary allocation stands in for the page-locked one on this CPU-only torch."""
+    import warnings
+
+    from zarrtorch._workers import pinned
+    from zarrtorch.budget import loader_memory
+
+    monkeypatch.setattr(pinned, "pinned_memory", lambda: (lambda n: torch.empty(n, dtype=torch.uint8), False))
+    ds = ZarrIterableDataset(
+        make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DataLoader: "pin_memory ... no accelerator is found"
+        loader = ZarrDataLoader(ds, batch_size=16, work_ahead=2, pin_memory=True)
+        plain = loader_memory(ZarrDataLoader(ds, batch_size=16, work_ahead=2))
+        slots, budget = loader.job.pinned, loader_memory(loader)
+        assert budget.ring == slots.nbytes == pinned.allocated_bytes(slots.slots * slots.slot_bytes)
+        assert slots.nbytes & (slots.nbytes - 1) == 0 and slots.slot_bytes >= 16 * (ds.row_bytes + 8)
+        assert budget.batches == 0 and slots.slots >= plain.batches  # each batch the plain budget counts
+        assert budget.total == plain.total - plain.batches * plain.batch_bytes + slots.nbytes
+        previous, n = None, 0
+        for batch in loader:
+            assert all(slots.holds(t) for t in batch.values()), f"batch {n} fell back to ordinary memory"
+            previous, batch, n = batch, None, n + 1  # noqa: F841 (the consumer keeps the last batch)
+    assert n > slots.slots
+
+
 def _root(a: np.ndarray) -> np.ndarray:
     while isinstance(a.base, np.ndarray):
         a = a.base
