@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The measurements owed on a loaned GPU node, in one call that fits a 15-minute loan. STEPS picks the parts, in
-# this order by default (the GPU questions first; they take longer than one 600 s call all together):
+# The measurements owed on a loaned GPU node, in one call that fits a 15-minute loan. STEPS picks the parts, run in
+# this order; the default is the three GPU questions, whose time limits (150 + 200 + 150 s) fit one 600 s call:
 #   workers  the course's workers rule on a GPU: benchmarks/gpu_feed.py, windows trained with 0 and 2 workers
 #   lesson05 lesson 05 run on the GPU (benchmarks/run_lesson.py): needs lightning, matplotlib, xarray and pandas
 #            carried as wheels, and data/tiny made here first and carried (see below); skipped, saying so, without
+#   pinned   batches in pinned slots (issue 43 item 7, benchmarks/pinned_feed.py): host-to-device GB/s from the
+#            loader's pinned slots against DataLoader's pin copy and the card's own rate, and the training step's
+#            wait for data with 0 and 2 workers (on gpu_feed.py's store, made once by whichever part runs first)
 #   remote   rows/s at 0, 20 and 100 ms per request (issue 24), then head_of_line.py
 #   windows  windows/s against the decode limit (issue 25)
-# e.g. STEPS="workers lesson05" bash benchmarks/node.sh
+# e.g. STEPS="remote windows" bash benchmarks/node.sh     # the older CPU-side questions, in a second call
 #
 # A node of this workplace has Python 3.12 with torch, aiohttp and fsspec, but not zarr: carry its wheels.
 # Once, here, in the repository root:
@@ -23,7 +26,8 @@
 #   bash benchmarks/node.sh
 # Each part has its own time limit and writes its JSON and log under $OUT (or benchmarks/results/node when
 # OUT is unset), so a part that runs long leaves the others' figures. Nothing here decides a pass or a fail.
-# WINDOW_ROWS, FEED_ROWS and REMOTE_ROWS make the stores smaller (a quick look: 600, 600 and 2000).
+# WINDOW_ROWS, FEED_ROWS (workers and pinned) and REMOTE_ROWS make the stores smaller (a quick look: 600, 600 and
+# 2000).
 set -u
 OUT=${OUT:-benchmarks/results/node}
 mkdir -p "$OUT"
@@ -39,7 +43,7 @@ export PYTHONUNBUFFERED=1
   $PY -c "import sys, torch, zarr, numcodecs; print(sys.version.split()[0], torch.__version__, zarr.__version__, numcodecs.__version__)"
 } 2>&1 | tee "$OUT/versions.txt"
 DATA=$(mktemp -d /tmp/zarrtorch-bench.XXXX)
-STEPS=${STEPS:-workers lesson05 remote windows}
+STEPS=${STEPS:-workers lesson05 pinned}
 want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 # the workers rule: windows/s trained on the GPU with 0 and 2 DataLoader workers (pin_memory, non_blocking copies)
@@ -56,6 +60,11 @@ if want lesson05; then
       | tee "$OUT/lesson05.log"
   fi
 fi
+
+# issue 43 item 7: host-to-device GB/s from the pinned slots (no copy on the host) against DataLoader's pin copy,
+# pageable memory and the card's own rate; then the training step's wait for data with 0 and 2 workers
+want pinned && timeout 150 $PY benchmarks/pinned_feed.py --rows "${FEED_ROWS:-4000}" --epochs 3 --workers 0 2 \
+  --data-dir "$DATA" --out "$OUT/pinned_feed.json" 2>&1 | tee "$OUT/pinned_feed.log"
 
 # issue 24: rows/s at 0, 20 and 100 ms per request, 0 and 2 workers, with default settings; then a bare aiohttp
 # client with 256 and 512 requests at once against the same servers: what the server gives, without the loader

@@ -329,12 +329,31 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
         "benchmarks/head_of_line.py",
         "benchmarks/gpu_feed.py",
         "benchmarks/run_lesson.py",
+        "benchmarks/pinned_feed.py",
     }
     assert {name for name, _ in calls} == scripts
     for name, args in calls:
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
+
+
+def test_pinned_feed_benchmark_refuses_without_cuda_before_it_writes(tmp_path, capsys):
+    """benchmarks/pinned_feed.py times copies to a GPU: on a machine without CUDA it says so, names where to run it
+    (node.sh) and the flag that checks the script on a CPU, and exits with status 2 before it writes a store or a
+    figure (``--check-on-cpu`` runs it here; its figures mean nothing)."""
+    import pinned_feed
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the benchmark runs")
+    out, data = tmp_path / "pinned.json", tmp_path / "data"
+    with pytest.raises(SystemExit) as stop:
+        pinned_feed.main(["--data-dir", str(data), "--out", str(out)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "torch.cuda.is_available() is False" in err and "node.sh" in err and "--check-on-cpu" in err
+    assert not out.exists() and not data.exists()
 
 
 def test_the_lesson_runner_runs_cells_in_one_namespace_and_stops_at_the_first_error(tmp_path):
