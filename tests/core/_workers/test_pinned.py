@@ -3,9 +3,9 @@
 slot is reused only once nothing references its batch (and, on a GPU, once the copies queued from it are done),
 kept batches are never overwritten, and a resumed epoch is the same batches.
 
-This torch is CPU-only, where ``pin_memory()`` raises: the tests substitute an ordinary allocation for the
-page-locked one (:func:`zarrtorch._workers.pinned.pinned_memory`), which is all the slots' logic depends on. The
-one test that needs CUDA (the batch really pinned) is skipped here."""
+Without CUDA ``pin_memory()`` raises: the tests substitute an ordinary allocation for the page-locked one
+(:func:`zarrtorch._workers.pinned.pinned_memory`), which is all the slots' logic depends on; with CUDA they run on
+the real slots. The test that needs CUDA (the batch really pinned, copied to the device) is skipped without it."""
 
 from __future__ import annotations
 
@@ -40,8 +40,10 @@ def ordinary(nbytes: int) -> torch.Tensor:
 
 @pytest.fixture
 def substituted(monkeypatch):
-    """An ordinary allocation where a GPU node's would be page-locked; no CUDA events."""
-    monkeypatch.setattr(pinned, "pinned_memory", lambda: (ordinary, False))
+    """An ordinary allocation where there is no CUDA (no CUDA events); on a GPU the real page-locked slots, which
+    DataLoader's pinning passes on as they are (an ordinary slot would be copied there)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(pinned, "pinned_memory", lambda: (ordinary, False))
 
 
 def loader_of(store, pin=True, **kw):

@@ -272,13 +272,14 @@ def test_loader_budget_counts_the_pinned_slots_that_hold_every_batch(tmp_path, m
     """``pin_memory=True`` and no workers on a GPU: the batches are gathered into page-locked slots
     (zarrtorch._workers.pinned), counted as the allocator rounds their block, in place of the pooled batches; a
     consumer that keeps the previous batch never finds every slot held (no batch falls back to ordinary memory).
-    An ordinary allocation stands in for the page-locked one on this CPU-only torch."""
+    An ordinary allocation stands in for the page-locked one where there is no CUDA."""
     import warnings
 
     from zarrtorch._workers import pinned
     from zarrtorch.budget import loader_memory
 
-    monkeypatch.setattr(pinned, "pinned_memory", lambda: (lambda n: torch.empty(n, dtype=torch.uint8), False))
+    if not torch.cuda.is_available():  # on a GPU the real slots (DataLoader would copy an ordinary one)
+        monkeypatch.setattr(pinned, "pinned_memory", lambda: (lambda n: torch.empty(n, dtype=torch.uint8), False))
     ds = ZarrIterableDataset(
         make_store(tmp_path / "d.zarr", 12), buffer_chunks=BUFFER_CHUNKS, read=ReadOptions(decode_threads=1)
     )
