@@ -20,7 +20,7 @@ import numpy as np
 import zarr
 from torch.utils.data import IterableDataset
 
-from zarrtorch._read.cache import check_limit_holds_a_chunk, reads_through_cache, through_cache
+from zarrtorch._read.cache import WRITE_ID, check_limit_holds_a_chunk, reads_through_cache, through_cache
 from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
 from zarrtorch._read.fetch import with_retries, within
@@ -151,7 +151,7 @@ class ZarrIterableDataset(IterableDataset):
                 self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self.arrays.secrets
             )
         self.arrays = self._through_cache(read, source)
-        self._cached_group = _group_read_through_cache(source, self.arrays)
+        self._watched_group = _group_to_watch(source, self.arrays, keep_in_memory)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
         self.redeal_every = redeal_every
@@ -178,20 +178,23 @@ class ZarrIterableDataset(IterableDataset):
         return Arrays(cached, self.arrays.secrets)
 
     def check_store_unchanged(self) -> None:
-        """Refuse an epoch of a store rewritten since this dataset opened it, when it reads through the node's chunk
-        cache: the cache would serve the old store's chunks where it holds them and the new store's elsewhere, and
-        the plan is of the old store. Told by the group's attributes (``prepare_zarr`` writes a new write id at every
-        write): one metadata request per epoch, no chunk's."""
-        if self._cached_group is None:
+        """Refuse an epoch of a store rewritten since this dataset opened it: the plan is of the old store, the
+        first pieces of an epoch are read early, as the epoch before ends (from the old store), and the node's chunk
+        cache, when the store reads through one, holds the old store's chunks. Told by the group's attributes
+        (``prepare_zarr`` writes a new write id at every write): one metadata read per epoch, no chunk's. A store
+        written by other means with the same attributes cannot be told without reading its chunks."""
+        if self._watched_group is None:
             return
-        path, opened_with = self._cached_group
+        path, opened_with = self._watched_group
         arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
-        cached = next(a for a in arrays.values() if reads_through_cache(a))
-        if group_attributes(cached.store_path.store, path, self.read.retry) != opened_with:
+        cached = [a for a in arrays.values() if reads_through_cache(a)]
+        array = (cached or list(arrays.values()))[0]
+        if group_attributes(array.store_path.store, path, self.read.retry) != opened_with:
+            held = "the node's chunk cache holds the old store's chunks, " if cached else ""
             raise ValueError(
-                f"the store {store_label(cached, self.arrays.secrets)} was rewritten since this dataset opened it "
-                "(its group's attributes, prepare_zarr's write id among them, changed): the node's chunk cache holds "
-                "the old store's chunks and this dataset's plan is of the old store. Make a new ZarrIterableDataset "
+                f"the store {store_label(array, self.arrays.secrets)} was rewritten since this dataset opened it "
+                f"(its group's attributes, prepare_zarr's write id among them, changed): {held}this dataset's plan is "
+                "of the old store and its next epoch's first pieces were read from it. Make a new ZarrIterableDataset "
                 "(and loader) to read it"
             )
 
@@ -434,12 +437,18 @@ class ZarrIterableDataset(IterableDataset):
         raise TypeError(THROUGH_THE_LOADER)
 
 
-def _group_read_through_cache(source, arrays: Arrays) -> tuple[str, dict] | None:
-    """The path and attributes of the group ``source`` when its arrays read through a chunk cache (their store id
-    holds the attributes), to tell at each epoch whether the store was rewritten since; else ``None``."""
-    if not isinstance(source, zarr.Group) or not any(reads_through_cache(a) for a in arrays.values()):
+def _group_to_watch(source, arrays: Arrays, keep_in_memory: bool) -> tuple[str, dict] | None:
+    """The path and attributes of the group ``source``, to tell at each epoch whether the store was rewritten
+    since (:meth:`ZarrIterableDataset.check_store_unchanged`): when its arrays read through a chunk cache (their
+    store id holds the attributes), or ``prepare_zarr`` wrote it (its attributes hold a write id, new at every
+    write) and every epoch reads it (not ``keep_in_memory``: the rows read once are the data); else ``None``."""
+    if not isinstance(source, zarr.Group):
         return None
-    return source.path, source.attrs.asdict()
+    attrs = source.attrs.asdict()
+    written = isinstance(attrs.get("zarrtorch"), dict) and WRITE_ID in attrs["zarrtorch"]
+    if not (written and not keep_in_memory) and not any(reads_through_cache(a) for a in arrays.values()):
+        return None
+    return source.path, attrs
 
 
 def group_attributes(store, path: str, policy) -> dict:

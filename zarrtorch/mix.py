@@ -273,9 +273,36 @@ class MixedLoader:
         """Make ``epoch`` the mix epoch the next ``iter()`` runs (its order of sources). The sources run their own
         epochs on: their rows continue where the last mix epoch left them."""
         epoch = whole_number(epoch, "epoch", least=0, below=INT64_LIMIT)
+        late = self._late_set_epoch(epoch)
         if epoch != self.epoch:
             self._counted_ahead = None
         self.epoch = epoch
+        if late is not None:
+            warnings.warn(late, stacklevel=2)
+
+    def _late_set_epoch(self, epoch: int) -> str | None:
+        """The warning a ``set_epoch(epoch)`` calls for, as a ZarrDataLoader's does (:mod:`zarrtorch.position`):
+        the iteration of another mix epoch began just before and goes on as its own epoch, which a trainer counts
+        as ``epoch``. Kept for its first step when none is out yet (an iterator dropped unused says nothing)."""
+        run = self._run
+        if run is None or run.done or epoch == run.point.epoch == self.epoch:
+            return None  # nothing in flight, or it runs this epoch already (Lightning sets it after iter())
+        alive = run.iterator is not None and run.iterator() is not None  # not dropped (a break, Ctrl-C)
+        # a run that gave every step the consumer takes is over, though its end was not asked for
+        going_on = alive and run.point.steps + run.seen < self._consumed_length(run)
+        if not going_on or epoch == run.point.epoch or run.seen > 2:
+            return None
+        message = (
+            f"MixedLoader: set_epoch({epoch}) came after the iteration over mix epoch {run.point.epoch} began; that "
+            f"iteration goes on as epoch {run.point.epoch} (its order of sources), and epoch {epoch} starts at the "
+            "next iter(). Under Lightning this is a run resumed at an epoch's end with a bare MixedLoader, whose "
+            "position Lightning does not restore there: use zarrtorch.lightning.MixedDataModule (it keeps the "
+            "position in its own state), or call mix.set_epoch(epoch) before trainer.fit"
+        )
+        if run.seen == 0:
+            run.late_warning = message  # said at its first step, if one is ever drawn
+            return None
+        return message
 
     # -- iterating -----------------------------------------------------------------------------------------------
     def __iter__(self):
@@ -296,7 +323,9 @@ class MixedLoader:
             )
         run = MixRun(point, order, {name: loader.state_dict() for name, loader in self.sources.items()})
         self._run = run
-        return self._steps(run)
+        steps = self._steps(run)
+        run.iterator = weakref.ref(steps)
+        return steps
 
     def _steps(self, run: MixRun):
         for step in range(run.point.steps, len(run.order)):
@@ -311,6 +340,9 @@ class MixedLoader:
             else:
                 batch = {**self._next_of(self._names[index]), SOURCE: self._names[index]}
             run.seen = step + 1 - run.point.steps
+            if run.late_warning is not None:
+                warnings.warn(run.late_warning, stacklevel=2)
+                run.late_warning = None
             yield batch
         if not run.done:
             self._finished(run)
@@ -456,6 +488,8 @@ class MixRun:
     source_states: dict
     seen: int = 0
     done: bool = False
+    iterator: weakref.ref | None = None  # its iterator, while something holds it
+    late_warning: str | None = None  # said at its first step: a set_epoch of another epoch came before it
 
 
 def load_all(

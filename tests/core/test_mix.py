@@ -496,3 +496,55 @@ def test_a_mix_of_rank_order_sources_resumed_with_another_worker_count_continues
     b_rows = [v for source, rows in epochs[0] if source == "b" for v in rows]
     quota = sum(1 for source, _ in epochs[0] if source == "b")
     assert len(b_rows) - len(set(b_rows)) == (quota - 120 // 8) * 8  # the batches beyond its own epoch's 15
+
+
+def late_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "came after the iteration over mix epoch" in str(w.message)]
+
+
+@pytest.mark.parametrize("drawn_before", [1, 0])
+def test_a_set_epoch_after_the_mix_epochs_iteration_began_warns_once(stores, drawn_before):
+    """``set_epoch(1)`` after ``iter()`` of mix epoch 0 (a bare MixedLoader under Lightning resumed at an epoch's
+    end: Lightning iterates, then sets the epoch): that iteration goes on as epoch 0, its order, and the trainer
+    counts it as epoch 1, while a ZarrDataLoader said so and the mix said nothing. Said once, at its first batch
+    when none was out yet; the next epoch runs as set."""
+    mix = mix_for(stores)
+    it = iter(mix)
+    taken = [next(it) for _ in range(drawn_before)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mix.set_epoch(1)
+        taken += list(it)
+        following = list(mix)
+    assert len(late_warnings(caught)) == 1, [str(w.message) for w in caught]
+    message = late_warnings(caught)[0]
+    assert "set_epoch(1)" in message and "MixedDataModule" in message
+    assert [str(b["source"]) for b in taken] == [str(b["source"]) for b in mix_for(stores)]  # epoch 0, whole
+    assert len(following) == len(mix_for(stores)) and mix.epoch == 2
+
+
+def test_a_mix_used_as_lightning_uses_it_never_warns_of_a_late_set_epoch(stores):
+    """set_epoch before iter(); set_epoch of the running epoch after iter() (Lightning); an epoch taken to its
+    last step without asking for its end (Lightning takes len() steps); an iterator dropped unused; a state
+    loaded mid-epoch, then the next epochs: no warning."""
+    mix = mix_for(stores)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(2):
+            mix.set_epoch(epoch)
+            it = iter(mix)
+            mix.sampler.set_epoch(epoch)
+            for _ in range(len(mix)):
+                next(it)
+        unused = iter(mix)
+        del unused
+        mix.set_epoch(3)
+        it = iter(mix)
+        [next(it) for _ in range(3)]
+        state = mix.state_dict()
+        resumed = mix_for(stores)
+        resumed.load_state_dict(state)
+        for epoch in (3, 4):
+            resumed.set_epoch(epoch)
+            list(resumed)
+    assert late_warnings(caught) == []

@@ -444,7 +444,9 @@ _INDEX_ENTRY_OVERHEAD = 256  # a cached index's Python objects: its array's head
 
 
 def _index_entry_bytes(per_shard: int) -> int:
-    return 16 * per_shard + _INDEX_ENTRY_OVERHEAD
+    """A cached index's bytes: its decoded ``(offset, length)`` per inner chunk, and as many again in the key of a
+    local file's (its stored bytes, :meth:`_ShardSource.cache_key`)."""
+    return 2 * 16 * per_shard + _INDEX_ENTRY_OVERHEAD
 
 
 class _IndexCache:
@@ -500,25 +502,29 @@ class _ShardSource:
         self.store, self.key, self.raw, self.policy, self._buffer = store, key, raw, policy, buffer
         self.scope = scope  # the decoder reading it (its token): what a shard with no file version keys its index by
         self.fd, self.size = None, None
+        self.stored_index: bytes | None = None  # the index's stored bytes, once read (a local file's key holds them)
         if raw is not None:
             self.size = len(raw)
         elif root is not None:
             self.fd = os.open(root + key, os.O_RDONLY)  # FileNotFoundError for a missing shard: the caller names it
-            stat = os.fstat(self.fd)
-            self.size, self.version = stat.st_size, stat.st_mtime_ns
+            self.size = os.fstat(self.fd).st_size
 
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
 
-    def cache_key(self) -> tuple:
-        """The key of the shard's index in :data:`SHARD_INDEXES`. A local file's index holds for as long as its
-        size and time do, in every reader of the process. A shard in memory or on a server has no version to
-        tell one written again under the same key (a store's name is even reused by a new store in memory): its
-        index holds for the decoder that read it only (one epoch's reader in one process), so that a dataset made
-        after a write reads the new index, as zarr does."""
+    def cache_key(self, shards: Shards) -> tuple:
+        """The key of the shard's index in :data:`SHARD_INDEXES`. A local file's is its index's stored bytes, read
+        again at every decode (one small read; the cache saves decoding them): a file's size and time do not tell
+        a shard written again within the file system's time resolution, or copied with its time kept (``cp -p``,
+        ``rsync -t``), and an old index read the new inner chunks at their old offsets. A shard in memory or on a
+        server has no version to tell one written again under the same key (a store's name is even reused by a
+        new store in memory), and reading its index again is a request: its index holds for the decoder that read
+        it only (one epoch's reader in one process), so that a dataset made after a write reads the new index, as
+        zarr does."""
         if self.fd is not None:
-            return (str(self.store), self.key, (self.size, self.version))
+            self.stored_index = self.read_index(shards.index_bytes, shards.index_at_start)
+            return (str(self.store), self.key, self.stored_index)
         return (str(self.store), self.key, self.scope)
 
     def read(self, start: int, stop: int, into_buffer: bool = True):
@@ -577,7 +583,8 @@ class _ShardDecoder:
         out = into if _fits(into, shape, self.layout.dtype) else self.chunk_buffer()
         lo, hi, held = rows if rows is not None else Span(0, shape[0], shape[0])
         source = _ShardSource(self.store, self.root, key, raw, self.policy, self.buffer, self.index_scope)
-        key = source.cache_key() if raw is None else None  # a stored object's index is cached; given bytes are not
+        # a stored object's index is cached; given bytes are not
+        key = source.cache_key(self.shards) if raw is None else None
         try:
             if key is not None and self._needs_all(lo, hi, held) and SHARD_INDEXES.get(key) is None:
                 source.read_whole()  # one request for the index and every inner chunk, not two
@@ -603,7 +610,7 @@ class _ShardDecoder:
         shards = self.shards
         index = SHARD_INDEXES.get(key) if key is not None else None
         if index is None:
-            stored = source.read_index(shards.index_bytes, shards.index_at_start)
+            stored = source.stored_index or source.read_index(shards.index_bytes, shards.index_at_start)
             index = _decoded_index(shards, stored)
             if key is not None:
                 SHARD_INDEXES.put(key, index)

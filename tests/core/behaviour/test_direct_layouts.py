@@ -24,6 +24,8 @@ from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset
 from zarrtorch._read.fastpath import (
     SHARD_INDEXES,
     DirectLayout,
+    Span,
+    _index_entry_bytes,
     _IndexCache,
     direct_decoder,
     read_buffer_bytes,
@@ -280,7 +282,7 @@ def test_a_shard_is_read_by_its_index_once_and_one_range_per_run_of_inner_chunks
 
 
 def test_the_shard_index_cache_is_bounded():
-    cache = _IndexCache(most=4 * (16 * 8 + 256))
+    cache = _IndexCache(most=4 * _index_entry_bytes(8))  # room for 4 indexes of 8 inner chunks
     for k in range(10):
         cache.put(k, np.zeros((8, 2), np.uint64))
         assert cache.nbytes <= cache.most
@@ -399,3 +401,36 @@ def test_a_shard_written_again_in_memory_is_read_with_its_new_index_not_the_one_
         ds = ZarrIterableDataset({"x": arr}, shuffle=False, read=read)
         rows = np.concatenate([b["x"].numpy() for b in ZarrDataLoader(ds, batch_size=4)])
         np.testing.assert_array_equal(rows, arr[...])
+
+
+@pytest.mark.parametrize("needs", ["whole_shard", "some_rows"])
+def test_a_local_shard_rewritten_with_its_size_and_time_kept_is_read_with_its_new_index(tmp_path, needs):
+    """A local shard's index was cached by the file's size and modification time. Written again with as many
+    inner chunks stored (uncompressed: the same size) and the same time (two writes within the file system's time
+    resolution, or ``cp -p``/``rsync -t`` of a new version), the next reader read it at the old index's offsets:
+    the first inner chunk (all fill values before, not stored) came out as fill values and every other one as the
+    chunk before it, where zarr reads the new values, without a word. Whole (a dataset's piece: the shard read at
+    once) and some rows (the index, then byte ranges)."""
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    arr = group.create_array(
+        "x", shape=(8, 2), chunks=(2, 2), shards=(8, 2), dtype="i4", fill_value=0, compressors=None,
+        config={"write_empty_chunks": False},
+    )  # fmt: skip
+    shard = tmp_path / "s.zarr" / "x" / "c" / "0" / "0"
+    kept = None
+    first, second = np.r_[[0] * 4, np.arange(105, 117)], np.r_[np.arange(1, 13), [0] * 4]
+    for data in (first.astype("i4"), second.astype("i4")):
+        arr[...] = data.reshape(8, 2)
+        if kept is None:
+            kept = shard.stat()
+        else:
+            assert shard.stat().st_size == kept.st_size
+            os.utime(shard, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+        if needs == "whole_shard":
+            ds = ZarrIterableDataset(str(tmp_path / "s.zarr"), shuffle=False, read=ReadOptions(missing_chunks="fill"))
+            got = np.concatenate([b["x"].numpy() for b in ZarrDataLoader(ds, batch_size=4)])
+            np.testing.assert_array_equal(got, arr[...])
+        else:
+            decode = direct_decoder(zarr.open_array(str(tmp_path / "s.zarr" / "x")), check_missing=False)
+            got = decode("c/0/0", rows=Span(2, 8, 8))
+            np.testing.assert_array_equal(got[2:8], arr[2:8])

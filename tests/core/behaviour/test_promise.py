@@ -410,3 +410,30 @@ def test_a_negative_position_is_refused_not_resumed(store):
     with pytest.raises(ValueError, match="not a position a loader can be at"):
         other.load_state_dict({**state, "history": [[2, 0, -3]]})
     assert len(other) == len(loader)
+
+
+@pytest.mark.parametrize(
+    ("batch_order", "shard_chunks"), [("worker", None), ("rank", None), ("worker", 2)], ids=["chunks", "rank", "shards"]
+)
+def test_a_local_store_rewritten_between_two_epochs_is_refused_at_the_next_epoch_not_read_half_old(
+    tmp_path, batch_order, shard_chunks
+):
+    """prepare_zarr wrote a local store again (other values) between two epochs of one loader: the second epoch's
+    first pieces, read early as the first epoch ended, held the old values and the rest the new ones (a sharded
+    store: all of them old), silently. The next epoch is refused by name, as a store read through the chunk cache
+    is; a new dataset reads the new store."""
+    path = tmp_path / "s.zarr"
+
+    def write(scale: int) -> None:
+        y = scale * np.arange(120, dtype=np.int64)
+        prepare_zarr({"y": y}, path, chunk_rows=10, shard_chunks=shard_chunks, overwrite=True, progress=False)
+
+    write(3)
+    loader = ZarrDataLoader(ZarrIterableDataset(path, seed=1), batch_size=8, batch_order=batch_order)
+    assert sum(len(b["y"]) for b in loader) == 120
+    write(5)
+    loader.set_epoch(1)
+    with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
+        next(iter(loader))
+    for batch in ZarrDataLoader(ZarrIterableDataset(path, return_index=True), batch_size=8):
+        np.testing.assert_array_equal(batch["y"].numpy(), 5 * batch["index"].numpy())
