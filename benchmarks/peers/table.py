@@ -223,3 +223,42 @@ def workers_markdown(case: dict) -> str:
         batches = ", ".join(str(n) for n in result["batches"].values())
         lines.append("| " + " | ".join([peer["name"], counts, batches, _cell(result["same_batches"])]) + " |")
     return "\n".join(lines)
+
+
+# -- the mixing case (run.py --mix-case) ------------------------------------------------------------------------------
+MIX_HEAD = [
+    "loader",
+    "weights",
+    "variant",
+    "rows per source, epoch 1; epoch 2 (target)",
+    "each source within a global batch of its target",
+    "each row within its quota once (repeats spread evenly)",
+    "per-source batches (epoch 1, epoch 2)",
+    "every rank the same source at each step",
+    "equal batches per rank",
+    "epoch 2 order",
+    "rows/s",
+]
+MIX_VERDICTS = ["rows_per_source", "on_target", "quota_once", "homogeneous_batches", "same_source_per_step"]
+MIX_VERDICTS += ["equal_batches", "epoch2_order"]
+
+
+def mix_markdown(case: dict) -> str:
+    """The mixing case (``run.py``'s ``run_mix_case``): one line per loader, weight setting and variant, its
+    verdicts (``mix_case.mix_verdicts``) and rows/s; a loader or variant that could not run says why."""
+    lines = ["| " + " | ".join(MIX_HEAD) + " |", "|" + "---|" * len(MIX_HEAD)]
+    for run in case["runs"]:
+        weights = "/".join(f"{w:g}" for w in run["weights"])
+        mix = run.get("mix") or {}
+        if run.get("status") != "ok" or "error" in mix:
+            why = run.get("reason") or mix.get("error") or run.get("status") or "?"
+            lines.append("| " + " | ".join([run["name"], weights, "", _cell(f"not run: {why}")] + [""] * 7) + " |")
+            continue
+        for variant, result in mix["variants"].items():
+            if "error" in result:
+                cells = [_cell(f"refused: {result['error']}")] + [""] * 7
+            else:
+                rate = result.get("rows_per_s")
+                cells = [_cell(result[k]) for k in MIX_VERDICTS] + ["?" if rate is None else f"{rate:,.0f}"]
+            lines.append("| " + " | ".join([run["name"], weights, variant, *cells]) + " |")
+    return "\n".join(lines)
