@@ -145,7 +145,7 @@ def mix_verdicts(epochs: Sequence[Epoch], sizes: list[int], targets: list[int], 
         "on_target": "yes"
         if not off
         else f"no: {len(off)} of {sum(len(e['sources']) for e in per_epoch)} off by more than a global batch",
-        "quota_once": "yes" if over == under == 0 else f"wrong: {over} draws over a row's share, {under} rows short",
+        "quota_once": "yes" if over == under == 0 else f"no: {over} draws over a row's share, {under} rows short",
         "foreign_rows": sum(e["foreign_rows"] for e in per_epoch),
         "homogeneous_batches": ", ".join(homogeneous),
         "same_source_per_step": "no: mixed batches"
