@@ -81,13 +81,27 @@ def source_of(row: int) -> int:
 
 
 def _within_quota(rows: list[int], size: int) -> tuple[int, int]:
-    """``(rows over their share, rows under it)`` of one source's ``rows`` in an epoch: drawn ``c`` times from
-    ``size`` rows, every row is due ``c // size`` or one more times (once each when ``c <= size``)."""
+    """``(draws over their row's share, rows under their share)`` of one source's ``rows`` (one epoch's, or two
+    epochs' together): drawn ``c`` times from ``size`` rows, every row is due ``c // size`` or one more times
+    (once each when ``c <= size``)."""
     counts = Counter(r % SOURCE_OFFSET for r in rows)
     low, high = len(rows) // size, -(-len(rows) // size)
     over = sum(n - high for n in counts.values() if n > high)
     under = sum(1 for r in range(size) if counts.get(r, 0) < low)
     return over, under
+
+
+def _spread(per_source: Sequence[tuple[int, int]]) -> str:
+    """The verdict on :func:`_within_quota`'s pairs, one per source: ``yes``, or for each source that is off, its
+    draws over their row's share and its rows under theirs."""
+    if not any(over or under for over, under in per_source):
+        return "yes"
+    off = [f"source {k}: {o} draws over, {u} rows under" for k, (o, u) in enumerate(per_source) if o or u]
+    return "no: " + "; ".join(off)
+
+
+def _rows_of_source(epochs: Sequence[Epoch], k: int) -> list[int]:
+    return [int(r) for e in epochs for batches in e for b in batches for r in b if source_of(r) == k]
 
 
 def _steps_that_differ(epoch: Epoch) -> int | None:
@@ -103,18 +117,19 @@ def _steps_that_differ(epoch: Epoch) -> int | None:
 
 
 def epoch_verdicts(epoch: Epoch, sizes: list[int], targets: list[int], batch_size: int) -> dict:
-    """One epoch over every rank: per source its rows against its target (off by more than one global batch:
-    ``off``), rows over or under their share of the quota; homogeneous batches; the ranks' sources per step."""
-    rows = [int(r) for batches in epoch for b in batches for r in b]
+    """One epoch over every rank: per source its rows against its target (within one global batch or not) and
+    the spread of its draws (:func:`_within_quota`); rows of no source; batches per rank; homogeneous batches; the
+    steps at which the ranks draw different sources."""
     global_batch = len(epoch) * batch_size
     per_source = []
     for k, (size, target) in enumerate(zip(sizes, targets, strict=True)):
-        mine = [r for r in rows if source_of(r) == k]
+        mine = _rows_of_source([epoch], k)
         over, under = _within_quota(mine, size)
         per_source.append(
             {"rows": len(mine), "target": target, "within_global_batch": abs(len(mine) - target) <= global_batch}
             | {"over_share": over, "under_share": under}
         )
+    rows = [int(r) for batches in epoch for b in batches for r in b]
     batches = [b for batches in epoch for b in batches]
     homogeneous = sum(1 for b in batches if len({source_of(r) for r in b}) == 1)
     return {
@@ -126,34 +141,35 @@ def epoch_verdicts(epoch: Epoch, sizes: list[int], targets: list[int], batch_siz
     }
 
 
+def _summed(per_epoch: list[dict], k: int) -> tuple[int, int]:
+    """Source ``k``'s draws over and rows under their share, each epoch judged alone, summed over the epochs."""
+    return tuple(sum(e["sources"][k][key] for e in per_epoch) for key in ("over_share", "under_share"))
+
+
 def mix_verdicts(epochs: Sequence[Epoch], sizes: list[int], targets: list[int], batch_size: int) -> dict:
     """The mixing case's verdicts over epochs 1 and 2 (``epochs[e][rank]``: that rank's batches), each a short
-    string as ``checks.py`` writes them, with the per-epoch figures under ``epochs``."""
+    string as ``checks.py`` writes them, with the per-epoch figures under ``epochs``. ``two_epochs_once`` judges
+    both epochs' draws together: a source asked for less than it holds that goes on where it stopped draws
+    every row once before any twice; one that starts a new shuffle every epoch draws some twice, others never."""
     per_epoch = [epoch_verdicts(e, sizes, targets, batch_size) for e in epochs]
-    counts = "; ".join(
-        " + ".join(f"{s['rows']}" for s in e["sources"]) + f" (target {' + '.join(str(t) for t in targets)})"
-        for e in per_epoch
-    )
-    off = [s for e in per_epoch for s in e["sources"] if not s["within_global_batch"]]
-    over = sum(s["over_share"] for e in per_epoch for s in e["sources"])
-    under = sum(s["under_share"] for e in per_epoch for s in e["sources"])
+    drawn = [" + ".join(str(s["rows"]) for s in e["sources"]) for e in per_epoch]
+    off = sum(1 for e in per_epoch for s in e["sources"] if not s["within_global_batch"])
     differ = [e["steps_ranks_differ"] for e in per_epoch]
-    homogeneous = [e["homogeneous_batches"] for e in per_epoch]
+    batch_counts = [e["batches_per_rank"] for e in per_epoch]
     rank0 = [[int(r) for b in e[0] for r in b] for e in epochs]
     return {
-        "rows_per_source": counts,
-        "on_target": "yes"
-        if not off
-        else f"no: {len(off)} of {sum(len(e['sources']) for e in per_epoch)} off by more than a global batch",
-        "quota_once": "yes" if over == under == 0 else f"no: {over} draws over a row's share, {under} rows short",
+        "rows_per_source": "; ".join(drawn) + f" ({' + '.join(map(str, targets))})",
+        "on_target": "yes" if not off else f"no: {off} of {len(sizes) * len(epochs)} off by more than a global batch",
+        "quota_once": _spread([_summed(per_epoch, k) for k in range(len(sizes))]),
+        "two_epochs_once": _spread([_within_quota(_rows_of_source(epochs, k), n) for k, n in enumerate(sizes)]),
         "foreign_rows": sum(e["foreign_rows"] for e in per_epoch),
-        "homogeneous_batches": ", ".join(homogeneous),
+        "homogeneous_batches": ", ".join(e["homogeneous_batches"] for e in per_epoch),
         "same_source_per_step": "no: mixed batches"
         if None in differ
         else ("yes" if not any(differ) else f"no: {' and '.join(map(str, differ))} steps differ"),
         "equal_batches": "yes"
-        if all(len(set(e["batches_per_rank"])) == 1 for e in per_epoch)
-        else "wrong: " + "; ".join(" vs ".join(map(str, e["batches_per_rank"])) for e in per_epoch),
+        if all(len(set(c)) == 1 for c in batch_counts)
+        else "wrong: " + "; ".join(" vs ".join(map(str, c)) for c in batch_counts),
         "epoch2_order": "other" if rank0[0] != rank0[-1] else "same",
         "epochs": per_epoch,
     }

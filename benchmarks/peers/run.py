@@ -300,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
         "merged into the JSON beside --md, or --out, keeping the rest)",
     )
     p.add_argument("--mix-rows", type=lambda s: [int(r) for r in s.split(",")], default=[1024, 512])
-    p.add_argument("--mix-weights", type=mix_weights, default=mix_weights("0.7,0.3;0.3,0.7"))
+    p.add_argument("--mix-weights", type=mix_weights, default=mix_weights("0.7,0.3;0.3,0.7;0.5,0.5"))
     p.add_argument("--mix-epoch-rows", type=int, default=1536, help="mix: rows per epoch asked of the weights")
     p.add_argument("--mix-world", type=int, default=2, help="mix: simulated ranks")
     p.add_argument("--mix-workers", type=int, default=0, help="mix: DataLoader workers per loader")

@@ -232,14 +232,16 @@ MIX_HEAD = [
     "variant",
     "rows per source, epoch 1; epoch 2 (target)",
     "each source within a global batch of its target",
-    "each row within its quota once (repeats spread evenly)",
+    "each epoch: no row drawn over its share (draws / store rows, rounded up), none under it (rounded down)",
+    "the same over epochs 1 and 2 together (a source goes on where it stopped)",
     "per-source batches (epoch 1, epoch 2)",
     "every rank the same source at each step",
     "equal batches per rank",
     "epoch 2 order",
     "rows/s",
 ]
-MIX_VERDICTS = ["rows_per_source", "on_target", "quota_once", "homogeneous_batches", "same_source_per_step"]
+MIX_VERDICTS = ["rows_per_source", "on_target", "quota_once", "two_epochs_once", "homogeneous_batches"]
+MIX_VERDICTS += ["same_source_per_step"]
 MIX_VERDICTS += ["equal_batches", "epoch2_order"]
 
 
@@ -252,11 +254,15 @@ def mix_markdown(case: dict) -> str:
         mix = run.get("mix") or {}
         if run.get("status") != "ok" or "error" in mix:
             why = run.get("reason") or mix.get("error") or run.get("status") or "?"
-            lines.append("| " + " | ".join([run["name"], weights, "", _cell(f"not run: {why}")] + [""] * 7) + " |")
+            lines.append(
+                "| "
+                + " | ".join([run["name"], weights, "", _cell(f"not run: {why}")] + [""] * (len(MIX_HEAD) - 4))
+                + " |"
+            )
             continue
         for variant, result in mix["variants"].items():
             if "error" in result:
-                cells = [_cell(f"refused: {result['error']}")] + [""] * 7
+                cells = [_cell(f"refused: {result['error']}")] + [""] * (len(MIX_HEAD) - 4)
             else:
                 rate = result.get("rows_per_s")
                 cells = [_cell(result[k]) for k in MIX_VERDICTS] + ["?" if rate is None else f"{rate:,.0f}"]
