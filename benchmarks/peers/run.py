@@ -546,7 +546,8 @@ def layout_runs(job_of: tuple[str, str, int, int], kind: str, label: str, path: 
 
 
 # -- the mixing case (``--mix-case``) --------------------------------------------------------------------------------
-# (name in the table, mix script, environment: None = the project's own, peer script whose conversion it reuses)
+# (name in the table, mix script, environment: None = the project's own, peer script whose conversion it reuses:
+# None = the loader reads the Zarr stores themselves)
 MIXERS = [
     ("zarrtorch", "zarrtorch_mix.py", None, None),
     ("MosaicML Streaming", "mosaicml_mix.py", "mosaicml", "mosaicml_peer.py"),
@@ -592,7 +593,7 @@ def mix_store(data_dir: str, source: int, rows: int, chunk_rows: int) -> dict:
 def run_mix_peer(mixer: tuple, stores: list[dict], weights: list[float], a, log) -> dict:
     """One loader's mixing runs with one weight setting: its conversion of every store (cached), then each of its
     variants, 2 simulated ranks in turn, epochs 1 and 2 (``mix_case.py``)."""
-    name, script, env_name, _ = mixer
+    name, script, env_name, converts_with = mixer
     out: dict = {"name": name, "status": "ok"}
     python = sys.executable
     if env_name is not None:
@@ -604,18 +605,19 @@ def run_mix_peer(mixer: tuple, stores: list[dict], weights: list[float], a, log)
     args = ["--stores", ",".join(s["path"] for s in stores), "--rows", ",".join(str(s["rows"]) for s in stores)]
     args += ["--work", str(work), "--chunk-rows", str(a.chunk_rows), "--batch-size", str(a.batch_size)]
     args += ["--workers", str(a.mix_workers), "--world", str(a.mix_world), "--start-method", a.start_method]
-    conversion = job(python, script, ["convert", *args], a.timeout, log)
-    if "error" in conversion:
-        return out | {"status": "failed", "reason": f"conversion failed: {conversion['error']}"}
+    if converts_with is not None:  # a loader that reads its own format: every store converted once, cached
+        out["conversion"] = job(python, script, ["convert", *args], a.timeout, log)
+        if "error" in out["conversion"]:
+            return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}
     weighted = ["--weights", ",".join(f"{w:g}" for w in weights), "--epoch-rows", str(a.mix_epoch_rows)]
-    return out | {"conversion": conversion, "mix": job(python, script, ["mix", *args, *weighted], a.timeout, log)}
+    return out | {"mix": job(python, script, ["mix", *args, *weighted], a.timeout, log)}
 
 
 def run_mix_case(a, log) -> dict:
     """Issue 44's mixing case: stores of ``--mix-rows`` rows read by each loader that mixes, for each weight
     setting of ``--mix-weights`` over ``--mix-epoch-rows`` rows per epoch; every run's rows judged by
     ``mix_case.mix_verdicts``."""
-    t0 = time.perf_counter()
+    t0, load_before = time.perf_counter(), os.getloadavg()[0]
     stores = [mix_store(a.mix_data_dir, k, rows, a.chunk_rows) for k, rows in enumerate(a.mix_rows)]
     settings = {"rows": a.mix_rows, "chunk_rows": a.chunk_rows, "batch_size": a.batch_size}
     settings |= {"epoch_rows": a.mix_epoch_rows, "world": a.mix_world, "workers": a.mix_workers}
@@ -626,7 +628,8 @@ def run_mix_case(a, log) -> dict:
         for weights in a.mix_weights:
             print(f"  {mixer[0]}: mixing, weights {weights}", flush=True)
             out["runs"].append(run_mix_peer(mixer, stores, weights, a, log) | {"weights": weights})
-    return out | machine_and_date() | {"wall_s": time.perf_counter() - t0}
+    load = {"load_average": [load_before, os.getloadavg()[0]]}  # the machine is shared: the rows/s say beside it
+    return out | machine_and_date() | {"wall_s": time.perf_counter() - t0} | load
 
 
 def main_mix_case(a) -> None:
@@ -654,7 +657,7 @@ def mix_section(results: dict) -> str:
     about = (
         f"Stores of {' and '.join(map(str, s['rows']))} rows, {s['epoch_rows']} rows per epoch, {s['world']} simulated "
         f"ranks, {s['workers']} workers, batch size {s['batch_size']}, epochs 1 and 2; {case['date']}, "
-        f"{case['wall_s']:.0f} s."
+        f"{case['wall_s']:.0f} s, load average {' then '.join(f'{v:.1f}' for v in case['load_average'])}."
     )
     return f"\n\n{MIX_HEADING}\n\n{about}\n\n{table.mix_markdown(case)}"
 
