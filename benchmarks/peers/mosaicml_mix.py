@@ -3,10 +3,10 @@ by one ``StreamingDataset(streams=[...])`` in a ``StreamingDataLoader``.
 
 Recipe: github.com/mosaicml/streaming docs/source/dataset_configuration/mixing_data_sources.md (``Stream(local=...,
 proportion=...)`` with ``epoch_size``: the rows of an epoch split by proportion, a stream asked for more than it
-holds upsampled; ``choose``: a stream's rows per epoch as a number; ``repeat``: a multiple of its size) and
-docs/source/dataset_configuration/replication_and_sampling.md (``batching_method``: ``random``, the default,
-mixes the streams in each batch; ``per_stream`` makes each batch of one stream). Ranks simulated as in
-``mosaicml_peer.py``: two nodes of one rank each, from ``RANK`` / ``WORLD_SIZE``.
+holds upsampled; ``choose``: a stream's rows per epoch as a number; ``repeat``: a multiple of its size; section
+"Batching Methods": ``batching_method='random'``, the default, mixes the streams in each batch, ``'per_stream'``
+makes each global batch of one stream). Ranks simulated as in ``mosaicml_peer.py``: two nodes of one rank each,
+from ``RANK`` / ``WORLD_SIZE``.
 """
 
 import os
