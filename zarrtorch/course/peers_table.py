@@ -927,7 +927,8 @@ def _page_mix(results: dict) -> str:
     global batch of every target, in every setting: {on_target}. Every epoch's draws spread evenly over each
     store's rows (none twice while another is never drawn): {even}. The same over both epochs together (a store
     asked for less than it holds goes on where it stopped): {goes_on}. Per-source batches with every rank
-    drawing the same source at each step (a head per source under DDP needs both): {same_source}."""
+    drawing the same source at each step (a head per source under DDP needs both): {same_source}. This part
+    alone again: `make bench-peers PEERS_ARGS="--mix-case only"`."""
     return f"""## Several stores mixed by weight
 
 {_paragraph(text)}
