@@ -136,6 +136,7 @@ def epoch_verdicts(epoch: Epoch, sizes: list[int], targets: list[int], batch_siz
         "sources": per_source,
         "foreign_rows": sum(1 for r in rows if not 0 <= source_of(r) < len(sizes)),
         "batches_per_rank": [len(b) for b in epoch],
+        "sources_per_rank": [sorted({source_of(r) for b in batches for r in b}) for batches in epoch],
         "homogeneous_batches": f"{homogeneous}/{len(batches)}",
         "steps_ranks_differ": _steps_that_differ(epoch),
     }
@@ -144,6 +145,19 @@ def epoch_verdicts(epoch: Epoch, sizes: list[int], targets: list[int], batch_siz
 def _summed(per_epoch: list[dict], k: int) -> tuple[int, int]:
     """Source ``k``'s draws over and rows under their share, each epoch judged alone, summed over the epochs."""
     return tuple(sum(e["sources"][k][key] for e in per_epoch) for key in ("over_share", "under_share"))
+
+
+def _every_rank_every_source(per_epoch: list[dict], asked: list[int]) -> str:
+    """Does every rank draw from every source asked for, in every epoch? A rank that trains on one store only
+    while the mix's counts over all ranks look right is what a shard of an interleaved order can give."""
+    missed: dict[tuple[int, int], list[int]] = {}  # (rank, source): the epochs (1-based) it drew none of it
+    for e, epoch in enumerate(per_epoch):
+        for rank, drawn in enumerate(epoch["sources_per_rank"]):
+            for k in asked:
+                if k not in drawn:
+                    missed.setdefault((rank, k), []).append(e + 1)
+    said = [f"rank {r} none of source {k} (epoch {', '.join(map(str, es))})" for (r, k), es in missed.items()]
+    return "yes" if not said else "no: " + "; ".join(said)
 
 
 def mix_verdicts(epochs: Sequence[Epoch], sizes: list[int], targets: list[int], batch_size: int) -> dict:
@@ -171,6 +185,7 @@ def mix_verdicts(epochs: Sequence[Epoch], sizes: list[int], targets: list[int], 
         if all(len(set(c)) == 1 for c in batch_counts)
         else "wrong: " + "; ".join(" vs ".join(map(str, c)) for c in batch_counts),
         "epoch2_order": "other" if rank0[0] != rank0[-1] else "same",
+        "every_rank_every_source": _every_rank_every_source(per_epoch, [k for k, t in enumerate(targets) if t > 0]),
         "epochs": per_epoch,
     }
 

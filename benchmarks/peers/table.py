@@ -236,12 +236,13 @@ MIX_HEAD = [
     "the same over epochs 1 and 2 together (a source goes on where it stopped)",
     "per-source batches (epoch 1, epoch 2)",
     "every rank the same source at each step",
+    "every rank draws every source",
     "equal batches per rank",
     "epoch 2 order",
     "rows/s",
 ]
 MIX_VERDICTS = ["rows_per_source", "on_target", "quota_once", "two_epochs_once", "homogeneous_batches"]
-MIX_VERDICTS += ["same_source_per_step"]
+MIX_VERDICTS += ["same_source_per_step", "every_rank_every_source"]
 MIX_VERDICTS += ["equal_batches", "epoch2_order"]
 
 

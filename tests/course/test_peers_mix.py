@@ -54,6 +54,7 @@ def test_per_source_batches_on_target_every_row_once_are_all_yes(mix_case):
     assert (said["on_target"], said["quota_once"], said["two_epochs_once"]) == ("yes", "yes", "yes")
     assert (said["same_source_per_step"], said["equal_batches"], said["epoch2_order"]) == ("yes", "yes", "other")
     assert said["homogeneous_batches"] == "4/4, 4/4" and said["foreign_rows"] == 0
+    assert said["every_rank_every_source"] == "yes"
 
 
 def test_mixed_batches_other_sources_per_rank_and_rows_drawn_unevenly_are_said(mix_case):
@@ -67,6 +68,10 @@ def test_mixed_batches_other_sources_per_rank_and_rows_drawn_unevenly_are_said(m
     apart = [[_ids(0, range(4)), _ids(0, [4, 5, 6, 6])], [_ids(1, range(4)), _ids(1, range(4))]]
     said = mix_case.mix_verdicts([apart, apart], [8, 4], [8, 8], 4)
     assert said["same_source_per_step"] == "no: 2 and 2 steps differ"
+    assert (
+        said["every_rank_every_source"]
+        == "no: rank 0 none of source 1 (epoch 1, 2); rank 1 none of source 0 (epoch 1, 2)"
+    )
     assert said["quota_once"] == "no: source 0: 2 draws over, 2 rows under"  # row 6 twice, row 7 never, per epoch
     half = [[_ids(0, range(4))], [_ids(0, range(4, 8))]]  # 8 of 16 rows, the same 8 each epoch
     said = mix_case.mix_verdicts([half, half], [16], [8], 4)
@@ -92,9 +97,11 @@ def test_the_mix_options_are_parsed_and_wrong_weights_refused_with_an_example(ru
 def _case() -> dict:
     """A made-up mixing case: one loader with two variants (one refused), one that could not be installed."""
     yes = {"on_target": "yes", "quota_once": "yes", "two_epochs_once": "yes", "same_source_per_step": "yes"}
+    yes |= {"every_rank_every_source": "yes"}
     yes |= {"rows_per_source": "16 + 8; 16 + 8 (16 + 8)", "homogeneous_batches": "6/6, 6/6"}
     yes |= {"equal_batches": "yes", "epoch2_order": "other", "rows_per_s": 1234.5}
     mixed = yes | {"same_source_per_step": "no: mixed batches", "two_epochs_once": "no: source 0: 3 draws over"}
+    mixed |= {"every_rank_every_source": "no: rank 0 none of source 1 (epoch 1)"}
     variants = {"per stream": yes, "mixed": mixed, "refusing": {"error": "ValueError: no"}}
     return {
         "settings": {"rows": [16, 8], "epoch_rows": 24, "world": 2, "workers": 0, "batch_size": 4},
@@ -122,6 +129,7 @@ def test_the_mix_table_and_page_section_render_from_a_small_results_dict():
     text = " ".join(section.split())
     assert "drawing the same source at each step (a head per source under DDP needs both): Lib (per stream)." in text
     assert "goes on where it stopped): Lib (per stream)." in text and table in section
+    assert "its share of the interleaved order holds none): Lib (mixed)." in text
     assert peers_table._page_mix({}) == ""
 
 
@@ -143,7 +151,7 @@ def test_the_mix_case_runs_zarrtorch_for_real_and_merges_into_the_page(tmp_path,
     [zarrtorch] = results["mix_case"]["runs"]
     said = zarrtorch["mix"]["variants"]["weights"]
     assert (said["on_target"], said["same_source_per_step"], said["equal_batches"]) == ("yes", "yes", "yes")
-    assert said["foreign_rows"] == 0 and said["two_epochs_once"] == "yes"
+    assert said["foreign_rows"] == 0 and said["two_epochs_once"] == "yes" and said["every_rank_every_source"] == "yes"
     page = (tmp_path / "peers.md").read_text()
     assert page.startswith("# the main table\n\n| timed |\n\n") and "old" not in page
     assert "| zarrtorch | 0.3/0.7 | weights |" in page

@@ -891,13 +891,13 @@ def mix_runs(case: dict) -> list[dict]:
     return out
 
 
-def _mix_names(records: list[dict], keep) -> str:
-    """``loader (variant)`` of the records every weight setting of which ``keep`` holds, in the run's order."""
-    named: dict[str, bool] = {}
+def _mix_names(records: list[dict], keep, every: bool = True) -> str:
+    """``loader (variant)`` of the records ``keep`` holds for in every weight setting (``every=False``: in at
+    least one), in the run's order."""
+    named: dict[str, list[bool]] = {}
     for r in records:
-        name = f"{r['loader']} ({r['variant']})"
-        named[name] = named.get(name, True) and keep(r)
-    return "; ".join(name for name, kept in named.items() if kept) or "none"
+        named.setdefault(f"{r['loader']} ({r['variant']})", []).append(bool(keep(r)))
+    return "; ".join(name for name, kept in named.items() if (all if every else any)(kept)) or "none"
 
 
 def _load(case: dict) -> str:
@@ -917,6 +917,7 @@ def _page_mix(results: dict) -> str:
     even = _mix_names(records, lambda r: r["quota_once"] == "yes")
     goes_on = _mix_names(records, lambda r: r["two_epochs_once"] == "yes")
     same_source = _mix_names(records, lambda r: r["same_source_per_step"] == "yes")
+    one_store = _mix_names(records, lambda r: r.get("every_rank_every_source", "yes") != "yes", every=False)
     text = f"""zarrtorch's promises for a mix are in [mix.md](mix.md). Here every loader that mixes stores reads
     stores of {" and ".join(map(str, s["rows"]))} rows with the weights {settings} of {s["epoch_rows"]} rows per
     epoch (a weight may ask for more rows than a store holds), as its documentation says, on {s["world"]}
@@ -927,8 +928,9 @@ def _page_mix(results: dict) -> str:
     global batch of every target, in every setting: {on_target}. Every epoch's draws spread evenly over each
     store's rows (none twice while another is never drawn): {even}. The same over both epochs together (a store
     asked for less than it holds goes on where it stopped): {goes_on}. Per-source batches with every rank
-    drawing the same source at each step (a head per source under DDP needs both): {same_source}. This part
-    alone again: `make bench-peers PEERS_ARGS="--mix-case only"`."""
+    drawing the same source at each step (a head per source under DDP needs both): {same_source}. A rank that
+    draws no row of a store asked for, in some setting (its share of the interleaved order holds none):
+    {one_store}. This part alone again: `make bench-peers PEERS_ARGS="--mix-case only"`."""
     return f"""## Several stores mixed by weight
 
 {_paragraph(text)}
