@@ -3,11 +3,12 @@
 Recipe: the ``MapDataset.mix`` docstring ("Length of the mixed dataset will be determined by the length of the
 shortest input dataset. If you need an infinite dataset consider repeating the input datasets before mixing";
 "shuffle the input datasets before mixing") and ``MapDataset.shuffle`` ("``shuffle`` before ``repeat``"), with
-docs/tutorials/dataset_basic_tutorial.md (slicing ``ds[rank::world]`` as the way to shard, ``batch``,
-``to_iter_dataset``). Variant ``mix``: the shuffled stores mixed as they are (an epoch ends with the first store
-that runs out); ``repeat, mix, slice``: each shuffled store repeated without end, mixed, the first ``epoch_rows``
-rows kept. Each store is read by ``grain_peer.py``'s ``ZarrRowSource`` (a row decodes its chunk, kept for the
-next rows); a new order every epoch, from the seed and the epoch, as ``grain_peer.py`` does.
+docs/tutorials/dataset_basic_tutorial.md (``batch``, then slicing the batched dataset, ``ds[rank::world]``, as
+"the easiest way to shard", then ``to_iter_dataset``). Variant ``mix``: the shuffled stores mixed as they are (an
+epoch ends with the first store that runs out); ``repeat, mix, slice``: each shuffled store repeated without end,
+mixed, the first ``epoch_rows`` rows kept. Each store is read by ``grain_peer.py``'s ``ZarrRowSource`` (a row
+decodes its chunk, kept for the next rows); a new order every epoch, from the seed and the epoch, as
+``grain_peer.py`` does.
 """
 
 import grain
@@ -38,7 +39,8 @@ class GrainMix(Mixer):
         mixed = grain.MapDataset.mix(parts, weights=ctx.weights)
         if loader["variant"] != "mix":
             mixed = mixed[: ctx.epoch_rows]
-        shard = mixed[loader["rank"] :: loader["world"]].batch(ctx.batch_size, drop_remainder=True)
+        batches = mixed.batch(ctx.batch_size, drop_remainder=True)
+        shard = batches[loader["rank"] :: loader["world"]]  # the tutorial's shard: a slice of the final dataset
         it = shard.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=2 * ctx.batch_size))
         if ctx.workers:
             it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=ctx.workers))
