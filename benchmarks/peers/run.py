@@ -359,7 +359,7 @@ def main() -> None:
     text = table.markdown(results)
     if results.get("layouts"):
         text += "\n\n" + table.layouts_markdown(results["layouts"])
-    text += tail_sections(results) + mix_section(results)
+    text += tail_sections(results)
     print(text)
     print(
         f"\n{a.rows} rows x 64 KiB, chunks of {a.chunk_rows} rows, batch {a.batch_size}; {results['wall_s']:.0f} s; "
@@ -387,7 +387,8 @@ def main_uneven_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven sections are replaced
-        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].rstrip("\n")
+        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0]
+        kept = kept.rstrip("\n")
         Path(a.md).write_text(kept + tail_sections(results) + "\n")
     for method in a.uneven_start_methods:
         uneven = results[table.uneven_key(method)]
@@ -421,7 +422,7 @@ def main_layouts_only(a) -> None:
     text = table.layouts_markdown(layouts)
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its layouts table is replaced
         kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0]
-        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0]
+        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0]
         Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + tail_sections(results) + "\n")
     print(f"{text}\n{layouts['wall_s']:.0f} s; JSON: {path}")
 
@@ -444,14 +445,14 @@ def main_workers_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps everything else; its worker-count section is replaced
-        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].rstrip("\n")
-        Path(a.md).write_text(kept + workers_section(results) + "\n")
+        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].split(MIX_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + workers_section(results) + mix_section(results) + "\n")
     print(f"{table.workers_markdown(results['workers_case'])}\n{results['workers_case']['wall_s']:.0f} s; JSON: {path}")
 
 
 def tail_sections(results: dict) -> str:
-    """The sections after the layouts table: the uneven passes, then the worker-count case."""
-    return uneven_sections(results) + workers_section(results)
+    """The sections after the layouts table: the uneven passes, the worker-count case, then the mixing case."""
+    return uneven_sections(results) + workers_section(results) + mix_section(results)
 
 
 def workers_section(results: dict) -> str:

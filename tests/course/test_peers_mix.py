@@ -107,6 +107,7 @@ def _case() -> dict:
         "settings": {"rows": [16, 8], "epoch_rows": 24, "world": 2, "workers": 0, "batch_size": 4},
         "date": "2026-01-01T00:00",
         "wall_s": 12.0,
+        "load_average": [3.0, 2.5],
         "runs": [
             {"name": "Lib", "status": "ok", "weights": [0.7, 0.3], "mix": {"variants": variants}},
             {"name": "Lib", "status": "ok", "weights": [0.3, 0.7], "mix": {"variants": {"per stream": yes}}},
@@ -131,6 +132,19 @@ def test_the_mix_table_and_page_section_render_from_a_small_results_dict():
     assert "goes on where it stopped): Lib (per stream)." in text and table in section
     assert "its share of the interleaved order holds none): Lib (mixed)." in text
     assert peers_table._page_mix({}) == ""
+
+
+def test_benchmarks_peers_md_keeps_the_mix_section_after_the_other_parts(run_py):
+    """``benchmarks/peers.md``: the mixing case's section follows the others (the ``--uneven``, ``--layouts`` and
+    ``--workers-case`` ``only`` runs rewrite what follows their part and put it back), with its load average."""
+    case = _case()
+    section = run_py.mix_section({"mix_case": case})
+    assert section.startswith(f"\n\n{run_py.MIX_HEADING}\n\nStores of 16 and 8 rows, 24 rows per epoch")
+    assert "load average 3.0 then 2.5." in section
+    workers = {"settings": {"batch_size": 4, "counts": [0, 2], "start_method": "fork"}, "peers": []}
+    workers |= {"date": "2026-01-01T00:00", "wall_s": 1.0}
+    tail = run_py.tail_sections({"mix_case": case, "workers_case": workers})
+    assert tail.index(run_py.WORKERS_HEADING) < tail.index(run_py.MIX_HEADING) and tail.endswith(section)
 
 
 def test_the_mix_case_runs_zarrtorch_for_real_and_merges_into_the_page(tmp_path, monkeypatch, run_py):
