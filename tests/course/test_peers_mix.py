@@ -101,7 +101,7 @@ def _case() -> dict:
     yes |= {"rows_per_source": "16 + 8; 16 + 8 (16 + 8)", "homogeneous_batches": "6/6, 6/6"}
     yes |= {"equal_batches": "yes", "epoch2_order": "other", "rows_per_s": 1234.5}
     mixed = yes | {"same_source_per_step": "no: mixed batches", "two_epochs_once": "no: source 0: 3 draws over"}
-    mixed |= {"every_rank_every_source": "no: rank 0 none of source 1 (epoch 1)"}
+    mixed |= {"every_rank_every_source": "no: rank 0 none of source 1 (epoch 1)", "equal_batches": "wrong: 6 vs 5"}
     variants = {"per stream": yes, "mixed": mixed, "refusing": {"error": "ValueError: no"}}
     return {
         "settings": {"rows": [16, 8], "epoch_rows": 24, "world": 2, "workers": 0, "batch_size": 4},
@@ -130,7 +130,8 @@ def test_the_mix_table_and_page_section_render_from_a_small_results_dict():
     text = " ".join(section.split())
     assert "drawing the same source at each step (a head per source under DDP needs both): Lib (per stream)." in text
     assert "goes on where it stopped): Lib (per stream)." in text and table in section
-    assert "its share of the interleaved order holds none): Lib (mixed)." in text
+    assert "draws no row of a store asked for, in some setting: Lib (mixed)." in text
+    assert "waits at the longer rank's next collective): Lib (mixed)." in text
     assert peers_table._page_mix({}) == ""
 
 

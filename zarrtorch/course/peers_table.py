@@ -918,19 +918,20 @@ def _page_mix(results: dict) -> str:
     goes_on = _mix_names(records, lambda r: r["two_epochs_once"] == "yes")
     same_source = _mix_names(records, lambda r: r["same_source_per_step"] == "yes")
     one_store = _mix_names(records, lambda r: r.get("every_rank_every_source", "yes") != "yes", every=False)
+    unequal = _mix_names(records, lambda r: r["equal_batches"] != "yes", every=False)
     text = f"""zarrtorch's promises for a mix are in [mix.md](mix.md). Here every loader that mixes stores reads
     stores of {" and ".join(map(str, s["rows"]))} rows with the weights {settings} of {s["epoch_rows"]} rows per
     epoch (a weight may ask for more rows than a store holds), as its documentation says, on {s["world"]}
     simulated ranks with {s["workers"]} DataLoader workers, epochs 1 and 2 ({case["date"].replace("T", " ")},
     {case["wall_s"]:.0f} s, 1-minute load average {_load(case)}); each row's store and row are read from the
-    store itself. Rows/s are those of a
-    small run on a shared machine, to tell a loader that stalls, not to rank. Loaders (variants) within one
-    global batch of every target, in every setting: {on_target}. Every epoch's draws spread evenly over each
-    store's rows (none twice while another is never drawn): {even}. The same over both epochs together (a store
-    asked for less than it holds goes on where it stopped): {goes_on}. Per-source batches with every rank
-    drawing the same source at each step (a head per source under DDP needs both): {same_source}. A rank that
-    draws no row of a store asked for, in some setting (its share of the interleaved order holds none):
-    {one_store}. This part alone again: `make bench-peers PEERS_ARGS="--mix-case only"`."""
+    store itself. Rows/s are those of a small run on a shared machine, to tell a loader that stalls, not to
+    rank. Loaders (variants) within one global batch of every target, in every setting: {on_target}. Every
+    epoch's draws spread evenly over each store's rows (none twice while another is never drawn): {even}. The
+    same over both epochs together (a store asked for less than it holds goes on where it stopped): {goes_on}.
+    Per-source batches with every rank drawing the same source at each step (a head per source under DDP needs
+    both): {same_source}. A rank that draws no row of a store asked for, in some setting: {one_store}. Unequal
+    batch counts on the ranks in some setting (a DDP job waits at the longer rank's next collective):
+    {unequal}. This part alone again: `make bench-peers PEERS_ARGS="--mix-case only"`."""
     return f"""## Several stores mixed by weight
 
 {_paragraph(text)}
