@@ -292,6 +292,19 @@ def parser() -> argparse.ArgumentParser:
         "alone, merged into the JSON beside --md, or --out, keeping the rest)",
     )
     p.add_argument("--worker-counts", type=lambda s: [int(w) for w in s.split(",")], default=[0, 1, 2, 3])
+    p.add_argument(
+        "--mix-case",
+        choices=["yes", "no", "only"],
+        default="yes",
+        help="several stores read by each loader that mixes, with each of --mix-weights (only: that part alone, "
+        "merged into the JSON beside --md, or --out, keeping the rest)",
+    )
+    p.add_argument("--mix-rows", type=lambda s: [int(r) for r in s.split(",")], default=[1024, 512])
+    p.add_argument("--mix-weights", type=mix_weights, default=mix_weights("0.7,0.3;0.3,0.7;0.5,0.5"))
+    p.add_argument("--mix-epoch-rows", type=int, default=1536, help="mix: rows per epoch asked of the weights")
+    p.add_argument("--mix-world", type=int, default=2, help="mix: simulated ranks")
+    p.add_argument("--mix-workers", type=int, default=0, help="mix: DataLoader workers per loader")
+    p.add_argument("--mix-data-dir", default=str(ROOT / "data" / "bench" / "mix"), help="mix: its stores and copies")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
@@ -313,6 +326,8 @@ def main() -> None:
         return main_layouts_only(a)
     if a.workers_case == "only":
         return main_workers_only(a)
+    if a.mix_case == "only":
+        return main_mix_case(a)
     t0 = time.perf_counter()
     from store import ensure_peer_store
 
@@ -336,6 +351,8 @@ def main() -> None:
             results["layouts"] = run_layouts(store, a, log)
         if a.workers_case == "yes":
             results["workers_case"] = run_workers_case(store, a, log)
+        if a.mix_case == "yes":
+            results["mix_case"] = run_mix_case(a, log)
     results["wall_s"] = time.perf_counter() - t0
     results |= machine_and_date()
     Path(a.out).write_text(json.dumps(results, indent=1))
@@ -370,7 +387,8 @@ def main_uneven_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven sections are replaced
-        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].rstrip("\n")
+        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0]
+        kept = kept.rstrip("\n")
         Path(a.md).write_text(kept + tail_sections(results) + "\n")
     for method in a.uneven_start_methods:
         uneven = results[table.uneven_key(method)]
@@ -404,7 +422,7 @@ def main_layouts_only(a) -> None:
     text = table.layouts_markdown(layouts)
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its layouts table is replaced
         kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0]
-        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0]
+        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0]
         Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + tail_sections(results) + "\n")
     print(f"{text}\n{layouts['wall_s']:.0f} s; JSON: {path}")
 
@@ -427,14 +445,14 @@ def main_workers_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps everything else; its worker-count section is replaced
-        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].rstrip("\n")
-        Path(a.md).write_text(kept + workers_section(results) + "\n")
+        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].split(MIX_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + workers_section(results) + mix_section(results) + "\n")
     print(f"{table.workers_markdown(results['workers_case'])}\n{results['workers_case']['wall_s']:.0f} s; JSON: {path}")
 
 
 def tail_sections(results: dict) -> str:
-    """The sections after the layouts table: the uneven passes, then the worker-count case."""
-    return uneven_sections(results) + workers_section(results)
+    """The sections after the layouts table: the uneven passes, the worker-count case, then the mixing case."""
+    return uneven_sections(results) + workers_section(results) + mix_section(results)
 
 
 def workers_section(results: dict) -> str:
@@ -526,6 +544,123 @@ def layout_runs(job_of: tuple[str, str, int, int], kind: str, label: str, path: 
         {"store": label, "setting": "", "loader": loader, "frames": frames}
         | {"workers": workers, "batch": batch_size, "result": result}
     ]
+
+
+# -- the mixing case (``--mix-case``) --------------------------------------------------------------------------------
+# (name in the table, mix script, environment: None = the project's own, peer script whose conversion it reuses:
+# None = the loader reads the Zarr stores themselves)
+MIXERS = [
+    ("zarrtorch", "zarrtorch_mix.py", None, None),
+    ("MosaicML Streaming", "mosaicml_mix.py", "mosaicml", "mosaicml_peer.py"),
+    ("LitData", "litdata_mix.py", "litdata", "litdata_peer.py"),
+    ("Grain", "grain_mix.py", "grain", None),
+]
+MIX_HEADING = "## Several stores mixed by weight"
+
+
+def mix_weights(text: str) -> list[list[float]]:
+    """``--mix-weights``: weight settings separated by ``;``, each comma-separated, one weight per store."""
+    settings = [[float(w) for w in s.split(",")] for s in text.split(";") if s.strip()]
+    if not settings or any(len(s) != len(settings[0]) or min(s) < 0 or not sum(s) for s in settings):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give weight settings separated by ';', each one non-negative weight per store, not all 0 "
+            "(e.g. 0.7,0.3;0.3,0.7)"
+        )
+    return settings
+
+
+def mix_store(data_dir: str, source: int, rows: int, chunk_rows: int) -> dict:
+    """Store ``source`` of the mixing case: the peers' store's values (seed ``source``) and ``idx`` =
+    ``source * SOURCE_OFFSET + row``, so each row handed back names its store. Made once."""
+    import numpy as np
+    from mix_case import SOURCE_OFFSET
+    from store import name_dimensions
+
+    from zarrtorch import prepare_zarr
+
+    path = Path(data_dir).resolve() / f"mix_{source}_{rows}_c{chunk_rows}.zarr"
+    marker = path.with_suffix(".json")
+    if marker.exists():
+        return json.loads(marker.read_text())
+    data = {"x": harness._LazyRows(rows, chunk_rows, source)}
+    data["idx"] = np.arange(rows, dtype=np.int64) + source * SOURCE_OFFSET
+    prepare_zarr(data, path, chunk_rows=chunk_rows, codec="zstd", level=3, overwrite=True, progress=False)
+    name_dimensions(path)
+    info = {"path": str(path), "rows": rows, "chunk_rows": chunk_rows, "source": source}
+    marker.write_text(json.dumps(info))
+    return info
+
+
+def run_mix_peer(mixer: tuple, stores: list[dict], weights: list[float], a, log) -> dict:
+    """One loader's mixing runs with one weight setting: its conversion of every store (cached), then each of its
+    variants, 2 simulated ranks in turn, epochs 1 and 2 (``mix_case.py``)."""
+    name, script, env_name, converts_with = mixer
+    out: dict = {"name": name, "status": "ok"}
+    python = sys.executable
+    if env_name is not None:
+        env = envs.ensure_env(env_name, rebuild=False)
+        if not env["ok"]:
+            return out | {"status": "not installable", "reason": env["reason"]}
+        python = env["python"]
+    work = Path(a.mix_data_dir) / "work" / script.removesuffix(".py")
+    args = ["--stores", ",".join(s["path"] for s in stores), "--rows", ",".join(str(s["rows"]) for s in stores)]
+    args += ["--work", str(work), "--chunk-rows", str(a.chunk_rows), "--batch-size", str(a.batch_size)]
+    args += ["--workers", str(a.mix_workers), "--world", str(a.mix_world), "--start-method", a.start_method]
+    if converts_with is not None:  # a loader that reads its own format: every store converted once, cached
+        out["conversion"] = job(python, script, ["convert", *args], a.timeout, log)
+        if "error" in out["conversion"]:
+            return out | {"status": "failed", "reason": f"conversion failed: {out['conversion']['error']}"}
+    weighted = ["--weights", ",".join(f"{w:g}" for w in weights), "--epoch-rows", str(a.mix_epoch_rows)]
+    return out | {"mix": job(python, script, ["mix", *args, *weighted], a.timeout, log)}
+
+
+def run_mix_case(a, log) -> dict:
+    """Issue 44's mixing case: stores of ``--mix-rows`` rows read by each loader that mixes, for each weight
+    setting of ``--mix-weights`` over ``--mix-epoch-rows`` rows per epoch; every run's rows judged by
+    ``mix_case.mix_verdicts``."""
+    t0, load_before = time.perf_counter(), os.getloadavg()[0]
+    stores = [mix_store(a.mix_data_dir, k, rows, a.chunk_rows) for k, rows in enumerate(a.mix_rows)]
+    settings = {"rows": a.mix_rows, "chunk_rows": a.chunk_rows, "batch_size": a.batch_size}
+    settings |= {"epoch_rows": a.mix_epoch_rows, "world": a.mix_world, "workers": a.mix_workers}
+    settings |= {"weights": a.mix_weights, "start_method": a.start_method}
+    out: dict = {"settings": settings, "runs": []}
+    wanted = wanted_names(a)
+    for mixer in [m for m in MIXERS if not wanted or any(m[0].lower().startswith(w) for w in wanted)]:
+        for weights in a.mix_weights:
+            print(f"  {mixer[0]}: mixing, weights {weights}", flush=True)
+            out["runs"].append(run_mix_peer(mixer, stores, weights, a, log) | {"weights": weights})
+    load = {"load_average": [load_before, os.getloadavg()[0]]}  # the machine is shared: the rows/s say beside it
+    return out | machine_and_date() | {"wall_s": time.perf_counter() - t0} | load
+
+
+def main_mix_case(a) -> None:
+    """``--mix-case only``: the mixing case alone, put under ``mix_case`` in the JSON beside ``--md`` (else
+    ``--out``) with its own machine and date; the rest of the results are kept."""
+    path = Path(a.md).with_suffix(".json") if a.md else Path(a.out)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with Path(a.out).with_suffix(".mix.log").open("w") as log:
+        results["mix_case"] = run_mix_case(a, log)
+    for target in {path, Path(a.out)}:
+        target.write_text(json.dumps(results, indent=1))
+    if a.md and Path(a.md).exists():  # the page keeps everything else; its mixing section is replaced
+        kept = Path(a.md).read_text().split(MIX_HEADING)[0].rstrip("\n")
+        Path(a.md).write_text(kept + mix_section(results) + "\n")
+    print(f"{table.mix_markdown(results['mix_case'])}\n{results['mix_case']['wall_s']:.0f} s; JSON: {path}")
+
+
+def mix_section(results: dict) -> str:
+    """The mixing case as a section of ``benchmarks/peers.md`` ("" when the results have none)."""
+    case = results.get("mix_case")
+    if not case:
+        return ""
+    s = case["settings"]
+    about = (
+        f"Stores of {' and '.join(map(str, s['rows']))} rows, {s['epoch_rows']} rows per epoch, {s['world']} simulated "
+        f"ranks, {s['workers']} workers, batch size {s['batch_size']}, epochs 1 and 2; {case['date']}, "
+        f"{case['wall_s']:.0f} s, load average {' then '.join(f'{v:.1f}' for v in case['load_average'])}."
+    )
+    return f"\n\n{MIX_HEADING}\n\n{about}\n\n{table.mix_markdown(case)}"
 
 
 def page(results: dict, text: str, a) -> str:

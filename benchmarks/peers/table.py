@@ -223,3 +223,49 @@ def workers_markdown(case: dict) -> str:
         batches = ", ".join(str(n) for n in result["batches"].values())
         lines.append("| " + " | ".join([peer["name"], counts, batches, _cell(result["same_batches"])]) + " |")
     return "\n".join(lines)
+
+
+# -- the mixing case (run.py --mix-case) ------------------------------------------------------------------------------
+MIX_HEAD = [
+    "loader",
+    "weights",
+    "variant",
+    "rows per source, epoch 1; epoch 2 (target)",
+    "each source within a global batch of its target",
+    "each epoch: no row drawn over its share (draws / store rows, rounded up), none under it (rounded down)",
+    "the same over epochs 1 and 2 together (a source goes on where it stopped)",
+    "per-source batches (epoch 1, epoch 2)",
+    "every rank the same source at each step",
+    "every rank draws every source",
+    "equal batches per rank",
+    "epoch 2 order",
+    "rows/s",
+]
+MIX_VERDICTS = ["rows_per_source", "on_target", "quota_once", "two_epochs_once", "homogeneous_batches"]
+MIX_VERDICTS += ["same_source_per_step", "every_rank_every_source"]
+MIX_VERDICTS += ["equal_batches", "epoch2_order"]
+
+
+def mix_markdown(case: dict) -> str:
+    """The mixing case (``run.py``'s ``run_mix_case``): one line per loader, weight setting and variant, its
+    verdicts (``mix_case.mix_verdicts``) and rows/s; a loader or variant that could not run says why."""
+    lines = ["| " + " | ".join(MIX_HEAD) + " |", "|" + "---|" * len(MIX_HEAD)]
+    for run in case["runs"]:
+        weights = "/".join(f"{w:g}" for w in run["weights"])
+        mix = run.get("mix") or {}
+        if run.get("status") != "ok" or "error" in mix:
+            why = run.get("reason") or mix.get("error") or run.get("status") or "?"
+            lines.append(
+                "| "
+                + " | ".join([run["name"], weights, "", _cell(f"not run: {why}")] + [""] * (len(MIX_HEAD) - 4))
+                + " |"
+            )
+            continue
+        for variant, result in mix["variants"].items():
+            if "error" in result:
+                cells = [_cell(f"refused: {result['error']}")] + [""] * (len(MIX_HEAD) - 4)
+            else:
+                rate = result.get("rows_per_s")
+                cells = [_cell(result[k]) for k in MIX_VERDICTS] + ["?" if rate is None else f"{rate:,.0f}"]
+            lines.append("| " + " | ".join([run["name"], weights, variant, *cells]) + " |")
+    return "\n".join(lines)

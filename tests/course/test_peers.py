@@ -314,8 +314,10 @@ def test_beluga_runs_for_real_on_its_copy_and_on_every_layout_store(tmp_path, mo
 
 
 def _peer_scripts() -> list[Path]:
-    """Every script run.py starts as a process of its own: the peers, L0 and anemoi's NetCDF export."""
-    return sorted(PEERS.glob("*_peer.py")) + [PEERS / "l0.py", PEERS / "anemoi_export.py"]
+    """Every script run.py starts as a process of its own: the peers, their mixing scripts (``--mix-case``), L0 and
+    anemoi's NetCDF export."""
+    scripts = sorted(PEERS.glob("*_peer.py")) + sorted(PEERS.glob("*_mix.py"))
+    return scripts + [PEERS / "l0.py", PEERS / "anemoi_export.py"]
 
 
 def test_every_peer_script_runs_only_under_a_main_guard():

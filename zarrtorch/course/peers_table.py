@@ -295,6 +295,7 @@ def page(results: dict) -> str:
         _page_findings(results),
         _page_layouts(results),
         _page_workers(results),
+        _page_mix(results),
         _page_figure(results),
         _page_reproduce(),
     ]
@@ -873,6 +874,69 @@ def _page_workers(results: dict) -> str:
 {_paragraph(text)}
 
 {table_module().workers_markdown(case)}
+"""
+
+
+def mix_runs(case: dict) -> list[dict]:
+    """One record per loader, weight setting and variant of the mixing case that ran (``run.py --mix-case``):
+    ``loader``, ``weights`` (as ``0.7/0.3``), ``variant`` and its verdicts (``benchmarks/peers/mix_case.py``)."""
+    out = []
+    for run in case["runs"]:
+        if run.get("status") != "ok" or "error" in (run.get("mix") or {}):
+            continue
+        weights = "/".join(f"{w:g}" for w in run["weights"])
+        for variant, result in run["mix"]["variants"].items():
+            if "error" not in result:
+                out.append({"loader": run["name"], "weights": weights, "variant": variant} | result)
+    return out
+
+
+def _mix_names(records: list[dict], keep, every: bool = True) -> str:
+    """``loader (variant)`` of the records ``keep`` holds for in every weight setting (``every=False``: in at
+    least one), in the run's order."""
+    named: dict[str, list[bool]] = {}
+    for r in records:
+        named.setdefault(f"{r['loader']} ({r['variant']})", []).append(bool(keep(r)))
+    return "; ".join(name for name, kept in named.items() if (all if every else any)(kept)) or "none"
+
+
+def _load(case: dict) -> str:
+    """The machine's 1-minute load average at the start and the end of a run (``?`` when not recorded)."""
+    return " then ".join(f"{v:.1f}" for v in case.get("load_average") or []) or "?"
+
+
+def _page_mix(results: dict) -> str:
+    """The mixing case (``run.py --mix-case``): each loader that mixes stores by weight, checked by running,
+    every statement computed from the run."""
+    case = results.get("mix_case")
+    if not case:
+        return ""
+    s, records = case["settings"], mix_runs(case)
+    settings = ", ".join("/".join(f"{w:g}" for w in ws) for ws in s["weights"])
+    on_target = _mix_names(records, lambda r: r["on_target"] == "yes")
+    even = _mix_names(records, lambda r: r["quota_once"] == "yes")
+    goes_on = _mix_names(records, lambda r: r["two_epochs_once"] == "yes")
+    same_source = _mix_names(records, lambda r: r["same_source_per_step"] == "yes")
+    one_store = _mix_names(records, lambda r: r.get("every_rank_every_source", "yes") != "yes", every=False)
+    unequal = _mix_names(records, lambda r: r["equal_batches"] != "yes", every=False)
+    text = f"""zarrtorch's promises for a mix are in [mix.md](mix.md). Here every loader that mixes stores reads
+    stores of {" and ".join(map(str, s["rows"]))} rows with the weights {settings} of {s["epoch_rows"]} rows per
+    epoch (a weight may ask for more rows than a store holds), as its documentation says, on {s["world"]}
+    simulated ranks with {s["workers"]} DataLoader workers, epochs 1 and 2 ({case["date"].replace("T", " ")},
+    {case["wall_s"]:.0f} s, 1-minute load average {_load(case)}); each row's store and row are read from the
+    store itself. Rows/s are those of a small run on a shared machine, to tell a loader that stalls, not to
+    rank. Loaders (variants) within one global batch of every target, in every setting: {on_target}. Every
+    epoch's draws spread evenly over each store's rows (none twice while another is never drawn): {even}. The
+    same over both epochs together (a store asked for less than it holds goes on where it stopped): {goes_on}.
+    Per-source batches with every rank drawing the same source at each step (a head per source under DDP needs
+    both): {same_source}. A rank that draws no row of a store asked for, in some setting: {one_store}. Unequal
+    batch counts on the ranks in some setting (a DDP job waits at the longer rank's next collective):
+    {unequal}. This part alone again: `make bench-peers PEERS_ARGS="--mix-case only"`."""
+    return f"""## Several stores mixed by weight
+
+{_paragraph(text)}
+
+{table_module().mix_markdown(case)}
 """
 
 
