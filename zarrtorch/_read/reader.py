@@ -377,15 +377,26 @@ class PieceReader:
         peeked: list = []  # a piece taken from ``todo`` to end a task of held pieces, not read yet
         read_held = self._reading_held(read) if from_cache else None
 
+        def held_task_size() -> int:
+            """Pieces of a task of held pieces: a local store's (:attr:`_held_per_read`), at most half of those held
+            ahead, so that a second task is read while the first is consumed."""
+            return max(1, min(self._held_per_read, self.in_flight.held // 2))
+
         def next_task(room: int) -> tuple[list, bool]:
-            """The next reading task's pieces (at most ``room`` when the cache holds them) and whether it does."""
+            """The next reading task's pieces (at most ``room`` when the cache holds them) and whether it does; none
+            while the room left would make a task of held pieces smaller than :func:`held_task_size` and reads are
+            still pending: a task per piece consumed would cost a thread's wake-up and a future per chunk."""
             first = peeked.pop() if peeked else next(todo, None)
             if first is None:
                 return [], False
             if not from_cache or not self._holds_piece(first):
                 return [first, *itertools.islice(todo, group - 1)], False
+            size = held_task_size()
+            if pending and room < size:
+                peeked.append(first)
+                return [], False
             task = [first]
-            while len(task) < min(self._held_per_read, room):
+            while len(task) < min(size, room):
                 piece = next(todo, None)
                 if piece is None:
                     break
