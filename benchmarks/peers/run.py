@@ -500,6 +500,17 @@ CACHE_NOT_RUN = {
 }
 
 
+# what the page says beside the cache case's table (run.py writes it into the results: the page reads no code)
+CACHE_NOTES = {
+    "copies": "each loader reads its own copy: zarrtorch the Zarr store (zstd, 263 MiB for 8,192 rows), MosaicML "
+    "Streaming and LitData their uncompressed conversions (512 MiB), so their bytes per epoch differ by that much",
+    "LitData": "LitData 0.2.76 fetches chunks with obstore, whose S3 client it builds with client options of its own "
+    "(litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS) that do not allow plain HTTP; given options, obstore "
+    "ignores AWS_ALLOW_HTTP, so an http:// endpoint (a local MinIO or this stand-in) is refused before any request "
+    "(its index.json, read with boto3, was fetched). The patched row adds allow_http to those options",
+}
+
+
 def cache_peers(wanted: list[str]) -> list[tuple[tuple, str]]:
     """The :data:`PEERS` entries the cache case runs (``--only`` filters them as the rest), each with its scheme."""
     schemes = dict(CACHE_PEERS)
@@ -532,7 +543,7 @@ def run_cache_case(store: dict, a, log) -> dict:
     folders = [folder.resolve() for *_, folder, _ in prepared] or [Path(store["path"]).resolve()]
     root = Path(os.path.commonpath(folders)).parent  # the bucket is the served folder's first part
     settings = {"epochs": a.cache_epochs, "delay_ms": a.cache_delay_ms, "batch_size": a.batch_size, "workers": 0}
-    out: dict = {"settings": settings, "peers": [], "not_run": {k: v for k, v in CACHE_NOT_RUN.items()}}
+    out: dict = {"settings": settings, "peers": [], "not_run": dict(CACHE_NOT_RUN), "notes": dict(CACHE_NOTES)}
     for record, python, script, common, folder, scheme in prepared:
         record = {k: v for k, v in record.items() if k != "environment"}
         if record["status"] == "ok":
