@@ -534,7 +534,7 @@ def run_cache_case(store: dict, a, log) -> dict:
 
     from cache_case import EpochCountingServer, http_address, s3_address
 
-    t0 = time.perf_counter()
+    t0, load_before = time.perf_counter(), os.getloadavg()[0]
     chosen = cache_peers(wanted_names(a))
     prepared = []
     for (name, script, env_name, converts), scheme in chosen:
@@ -559,6 +559,8 @@ def run_cache_case(store: dict, a, log) -> dict:
                 shutil.rmtree(cache_dir, ignore_errors=True)
             record["cache"] = result
         out["peers"].append(record)
+    out["load_average"] = [load_before, os.getloadavg()[0]]  # the machine's 1-minute load before and after: the
+    # rates move with what else runs, the request and byte counts do not
     return out | machine_and_date() | {"wall_s": time.perf_counter() - t0}
 
 
@@ -590,7 +592,8 @@ def cache_section(results: dict) -> str:
     about = (
         f"Rank 0 of 1, 0 workers, batch size {settings['batch_size']}: each loader's copy served by one stand-in "
         f"with {settings['delay_ms']:g} ms per request, read for {settings['epochs']} epochs through the loader's "
-        f"own local cache; {case['date']}, {case['wall_s']:.0f} s."
+        f"own local cache; {case['date']}, {case['wall_s']:.0f} s, load average "
+        f"{'-'.join(f'{v:.1f}' for v in case.get('load_average', []))}."
     )
     return f"\n\n{CACHE_HEADING}\n\n{about}\n\n{table.cache_markdown(case)}"
 

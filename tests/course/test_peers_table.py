@@ -399,6 +399,7 @@ def test_the_page_shows_the_cache_case_and_who_could_not_read_the_stand_in():
             "settings": {"epochs": 3, "delay_ms": 20.0, "batch_size": 64, "workers": 0},
             "date": "2026-01-02T03:04",
             "wall_s": 12.0,
+            "load_average": [1.5, 2.25],
             "peers": [
                 {"name": "zarrtorch", "status": "ok", "cache": cached((10, 2), (64, 0.01), (2.0, 1.0, 1.0))},
                 {"name": "Other", "status": "ok", "cache": cached((10, 10), (64, 64), (2.0, 2.0, 2.0), same=True)},
@@ -410,7 +411,11 @@ def test_the_page_shows_the_cache_case_and_who_could_not_read_the_stand_in():
     page = peers_table.page(results)
     section = page[page.index("## A remote copy and the loader's local cache") :]
     said = " ".join(section.split())
-    assert "(2026-01-02 03:04, 12 s)" in said and "20 ms per request" in said and "for 3 epochs" in said
+    assert (
+        "(2026-01-02 03:04, 12 s, load average 1.5-2.2)" in said
+        and "20 ms per request" in said
+        and "for 3 epochs" in said
+    )
     assert "epoch 2 (metadata only): zarrtorch." in said and "every epoch: zarrtorch." in said
     assert "Could not read the stand-in: Deaf (BadScheme)." in said and "(cache.md#measured)" in said
     assert "| zarrtorch | s3://b/copy | 10 | 2 (0.20) | 64.0 | 0.0 (0.00) | 320 | 640 | 2.00 | yes |" in section

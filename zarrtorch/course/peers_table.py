@@ -899,8 +899,9 @@ def _page_cache_case(results: dict) -> str:
     store above served by one stand-in server (`benchmarks/peers/cache_case.py`: a static bucket with
     {settings["delay_ms"]:g} ms per request, answering zarrtorch over HTTP and the others over S3 path-style
     requests) and read for {settings["epochs"]} epochs by one loader through its own local cache, a fresh
-    folder each ({case["date"].replace("T", " ")}, {case["wall_s"]:.0f} s). The server counts the requests and
-    the bytes it sent in each epoch. At most 1% of epoch 1's bytes fetched again in epoch 2 (metadata only):
+    folder each ({case["date"].replace("T", " ")}, {case["wall_s"]:.0f} s{_load(case)}). The server counts
+    the requests and the bytes it sent in each epoch: those counts are exact; the rates move with the load.
+    At most 1% of epoch 1's bytes fetched again in epoch 2 (metadata only):
     {"; ".join(quiet) or "none"}.
     The order still changes every epoch: {"; ".join(shuffled) or "none"}. Could not read the stand-in:
     {"; ".join(failed) or "none"}. zarrtorch's own measurements of its cache, with more epochs and repeats:
@@ -913,6 +914,12 @@ def _page_cache_case(results: dict) -> str:
 
 {table.cache_markdown(case)}
 {notes}"""
+
+
+def _load(case: dict) -> str:
+    """``, load average a-b`` (the machine's 1-minute load before and after the case), or "" for a run without."""
+    load = case.get("load_average")
+    return f", load average {load[0]:.1f}-{load[1]:.1f}" if load else ""
 
 
 def _short_reason(why: str) -> str:
