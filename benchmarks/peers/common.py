@@ -4,8 +4,9 @@ A peer script defines a :class:`Peer` (how its library opens, iterates, saves an
 from that library's documentation) and calls :func:`main`. One process does one job: ``convert`` (the
 peer's own format, timed, with its size on disk), ``throughput`` (rank 0 of 1 or of 2, epochs 1 and 2: rows/s, time
 to first batch, held memory), ``guarantees`` (2 simulated ranks run in turn, and three resumes), ``layout``
-(rows or windows/s over one of ``beluga_layouts.py``'s stores) or ``workers`` (one rank's batches read with
-several DataLoader worker counts), and prints
+(rows or windows/s over one of ``beluga_layouts.py``'s stores), ``workers`` (one rank's batches read with
+several DataLoader worker counts) or ``cache`` (a remote copy read for a few epochs through the library's own
+local cache, the stand-in server told where each epoch starts), and prints
 one ``PEER-RESULT {json}`` line (with the start method its children were started by: ``--start-method fork``, as
 an ordinary Linux script, or ``spawn``, as macOS, Windows and CUDA code). Only numpy, torch and the standard
 library are assumed here; memory is read
@@ -93,6 +94,11 @@ class Peer:
     def samples_in(self, batch) -> int:
         """How many samples (rows or windows) a batch of :meth:`open_layout`'s loader holds."""
         return len(self.rows_of(batch))
+
+    def open_remote(self, ctx: Ctx, *, remote: str, cache_dir: Path, workers: int):
+        """A loader over the remote copy at ``remote`` (``s3://`` or ``http://``) that keeps what it fetches in
+        ``cache_dir`` on the local disk, shuffled, rank 0 of 1 (the cache case)."""
+        raise NoAPI
 
 
 class LoaderStatePeer(Peer):
@@ -263,6 +269,74 @@ def worker_counts(peer: Peer, ctx: Ctx, counts: list[int]) -> dict:
     return out | {"seconds": time.perf_counter() - t0}
 
 
+# the stand-in server's credentials (moto's test ones) and how each library finds an S3 endpoint that is not AWS:
+# boto3 reads AWS_ENDPOINT_URL, MosaicML Streaming S3_ENDPOINT_URL, obstore AWS_ENDPOINT and AWS_ALLOW_HTTP
+S3_ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_ENDPOINT_URL_S3")
+
+
+def use_endpoint(endpoint: str) -> None:
+    """Point every S3 client this process makes at ``endpoint`` (plain HTTP), with the stand-in's credentials."""
+    os.environ.update(S3_ENVIRONMENT | dict.fromkeys(ENDPOINT_VARIABLES, endpoint) | {"AWS_ALLOW_HTTP": "true"})
+
+
+def mark_epoch(endpoint: str, label: str) -> None:
+    """Tell the stand-in server that epoch ``label`` starts: it counts the requests after this one as that epoch's
+    (a request for ``_epoch/<label>``, answered 404)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{endpoint}/_epoch/{label}", timeout=30).close()
+    except urllib.error.HTTPError:
+        pass
+
+
+def refusal(error: Exception) -> str:
+    """What a library said when it could not read the stand-in: the error's first line, with the root cause a Rust
+    HTTP client hides in its debug text (``BadScheme``: it was not allowed to speak plain ``http://``)."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    first = first[first.find("Original error: ") :] if "Original error: " in first else first  # the cause, not the wait
+    text = f"{type(error).__name__}: {first[:200]}"
+    if "BadScheme" in str(error):
+        text += " [the HTTP client refused the scheme http:// (BadScheme): it was not allowed plain HTTP]"
+    return text
+
+
+def cache_epochs(peer: Peer, ctx: Ctx, *, remote: str, endpoint: str, cache_dir: Path, epochs: int) -> dict:
+    """The cache case, rank 0 of 1 with 0 workers: ``epochs`` epochs of one loader over ``remote`` through the
+    library's local cache in ``cache_dir``, each epoch's start told to the server (which counts its requests and
+    bytes); per epoch rows/s and whether its order is the epoch before's. A loader that refuses the remote copy
+    or breaks on it is reported with its error (``refused``)."""
+    use_endpoint(endpoint)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    out: dict = {"remote": remote, "epochs": []}
+    orders: list[list[int]] = []
+    try:
+        t0 = time.perf_counter()
+        loader = peer.open_remote(ctx, remote=remote, cache_dir=cache_dir, workers=0)
+        out["open_s"] = time.perf_counter() - t0
+        for e in range(epochs):
+            mark_epoch(endpoint, str(e + 1))
+            t0, rows = time.perf_counter(), []
+            for batch in peer.epoch(loader, e):
+                rows += peer.rows_of(batch)
+            seconds = time.perf_counter() - t0
+            record = {"epoch": e + 1, "rows": len(rows), "distinct": len(set(rows)), "seconds": seconds}
+            record["rows_per_s"] = len(rows) / seconds if seconds else None
+            record["order_as_before"] = rows == orders[-1] if orders else None
+            out["epochs"].append(record)
+            orders.append(rows)
+        mark_epoch(endpoint, "end")
+    except NoAPI:
+        return out | {"refused": "no API"}
+    except Exception as e:  # the library cannot reach or read the stand-in: say what it said
+        traceback.print_exc(file=sys.stderr)
+        return out | {"refused": refusal(e)}
+    disk = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+    return out | {"cache_bytes": disk}
+
+
 def convert(peer: Peer, ctx: Ctx) -> dict:
     """The peer's own copy of the store, made once per store (``done.json`` marks a finished one)."""
     done = ctx.work / "done.json"
@@ -285,7 +359,7 @@ START_METHODS = ("fork", "spawn")
 def parser(name: str) -> argparse.ArgumentParser:
     """The options of one peer job (every peer script's command line)."""
     p = argparse.ArgumentParser(description=f"one job of the peer benchmark for {name}")
-    p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout", "workers"])
+    p.add_argument("job", choices=["convert", "throughput", "guarantees", "layout", "workers", "cache"])
     p.add_argument("--store", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--rows", type=int, required=True)
@@ -299,6 +373,10 @@ def parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--max-s", type=float, default=None, help="throughput, layout: stop an epoch after this long")
     p.add_argument("--kind", default="course", help="layout: the store's layout (beluga_layouts.py)")
     p.add_argument("--frames", type=int, default=1, help="layout: rows per sample (1: single rows)")
+    p.add_argument("--remote", default=None, help="cache: the remote copy's address (s3:// or http://)")
+    p.add_argument("--endpoint", default=None, help="cache: the stand-in server (http://127.0.0.1:PORT)")
+    p.add_argument("--cache-dir", default=None, help="cache: the library's local cache folder (made empty)")
+    p.add_argument("--epochs", type=int, default=3, help="cache: epochs read")
     p.add_argument(
         "--start-method",
         choices=START_METHODS,
@@ -336,6 +414,9 @@ def main(peer: Peer) -> None:
         result = worker_counts(peer, ctx, a.counts)
     elif a.job == "layout":
         result = layout_throughput(peer, ctx, a.kind, a.frames, a.workers, a.max_s)
+    elif a.job == "cache":
+        cache_dir = Path(a.cache_dir)
+        result = cache_epochs(peer, ctx, remote=a.remote, endpoint=a.endpoint, cache_dir=cache_dir, epochs=a.epochs)
     else:
         result = guarantees(peer, ctx, a.workers)
     print("PEER-RESULT " + json.dumps(result | {"start_method": start_method}), flush=True)

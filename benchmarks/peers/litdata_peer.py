@@ -11,6 +11,7 @@ every chunk once. An epoch is one more ``iter(loader)``: the loader counts the e
 """
 
 import os
+import sys
 
 import numpy as np
 import zarr
@@ -48,6 +49,31 @@ class LitData(LoaderStatePeer):
         dataset = StreamingDataset(str(ctx.converted), shuffle=True, drop_last=True, seed=ctx.seed)
         return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers)
 
+    def open_remote(self, ctx: Ctx, *, remote: str, cache_dir, workers: int):
+        """The cache case: the chunks' bucket as the dataset's directory, ``cache_dir`` the node's cache
+        (README.md, "Stream data from cloud storage")."""
+        os.environ["WORLD_SIZE"], os.environ["GLOBAL_RANK"] = "1", "0"
+        dataset = StreamingDataset(remote, cache_dir=str(cache_dir), shuffle=True, drop_last=True, seed=ctx.seed)
+        return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers)
+
+
+class LitDataHttpAllowed(LitData):
+    """The cache case only: LitData fetches chunks from S3 with obstore, built with client options of its own
+    (``litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS``) that do not allow plain HTTP, and without them
+    obstore ignores ``AWS_ALLOW_HTTP``; a stand-in on ``http://`` is then refused. This variant adds
+    ``allow_http`` to those options (a patch, not the documented recipe) to see what its cache does."""
+
+    name = "LitData, obstore allowed http (patched)"
+
+    def open_remote(self, ctx: Ctx, *, remote: str, cache_dir, workers: int):
+        from litdata.streaming import downloader
+
+        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
+        return super().open_remote(ctx, remote=remote, cache_dir=cache_dir, workers=workers)
+
 
 if __name__ == "__main__":
-    main(LitData())
+    patched = "--allow-http" in sys.argv
+    if patched:
+        sys.argv.remove("--allow-http")
+    main(LitDataHttpAllowed() if patched else LitData())

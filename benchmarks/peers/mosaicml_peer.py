@@ -59,6 +59,21 @@ class Mosaic(LoaderStatePeer):
         )
         return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers, drop_last=True)
 
+    def open_remote(self, ctx: Ctx, *, remote: str, cache_dir, workers: int):
+        """The cache case: ``remote=`` the shards' bucket, ``local=`` the node's cache (docs/source/
+        dataset_configuration/shard_retrieval.md), kept whole (no ``cache_limit``)."""
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        clean_stale_shared_memory()
+        dataset = StreamingDataset(
+            remote=remote,
+            local=str(cache_dir),
+            shuffle=True,
+            shuffle_seed=ctx.seed,
+            batch_size=ctx.batch_size,
+            num_canonical_nodes=1,
+        )
+        return StreamingDataLoader(dataset, batch_size=ctx.batch_size, num_workers=workers, drop_last=True)
+
 
 if __name__ == "__main__":
     main(Mosaic())

@@ -12,8 +12,10 @@ catches that, the spawned one a loader that learns its rank inside its workers (
 read the same rows, their equal batch counts come from that overlap, so the forked pass is needed too).
 Then, when zarr-beluga is among the loaders, the layouts part (:func:`run_layouts`): zarrtorch and zarr-beluga
 on the peers' store and on its copies in the layouts beluga reads (``beluga_layouts.py``), windows and rows, on
-disk and over HTTP with a delay per request. Last, the worker-count case (:func:`run_workers_case`,
-``--workers-case``): one rank's batches read with 0, 1, 2 and 3 workers, the same or not.
+disk and over HTTP with a delay per request. Then the worker-count case (:func:`run_workers_case`,
+``--workers-case``): one rank's batches read with 0, 1, 2 and 3 workers, the same or not. Last, the cache case
+(:func:`run_cache_case`, ``--cache-case``): each loader's copy served by a stand-in server with a delay per
+request, read for a few epochs through the loader's own local cache, the server counting each epoch's requests.
 Prints the tables, writes the JSON (``--out``) and, with ``--md``, the markdown page.
 """
 
@@ -305,6 +307,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mix-world", type=int, default=2, help="mix: simulated ranks")
     p.add_argument("--mix-workers", type=int, default=0, help="mix: DataLoader workers per loader")
     p.add_argument("--mix-data-dir", default=str(ROOT / "data" / "bench" / "mix"), help="mix: its stores and copies")
+    p.add_argument(
+        "--cache-case",
+        choices=["yes", "no", "only"],
+        default="yes",
+        help="each loader's copy served over HTTP/S3 with --cache-delay-ms per request, read for --cache-epochs "
+        "epochs through its own local cache: requests, bytes and rows/s per epoch (only: that part alone, merged "
+        "into the JSON beside --md, or --out, keeping the rest)",
+    )
+    p.add_argument("--cache-epochs", type=int, default=3, help="the cache case's epochs (at least 2)")
+    p.add_argument("--cache-delay-ms", type=float, default=20.0, help="the cache case's delay per request")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers.json"))
     p.add_argument(
         "--md",
@@ -315,7 +327,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return parser().parse_args(argv)
+    a = parser().parse_args(argv)
+    if a.cache_case != "no" and a.cache_epochs < 2:
+        parser().error(f"--cache-epochs {a.cache_epochs}: the cache case compares epoch 2 on with epoch 1: give 2+")
+    return a
 
 
 def main() -> None:
@@ -328,6 +343,8 @@ def main() -> None:
         return main_workers_only(a)
     if a.mix_case == "only":
         return main_mix_case(a)
+    if a.cache_case == "only":
+        return main_cache_case(a)
     t0 = time.perf_counter()
     from store import ensure_peer_store
 
@@ -353,6 +370,8 @@ def main() -> None:
             results["workers_case"] = run_workers_case(store, a, log)
         if a.mix_case == "yes":
             results["mix_case"] = run_mix_case(a, log)
+        if a.cache_case == "yes":
+            results["cache_case"] = run_cache_case(store, a, log)
     results["wall_s"] = time.perf_counter() - t0
     results |= machine_and_date()
     Path(a.out).write_text(json.dumps(results, indent=1))
@@ -387,7 +406,8 @@ def main_uneven_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its uneven sections are replaced
-        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0]
+        kept = Path(a.md).read_text().split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0]
+        kept = kept.split(MIX_HEADING)[0].split(CACHE_HEADING)[0]
         kept = kept.rstrip("\n")
         Path(a.md).write_text(kept + tail_sections(results) + "\n")
     for method in a.uneven_start_methods:
@@ -422,13 +442,14 @@ def main_layouts_only(a) -> None:
     text = table.layouts_markdown(layouts)
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its layouts table is replaced
         kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0]
-        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0]
+        kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0].split(CACHE_HEADING)[0]
         Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + tail_sections(results) + "\n")
     print(f"{text}\n{layouts['wall_s']:.0f} s; JSON: {path}")
 
 
 UNEVEN_HEADING = "## Guarantees on the uneven store"
 WORKERS_HEADING = "## One rank's batches and the worker count"
+CACHE_HEADING = "## A remote copy and the loader's local cache"
 
 
 def main_workers_only(a) -> None:
@@ -445,14 +466,23 @@ def main_workers_only(a) -> None:
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
     if a.md and Path(a.md).exists():  # the page keeps everything else; its worker-count section is replaced
-        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].split(MIX_HEADING)[0].rstrip("\n")
-        Path(a.md).write_text(kept + workers_section(results) + mix_section(results) + "\n")
+        kept = Path(a.md).read_text().split(WORKERS_HEADING)[0].split(MIX_HEADING)[0].split(CACHE_HEADING)[0]
+        kept = kept.rstrip("\n")
+        Path(a.md).write_text(kept + workers_section(results) + mix_section(results) + cache_section(results) + "\n")
     print(f"{table.workers_markdown(results['workers_case'])}\n{results['workers_case']['wall_s']:.0f} s; JSON: {path}")
 
 
+def rewrite_case_sections(md: Path, results: dict) -> None:
+    """The page with its mixing and cache sections (the last two, in that order) made again from ``results``,
+    everything before them kept: a part run alone replaces its own section and keeps the other's."""
+    kept = md.read_text().split(MIX_HEADING)[0].split(CACHE_HEADING)[0].rstrip("\n")
+    md.write_text(kept + mix_section(results) + cache_section(results) + "\n")
+
+
 def tail_sections(results: dict) -> str:
-    """The sections after the layouts table: the uneven passes, the worker-count case, then the mixing case."""
-    return uneven_sections(results) + workers_section(results) + mix_section(results)
+    """The sections after the layouts table: the uneven passes, the worker-count case, the mixing case, then the
+    cache case."""
+    return uneven_sections(results) + workers_section(results) + mix_section(results) + cache_section(results)
 
 
 def workers_section(results: dict) -> str:
@@ -484,6 +514,114 @@ def uneven_section(uneven: dict) -> str:
     )
     heading = f"{UNEVEN_HEADING}, workers started by {settings['start_method']}"
     return f"\n\n{heading}\n\n{about}\n\n{table.uneven_markdown(uneven)}"
+
+
+# the cache case: (name in PEERS, its remote copy's scheme); a loader of PEERS not here says why in CACHE_NOT_RUN
+CACHE_PEERS = [("zarrtorch", "http"), ("MosaicML Streaming", "s3"), ("LitData", "s3")]
+# beside LitData: the same with its S3 client allowed plain HTTP (litdata_peer.py, LitDataHttpAllowed), which the
+# stand-in needs; (name, script, environment, converts) as in PEERS, its copy LitData's own
+LITDATA_HTTP = ("LitData, obstore allowed http (patched)", "litdata_peer.py --allow-http", "litdata", True)
+CACHE_NOT_RUN = {
+    "Grain": "no remote cache: Grain's data sources read where they are given (local files, or a bucket mounted "
+    "as a file system) and it keeps no local copy of what it read",
+}
+
+
+# what the page says beside the cache case's table (run.py writes it into the results: the page reads no code)
+CACHE_NOTES = {
+    "copies": "each loader reads its own copy: zarrtorch the Zarr store (zstd, 263 MiB for 8,192 rows), MosaicML "
+    "Streaming and LitData their uncompressed conversions (512 MiB), so their bytes per epoch differ by that much",
+    "LitData": "LitData 0.2.76 fetches chunks with obstore, whose S3 client it builds with client options of its own "
+    "(litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS) that do not allow plain HTTP; given options, obstore "
+    "ignores AWS_ALLOW_HTTP, so an http:// endpoint (a local MinIO or this stand-in) is refused before any request "
+    "(its index.json, read with boto3, was fetched). The patched row adds allow_http to those options",
+}
+
+
+def cache_peers(wanted: list[str]) -> list[tuple[tuple, str]]:
+    """The :data:`PEERS` entries the cache case runs (``--only`` filters them as the rest), each with its scheme."""
+    schemes = dict(CACHE_PEERS)
+    chosen = [(peer, schemes[peer[0]]) for peer in selected(wanted) if peer[0] in schemes]
+    return chosen + [(LITDATA_HTTP, "s3")] if any(peer[0] == "LitData" for peer, _ in chosen) else chosen
+
+
+def remote_folder(script: str, env_name: str | None, converts: bool, store: dict) -> Path:
+    """The local folder the stand-in serves as a peer's remote copy: its own format's, else the Zarr store."""
+    return work_dir(script, env_name, store) / "converted" if converts else Path(store["path"])
+
+
+def run_cache_case(store: dict, a, log) -> dict:
+    """Issue 44's cache case: rank 0 of 1, 0 workers, each loader's copy of the main store served by one stand-in
+    (``cache_case.EpochCountingServer``, ``--cache-delay-ms`` per request; zarrtorch over HTTP, MosaicML Streaming
+    and LitData over S3) and read for ``--cache-epochs`` epochs by one loader through its own local cache (a
+    fresh temporary folder, removed after): per epoch the requests and bytes the server answered, rows/s, and
+    whether the order is the epoch before's."""
+    import shutil
+    import tempfile
+
+    from cache_case import EpochCountingServer, http_address, s3_address
+
+    t0, load_before = time.perf_counter(), os.getloadavg()[0]
+    chosen = cache_peers(wanted_names(a))
+    prepared = []
+    for (name, script, env_name, converts), scheme in chosen:
+        record, python, common = prepare_peer(name, script, env_name, converts, store, a, log, a.start_method)
+        prepared.append((record, python, script, common, remote_folder(script, env_name, converts, store), scheme))
+    folders = [folder.resolve() for *_, folder, _ in prepared] or [Path(store["path"]).resolve()]
+    root = Path(os.path.commonpath(folders)).parent  # the bucket is the served folder's first part
+    settings = {"epochs": a.cache_epochs, "delay_ms": a.cache_delay_ms, "batch_size": a.batch_size, "workers": 0}
+    out: dict = {"settings": settings, "peers": [], "not_run": dict(CACHE_NOT_RUN), "notes": dict(CACHE_NOTES)}
+    for record, python, script, common, folder, scheme in prepared:
+        record = {k: v for k, v in record.items() if k != "environment"}
+        if record["status"] == "ok":
+            print(f"  {record['name']}: cache case, {a.cache_epochs} epochs, {a.cache_delay_ms:g} ms", flush=True)
+            cache_dir = Path(tempfile.mkdtemp(prefix="peers-cache-case-"))
+            try:
+                with EpochCountingServer(root, delay_ms=a.cache_delay_ms) as server:
+                    remote = s3_address(root, folder) if scheme == "s3" else http_address(server.url, root, folder)
+                    args = ["cache", "--remote", remote, "--endpoint", server.url, "--cache-dir", str(cache_dir)]
+                    result = job(python, script, [*args, "--epochs", str(a.cache_epochs), *common], a.timeout, log)
+                result["traffic"] = server.per_epoch
+            finally:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+            record["cache"] = result
+        out["peers"].append(record)
+    out["load_average"] = [load_before, os.getloadavg()[0]]  # the machine's 1-minute load before and after: the
+    # rates move with what else runs, the request and byte counts do not
+    return out | machine_and_date() | {"wall_s": time.perf_counter() - t0}
+
+
+def main_cache_case(a) -> None:
+    """``--cache-case only``: the cache case alone, put under ``cache_case`` in the JSON beside ``--md`` (else
+    ``--out``) with its own machine and date; the rest of the results are kept."""
+    from store import ensure_peer_store
+
+    path = Path(a.md).with_suffix(".json") if a.md else Path(a.out)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    store = ensure_peer_store(a.data_dir, a.rows, a.chunk_rows)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    with Path(a.out).with_suffix(".cache.log").open("w") as log:
+        results["cache_case"] = run_cache_case(store, a, log)
+    for target in {path, Path(a.out)}:
+        target.write_text(json.dumps(results, indent=1))
+    if a.md and Path(a.md).exists():
+        rewrite_case_sections(Path(a.md), results)
+    print(f"{table.cache_markdown(results['cache_case'])}\n{results['cache_case']['wall_s']:.0f} s; JSON: {path}")
+
+
+def cache_section(results: dict) -> str:
+    """The cache case as a section of ``benchmarks/peers.md`` ("" when the results have none)."""
+    case = results.get("cache_case")
+    if not case:
+        return ""
+    settings = case["settings"]
+    about = (
+        f"Rank 0 of 1, 0 workers, batch size {settings['batch_size']}: each loader's copy served by one stand-in "
+        f"with {settings['delay_ms']:g} ms per request, read for {settings['epochs']} epochs through the loader's "
+        f"own local cache; {case['date']}, {case['wall_s']:.0f} s, load average "
+        f"{'-'.join(f'{v:.1f}' for v in case.get('load_average', []))}."
+    )
+    return f"\n\n{CACHE_HEADING}\n\n{about}\n\n{table.cache_markdown(case)}"
 
 
 def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]:
@@ -643,9 +781,8 @@ def main_mix_case(a) -> None:
         results["mix_case"] = run_mix_case(a, log)
     for target in {path, Path(a.out)}:
         target.write_text(json.dumps(results, indent=1))
-    if a.md and Path(a.md).exists():  # the page keeps everything else; its mixing section is replaced
-        kept = Path(a.md).read_text().split(MIX_HEADING)[0].rstrip("\n")
-        Path(a.md).write_text(kept + mix_section(results) + "\n")
+    if a.md and Path(a.md).exists():
+        rewrite_case_sections(Path(a.md), results)
     print(f"{table.mix_markdown(results['mix_case'])}\n{results['mix_case']['wall_s']:.0f} s; JSON: {path}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 MiB = 2**20
 GUARANTEES = [  # (column, key in a guarantees result)
     ("every row once (2 ranks)", "every_row_once"),
@@ -268,4 +270,67 @@ def mix_markdown(case: dict) -> str:
                 rate = result.get("rows_per_s")
                 cells = [_cell(result[k]) for k in MIX_VERDICTS] + ["?" if rate is None else f"{rate:,.0f}"]
             lines.append("| " + " | ".join([run["name"], weights, variant, *cells]) + " |")
+
+
+CACHE_HEAD = [
+    "loader",
+    "remote copy",
+    "requests ep1",
+    "requests ep2 (x ep1)",
+    "MiB fetched ep1",
+    "MiB fetched ep2 (x ep1)",
+    "rows/s ep1",
+    "rows/s warm (ep2 on)",
+    "warm x ep1",
+    "order changes every epoch",
+]
+
+
+def cache_summary(result: dict) -> dict:
+    """One loader's cache-case result (``common.cache_epochs`` with the server's ``traffic``) in figures: the
+    requests and bytes of epochs 1 and 2 and their ratio, rows/s of epoch 1 and of the warm epochs together
+    (their rows over their seconds), and the order verdict."""
+    traffic, epochs = result.get("traffic") or {}, result["epochs"]
+    first, second = traffic.get("1", {}), traffic.get("2", {})
+    warm = epochs[1:]
+    warm_rate = sum(e["rows"] for e in warm) / sum(e["seconds"] for e in warm)
+    same = [e["epoch"] for e in warm if e["order_as_before"]]
+    return {
+        "requests": (first.get("requests", 0), second.get("requests", 0)),
+        "bytes": (first.get("bytes", 0), second.get("bytes", 0)),
+        "rows_per_s": (epochs[0]["rows_per_s"], warm_rate),
+        "order": "yes" if not same else "no: epoch " + ", ".join(map(str, same)) + " in the order of the one before",
+    }
+
+
+def _remote(address: str) -> str:
+    """A remote copy's address without the stand-in's port, which changes from run to run."""
+    return _cell(re.sub(r"^http://[^/]+", "http://stand-in", address))
+
+
+def _ratio(after: float, before: float) -> str:
+    return f"{after / before:.2f}" if before else ""
+
+
+def cache_markdown(case: dict) -> str:
+    """The cache case (``run.py``'s ``run_cache_case``): one line per loader with the traffic and rates of
+    :func:`cache_summary`; a loader that could not run or read the stand-in says why, as does one with no remote
+    cache (``not_run``)."""
+    lines = ["| " + " | ".join(CACHE_HEAD) + " |", "|" + "---|" * len(CACHE_HEAD)]
+    for peer in case["peers"]:
+        result = peer.get("cache") or {}
+        why = peer.get("reason") or result.get("error") or result.get("refused")
+        if peer.get("status") != "ok" or why:
+            why = why or peer.get("status") or "?"
+            lines.append("| " + " | ".join([peer["name"], _remote(result.get("remote", "")), _cell(f"not run: {why}")]))
+            lines[-1] += " |" * (len(CACHE_HEAD) - 2)
+            continue
+        s = cache_summary(result)
+        (r1, r2), (b1, b2), (v1, v2) = s["requests"], s["bytes"], s["rows_per_s"]
+        cells = [peer["name"], _remote(result["remote"]), f"{r1:,}", f"{r2:,} ({_ratio(r2, r1)})"]
+        cells += [f"{b1 / 2**20:,.1f}", f"{b2 / 2**20:,.1f} ({_ratio(b2, b1)})", f"{v1:,.0f}", f"{v2:,.0f}"]
+        cells += [_ratio(v2, v1), _cell(s["order"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    for name, why in (case.get("not_run") or {}).items():
+        lines.append("| " + " | ".join([name, "", _cell(f"not run: {why}")]) + " |" * (len(CACHE_HEAD) - 2))
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import sys
 import beluga_layouts as layouts
 from common import Ctx, LoaderStatePeer, NoAPI, main
 
-from zarrtorch import Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import ReadOptions, Windows, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 
 LAYOUT_VARIABLES = {"course": ["x"], "frame": [layouts.DATA], "sharded": [layouts.DATA], "wb2": layouts.wb2_variables()}
 
@@ -49,6 +49,11 @@ class Zarrtorch(LoaderStatePeer):
     def epoch(self, loader, epoch: int):
         loader.set_epoch(epoch)
         return iter(loader)
+
+    def open_remote(self, ctx: Ctx, *, remote: str, cache_dir, workers: int):
+        """The cache case: the store's URL read through ``ReadOptions(cache_dir=...)`` (docs/cache.md)."""
+        ds = ZarrIterableDataset(remote, shuffle=True, seed=ctx.seed, read=ReadOptions(cache_dir=str(cache_dir)))
+        return self._loader(ds, ctx, rank=0, world=1, workers=workers)
 
     def open_layout(self, ctx: Ctx, *, kind: str, frames: int, workers: int):
         if ctx.batch_size == 0:

@@ -581,3 +581,83 @@ def test_the_worker_count_case_runs_zarrtorch_for_real_and_merges_into_the_page(
     page = (tmp_path / "peers.md").read_text()
     assert page.startswith("# the main table\n\n| timed |\n\n") and "old" not in page
     assert "| zarrtorch, batch_order='rank' | 0, 2 | 16, 16 | yes |" in page
+
+
+def _cache_result(requests: tuple[int, int], mib: tuple[float, float], seconds: tuple[float, ...], same=()) -> dict:
+    """A made-up ``common.cache_epochs`` result with the server's traffic: 640 rows an epoch."""
+    epochs = [
+        {"epoch": e + 1, "rows": 640, "distinct": 640, "seconds": s, "rows_per_s": 640 / s}
+        | {"order_as_before": (e + 1 in same) if e else None}
+        for e, s in enumerate(seconds)
+    ]
+    traffic = {
+        str(e + 1): {"requests": r, "bytes": int(m * 2**20)} for e, (r, m) in enumerate(zip(requests, mib, strict=True))
+    }
+    return {"remote": "http://127.0.0.1:4567/b/store.zarr", "epochs": epochs, "traffic": traffic}
+
+
+def test_the_cache_case_table_gives_epoch_2_s_traffic_and_the_warm_rate_against_epoch_1_s(run_py):
+    """Issue 44's cache case: per loader the requests and bytes of epoch 2 beside epoch 1's, the warm epochs'
+    rows/s over epoch 1's, and whether the order changed every epoch; a loader that could not read the stand-in
+    and one with no remote cache each say why. The stand-in's port, which changes every run, is not shown."""
+    case = {
+        "peers": [
+            {"name": "Fast", "status": "ok", "cache": _cache_result((10, 4), (64.0, 0.0), (2.0, 0.5, 0.5))},
+            {"name": "Stale", "status": "ok", "cache": _cache_result((10, 10), (64.0, 64.0), (2.0, 2.0, 2.0), {3})},
+            {"name": "Deaf", "status": "ok", "cache": {"remote": "s3://b/c", "epochs": [], "refused": "GenericError"}},
+        ],
+        "not_run": {"Plain": "no remote cache"},
+    }
+    text = run_py.table.cache_markdown(case)
+    assert (
+        "| Fast | http://stand-in/b/store.zarr | 10 | 4 (0.40) | 64.0 | 0.0 (0.00) | 320 | 1,280 | 4.00 | yes |" in text
+    )
+    assert (
+        "| Stale | http://stand-in/b/store.zarr | 10 | 10 (1.00) | 64.0 | 64.0 (1.00) | 320 | 320 | 1.00 | no: epoch 3 "
+        in text
+    )
+    assert "| Deaf | s3://b/c | not run: GenericError |" in text and "| Plain |  | not run: no remote cache |" in text
+    assert all(line.count("|") == len(run_py.table.CACHE_HEAD) + 1 for line in text.splitlines())
+    assert "4567" not in text
+
+
+def test_the_cache_case_is_a_part_of_its_own_and_compares_at_least_two_epochs(run_py):
+    """``--cache-case yes|no|only`` as the other parts, 3 epochs at 20 ms per request by default; fewer than 2
+    epochs is refused by name (there would be no epoch 2 to compare)."""
+    run = run_py
+    a = run.parse_args([])
+    assert (a.cache_case, a.cache_epochs, a.cache_delay_ms) == ("yes", 3, 20.0)
+    assert run.parse_args(["--cache-case", "only", "--cache-epochs", "2"]).cache_case == "only"
+    assert run.parse_args(["--cache-case", "no", "--cache-epochs", "1"]).cache_case == "no"
+    for wrong in (["--cache-case", "maybe"], ["--cache-epochs", "1"]):
+        with pytest.raises(SystemExit):
+            run.parse_args(wrong)
+    names = [peer[0] for peer, _ in run.cache_peers(["litdata", "zarrtorch"])]
+    assert names == ["zarrtorch", "LitData", "LitData, obstore allowed http (patched)"]
+
+
+def test_cache_case_only_reads_zarrtorch_from_the_stand_in_through_its_cache_and_merges_it(
+    tmp_path, monkeypatch, run_py
+):
+    """Issue 44's cache case, real, for zarrtorch alone (``--only zarrtorch``: the project's environment, no
+    peer's) on a 64-row store in chunks of 16: epoch 1 fetches every chunk from the counting stand-in, epoch 2
+    only metadata, the order changes every epoch; ``--cache-case only`` merges the case into the committed JSON
+    and page, keeping the rest."""
+    run = run_py
+    committed = {"peers": [{"name": "timed"}], "date": "2026-01-01T00:00"}
+    (tmp_path / "peers.json").write_text(json.dumps(committed))
+    (tmp_path / "peers.md").write_text(f"# the main table\n\n| timed |\n\n{run.CACHE_HEADING}\n\nold\n")
+    argv = ["run.py", "--cache-case", "only", "--cache-epochs", "2", "--cache-delay-ms", "0", "--only", "zarrtorch"]
+    argv += ["--md", str(tmp_path / "peers.md"), "--out", str(tmp_path / "out" / "peers.json")]
+    argv += ["--data-dir", str(tmp_path), "--rows", "64", "--chunk-rows", "16", "--batch-size", "8"]
+    monkeypatch.setattr(sys, "argv", argv)
+    run.main()
+    results = json.loads((tmp_path / "peers.json").read_text())
+    assert results["peers"] == committed["peers"]
+    (peer,) = results["cache_case"]["peers"]
+    traffic, epochs = peer["cache"]["traffic"], peer["cache"]["epochs"]
+    assert traffic["1"]["requests"] >= 8 and traffic["2"]["bytes"] < 0.01 * traffic["1"]["bytes"]
+    assert [e["distinct"] for e in epochs] == [64, 64] and epochs[1]["order_as_before"] is False
+    page = (tmp_path / "peers.md").read_text()
+    assert page.startswith("# the main table\n\n| timed |\n\n") and "old" not in page
+    assert "| zarrtorch | http://stand-in/peers_64_c16_s0.zarr | " in page and "| Grain |  | not run: " in page

@@ -377,3 +377,50 @@ def test_the_committed_json_holds_the_uneven_forked_and_spawned_passes_of_every_
             assert peer["status"] != "ok" or "error" in g or g["start_method"] == method, peer["name"]
         assert f"uneven: {store['rows']:,} rows, 17 chunks (the last of 102 rows) | {method} |" in committed
     assert "| Grain | even: 8,192 rows, 64 chunks | spawn (`mp_prefetch` always spawns) |" in committed
+
+
+def test_the_page_shows_the_cache_case_and_who_could_not_read_the_stand_in():
+    """Issue 44's cache case on the page: the table of each loader's traffic and rates by epoch, then who fetched
+    nothing again in epoch 2, whose order still changes every epoch and who could not read the stand-in, with
+    the reason; cache.md is linked for zarrtorch's own measurements."""
+
+    def cached(requests, mib, seconds, same=False):
+        epochs = [{"epoch": e + 1, "rows": 640, "seconds": s, "rows_per_s": 640 / s} for e, s in enumerate(seconds)]
+        for e in epochs[1:]:
+            e["order_as_before"] = same
+        traffic = {
+            str(e + 1): {"requests": r, "bytes": int(m * 2**20)}
+            for e, (r, m) in enumerate(zip(requests, mib, strict=True))
+        }
+        return {"remote": "s3://b/copy", "epochs": epochs, "traffic": traffic}
+
+    results = _run_results() | {
+        "cache_case": {
+            "settings": {"epochs": 3, "delay_ms": 20.0, "batch_size": 64, "workers": 0},
+            "date": "2026-01-02T03:04",
+            "wall_s": 12.0,
+            "load_average": [1.5, 2.25],
+            "peers": [
+                {"name": "zarrtorch", "status": "ok", "cache": cached((10, 2), (64, 0.01), (2.0, 1.0, 1.0))},
+                {"name": "Other", "status": "ok", "cache": cached((10, 10), (64, 64), (2.0, 2.0, 2.0), same=True)},
+                {"name": "Deaf", "status": "ok", "cache": {"remote": "s3://b/d", "epochs": [], "refused": "BadScheme"}},
+            ],
+            "not_run": {"Plain": "no remote cache"},
+        }
+    }
+    page = peers_table.page(results)
+    section = page[page.index("## A remote copy and the loader's local cache") :]
+    said = " ".join(section.split())
+    assert (
+        "(2026-01-02 03:04, 12 s, load average 1.5-2.2)" in said
+        and "20 ms per request" in said
+        and "for 3 epochs" in said
+    )
+    assert "epoch 2 (metadata only): zarrtorch." in said and "every epoch: zarrtorch." in said
+    assert "Could not read the stand-in: Deaf (BadScheme)." in said and "(cache.md#measured)" in said
+    assert "| zarrtorch | s3://b/copy | 10 | 2 (0.20) | 64.0 | 0.0 (0.00) | 320 | 640 | 2.00 | yes |" in section
+    assert (
+        "| Other | s3://b/copy | 10 | 10 (1.00) |" in section and "| Plain |  | not run: no remote cache |" in section
+    )
+    assert page.index("## A remote copy") < page.index("## In one picture")
+    assert "## A remote copy" not in peers_table.page(_run_results())

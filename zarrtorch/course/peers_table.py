@@ -296,6 +296,7 @@ def page(results: dict) -> str:
         _page_layouts(results),
         _page_workers(results),
         _page_mix(results),
+        _page_cache_case(results),
         _page_figure(results),
         _page_reproduce(),
     ]
@@ -938,6 +939,57 @@ def _page_mix(results: dict) -> str:
 
 {table_module().mix_markdown(case)}
 """
+
+
+def _page_cache_case(results: dict) -> str:
+    """The cache case (``run.py --cache-case``): each loader's copy served by a stand-in with a delay per request,
+    read for a few epochs through the loader's own local cache; which loaders fetch nothing again from epoch 2,
+    which could not reach the stand-in and why, every statement computed from the run."""
+    case = results.get("cache_case")
+    if not case:
+        return ""
+    table = table_module()
+    settings, ran, failed = case["settings"], [], []
+    for peer in case["peers"]:
+        result = peer.get("cache") or {}
+        why = peer.get("reason") or result.get("error") or result.get("refused")
+        if peer.get("status") != "ok" or why:
+            failed.append(f"{peer['name']} ({_short_reason(why or peer.get('status'))})")
+        else:
+            ran.append((peer["name"], table.cache_summary(result)))
+    quiet = [name for name, s in ran if s["bytes"][1] <= 0.01 * s["bytes"][0]]
+    shuffled = [name for name, s in ran if s["order"] == "yes"]
+    text = f"""Issue 44's cache case: rank 0 of 1 with {settings["workers"]} workers, each loader's own copy of the
+    store above served by one stand-in server (`benchmarks/peers/cache_case.py`: a static bucket with
+    {settings["delay_ms"]:g} ms per request, answering zarrtorch over HTTP and the others over S3 path-style
+    requests) and read for {settings["epochs"]} epochs by one loader through its own local cache, a fresh
+    folder each ({case["date"].replace("T", " ")}, {case["wall_s"]:.0f} s{_load_suffix(case)}). The server counts
+    the requests and the bytes it sent in each epoch: those counts are exact; the rates move with the load.
+    At most 1% of epoch 1's bytes fetched again in epoch 2 (metadata only):
+    {"; ".join(quiet) or "none"}.
+    The order still changes every epoch: {"; ".join(shuffled) or "none"}. Could not read the stand-in:
+    {"; ".join(failed) or "none"}. zarrtorch's own measurements of its cache, with more epochs and repeats:
+    [cache.md](cache.md#measured)."""
+    notes = "".join(f"- {_paragraph(note, 110)}\n" for note in (case.get("notes") or {}).values())
+    notes = "\n" + notes if notes else ""
+    return f"""## A remote copy and the loader's local cache
+
+{_paragraph(text)}
+
+{table.cache_markdown(case)}
+{notes}"""
+
+
+def _load_suffix(case: dict) -> str:
+    """``, load average a-b`` (the machine's 1-minute load before and after the case), or "" for a run without."""
+    load = case.get("load_average")
+    return f", load average {load[0]:.1f}-{load[1]:.1f}" if load else ""
+
+
+def _short_reason(why: str) -> str:
+    """A refusal as the page's sentence gives it: the cause in brackets that ``common.refusal`` adds, else the
+    error's start (the table beside it has the whole text)."""
+    return why[why.rindex("[") + 1 :].rstrip("]") if "[" in why else why[:120]
 
 
 def _page_figure(results: dict) -> str:
