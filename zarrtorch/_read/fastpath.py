@@ -393,7 +393,8 @@ def direct_decoder(
     """A function decoding one chunk (or shard) of ``arr``, ``decode(key, raw=None, into=None, rows=None)``:
     given its store key, and optionally its bytes fetched already, it decodes into ``into`` where given (a whole
     chunk's C-contiguous array of the decoded dtype) or into a full-chunk array from a pool
-    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returns it. ``rows``
+    (:mod:`zarrtorch._util.pool`: reused once nothing references it; a new array for a chunk under
+    :data:`~zarrtorch._util.pool.POOLED_CHUNK_BYTES`), and returns it. ``rows``
     (:class:`Span`): the rows the caller needs; a shard reads only the inner chunks holding them (the others' rows
     are left as they were), a missing one is an error with ``check_missing``, else the fill value. ``None`` when
     ``arr`` is read through zarr's codecs (:func:`read_path`)."""
