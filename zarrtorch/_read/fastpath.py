@@ -40,9 +40,9 @@ from typing import NamedTuple
 import numcodecs
 import numpy as np
 import zarr
-from numcodecs.blosc import decompress as blosc_decompress
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
+from zarrtorch._compat.numcodecs import blosc_decompressor
 from zarrtorch._compat.zarr import NO_INNER_CHUNK, chunk_spec, decode_shard_index, shard_index_size
 from zarrtorch._read.checksum import shard_index_checksum_mismatch, without_crc32c, zstd_checksum_mismatch
 from zarrtorch._read.chunks import missing_inner_message
@@ -240,9 +240,9 @@ def _unblosc(raw, dest: np.ndarray) -> None:
     if framed != len(raw):
         raise ValueError(f"its Blosc frame says {framed} bytes, the stored chunk has {len(raw)}: it is damaged")
     _check_size(decoded, dest, "Blosc frame")
-    # numcodecs' own function, not ``Blosc().decode``: that one only wraps it in checks of the buffers' types,
-    # a third of the Python work of a small chunk, and both decode without the GIL in a reading thread
-    blosc_decompress(raw, dest)
+    # c-blosc's one-thread decode itself, not ``Blosc().decode`` (checks of the buffers' types) nor numcodecs'
+    # ``decompress`` (a check of the process and a lock): their Python is twice the decode of a 4 KiB chunk
+    _BLOSC_DECOMPRESS(raw, dest)
 
 
 def _inflater(wbits: int, what: str) -> Callable[[object, np.ndarray], None]:
@@ -272,6 +272,7 @@ def _uncompressed(raw, dest: np.ndarray) -> None:
 
 
 _ZSTD = numcodecs.Zstd()
+_BLOSC_DECOMPRESS = blosc_decompressor()
 UNPACK: dict[str, Callable[[object, np.ndarray], None]] = {
     "zstd": _unzstd,
     "blosc": _unblosc,
@@ -392,7 +393,8 @@ def direct_decoder(
     """A function decoding one chunk (or shard) of ``arr``, ``decode(key, raw=None, into=None, rows=None)``:
     given its store key, and optionally its bytes fetched already, it decodes into ``into`` where given (a whole
     chunk's C-contiguous array of the decoded dtype) or into a full-chunk array from a pool
-    (:mod:`zarrtorch._util.pool`: reused once nothing references it), and returns it. ``rows``
+    (:mod:`zarrtorch._util.pool`: reused once nothing references it; a new array for a chunk under
+    :data:`~zarrtorch._util.pool.POOLED_CHUNK_BYTES`), and returns it. ``rows``
     (:class:`Span`): the rows the caller needs; a shard reads only the inner chunks holding them (the others' rows
     are left as they were), a missing one is an error with ``check_missing``, else the fill value. ``None`` when
     ``arr`` is read through zarr's codecs (:func:`read_path`)."""
@@ -674,23 +676,30 @@ def _thread_buffer(size: int) -> Callable[[int], memoryview]:
     mine = threading.local()
 
     def buffer(need: int) -> memoryview:
-        if len(getattr(mine, "buffer", b"")) < need:
-            mine.buffer = mmap.mmap(-1, max(size, need))
-        return memoryview(mine.buffer)[:need]
+        whole = getattr(mine, "view", None)
+        if whole is None or len(whole) < need:
+            mine.view = whole = memoryview(mmap.mmap(-1, max(size, need)))
+        return whole[:need]
 
     return buffer
 
 
 def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], memoryview]:
-    """Reads a chunk file into a buffer of the calling thread's (:func:`_thread_buffer`)."""
+    """Reads a chunk file into a buffer of the calling thread's (:func:`_thread_buffer`) of ``size`` bytes, the
+    most a chunk can be stored in: one read, no ``fstat`` (a system call per chunk). A file that fills the buffer
+    may hold more (damaged, or written for a larger chunk): it is read again whole, at its size, so that the
+    decoder sees every byte of it and refuses it."""
     root = str(Path(str(store.root))) + os.sep
-    buffer = _thread_buffer(size)
+    buffer = _thread_buffer(size + 1)  # a byte more than any chunk: a full buffer means a larger file
 
     def read(key: str) -> memoryview:
         fd = os.open(root + key, os.O_RDONLY)  # no file object: half the cost of open() for a 32 KiB chunk
         try:
-            view = buffer(os.fstat(fd).st_size)
+            view = buffer(size + 1)
             got = os.readv(fd, [view])
+            if got == len(view):
+                view = buffer(os.fstat(fd).st_size + 1)
+                got = os.preadv(fd, [view], 0)
         finally:
             os.close(fd)
         return view[:got]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import zarrtorch._util.pool
 import zarrtorch._util.sizes
 import zarrtorch.epoch
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
@@ -273,6 +274,7 @@ def test_early_reads_stay_within_the_reads_in_flight(store, monkeypatch):
 
     monkeypatch.setattr(PieceReader, "read_piece", tracked)
     monkeypatch.setattr(Pool, "take", tracked_take)
+    monkeypatch.setattr(zarrtorch._util.pool, "POOLED_CHUNK_BYTES", 0)  # these small chunks pooled too
     ds = dataset(store)
     loader = ZarrDataLoader(ds, batch_size=8)
     for epoch in range(4):

@@ -1,12 +1,16 @@
 """The direct decode gives exactly what zarr gives, from a local directory or any other store's ``get``."""
 
+import multiprocessing
+import os
+
+import numcodecs
 import numpy as np
 import pytest
 import zarr
 
 from zarrtorch import prepare_zarr
 from zarrtorch._read.fastpath import Span, _local_reader, direct_decoder, read_buffer_bytes
-from zarrtorch._read.reader import PieceReader
+from zarrtorch._read.reader import ChunkReadError, PieceReader
 
 
 @pytest.fixture
@@ -72,3 +76,56 @@ def test_read_buffer_holds_any_chunk_file_and_is_reused(tmp_path):
     assert len(buffers) == 1
     fortran = zarr.create_array(tmp_path / "f.zarr", shape=(8, 4), chunks=(2, 4), dtype="f4", zarr_format=2, order="F")
     assert read_buffer_bytes(fortran) == 0  # read through zarr's codecs: no such buffer
+
+
+def _blosc_rows(tmp_path, rows: int = 6):
+    """A Zarr v2 array of one-row Blosc lz4 + shuffle chunks, as a WeatherBench2-style variable is stored."""
+    values = np.random.default_rng(2).random((rows, 8, 8)).astype("f4")
+    arr = zarr.create_array(
+        tmp_path / "wb2.zarr",
+        shape=values.shape,
+        chunks=(1, 8, 8),
+        dtype="f4",
+        zarr_format=2,
+        compressors=numcodecs.Blosc(cname="lz4", clevel=1, shuffle=numcodecs.Blosc.SHUFFLE),
+    )
+    arr[:] = values
+    return arr, values
+
+
+def test_a_blosc_chunk_is_decoded_without_asking_which_process_runs_it(tmp_path, monkeypatch):
+    """numcodecs' ``blosc.decompress`` asked ``multiprocessing.current_process()`` (and took Blosc's global lock)
+    for every chunk: with 4 KiB one-row chunks, more Python than the decode itself."""
+    arr, values = _blosc_rows(tmp_path)
+    asked = []
+    real = multiprocessing.current_process
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: asked.append(1) or real())
+    decode = direct_decoder(arr)
+    for row in range(len(values)):
+        np.testing.assert_array_equal(decode(f"{row}.0.0"), values[row : row + 1])
+    assert asked == []
+
+
+def test_a_chunk_file_is_read_without_an_fstat(tmp_path, monkeypatch):
+    """Each chunk file was opened, ``fstat``-ed for its size, read and closed: the ``fstat``, a system call per
+    chunk, is not needed where the thread's buffer holds the largest chunk a file can store."""
+    arr, values = _blosc_rows(tmp_path)
+    decode = direct_decoder(arr)
+    stats = []
+    real = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: stats.append(fd) or real(fd))
+    for row in range(len(values)):
+        np.testing.assert_array_equal(decode(f"{row}.0.0"), values[row : row + 1])
+    assert stats == []
+
+
+def test_a_chunk_file_larger_than_the_read_buffer_is_read_whole_and_refused(tmp_path):
+    """A file that fills the thread's buffer is read again at its size: its frame followed by more bytes than
+    the buffer holds is refused as damaged, not cut at the buffer's end."""
+    arr, values = _blosc_rows(tmp_path)
+    path = tmp_path / "wb2.zarr" / "2.0.0"
+    path.write_bytes(path.read_bytes() + bytes(read_buffer_bytes(arr) + 10))
+    reader = PieceReader({"x": arr}, 1)
+    with pytest.raises(ChunkReadError, match=r"chunk 2 .*Blosc frame says \d+ bytes, the stored chunk has \d+"):
+        reader.read_piece(2, 3)
+    np.testing.assert_array_equal(reader.read_piece(3, 4)["x"], values[3:4])

@@ -10,9 +10,10 @@ import pickle
 import numpy as np
 import torch
 
+import zarrtorch._util.pool
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fastpath import direct_decoder
-from zarrtorch._util.pool import Pool, Pools, array_pool, batch_pool
+from zarrtorch._util.pool import POOLED_CHUNK_BYTES, LeasedArray, Pool, Pools, array_pool, batch_pool
 from zarrtorch.buffer import RowCursor
 
 
@@ -71,15 +72,27 @@ def test_batch_pool_one_lease_for_all_columns():
 
 
 def test_pools_do_not_travel_to_another_process():
-    pools = Pools()
-    pools.chunks((2,), np.float32)()
+    pools, shape = Pools(), (POOLED_CHUNK_BYTES // 4,)
+    pools.chunks(shape, np.float32)()
     copy = pickle.loads(pickle.dumps(pools))
     assert copy._pools == {}
-    assert copy.chunks((2,), np.float32) is copy.chunks((2,), np.float32)
+    assert copy.chunks(shape, np.float32) is copy.chunks(shape, np.float32)
 
 
-def test_direct_decoder_reuses_a_chunk_buffer_once_freed(tmp_path):
+def test_a_small_decoded_chunk_is_a_new_array_and_a_large_one_pooled():
+    """A WeatherBench2-style row is a 4 KiB chunk per variable: its lease (a view subclass, a finalizer) cost
+    more than a new array from the C allocator's heap, for every chunk of an epoch, and there are no page
+    faults to save at that size."""
+    small = Pools().chunks((1, 32, 32), np.float32)()
+    assert type(small) is np.ndarray and small.shape == (1, 32, 32) and small.dtype == np.float32
+    large = Pools().chunks((1, POOLED_CHUNK_BYTES // 4), np.float32)()
+    assert isinstance(large, LeasedArray)
+
+
+def test_direct_decoder_reuses_a_chunk_buffer_once_freed(tmp_path, monkeypatch):
     import zarr
+
+    monkeypatch.setattr(zarrtorch._util.pool, "POOLED_CHUNK_BYTES", 0)  # these small chunks pooled too
 
     prepare_zarr(
         {"x": np.arange(64 * 5, dtype=np.float32).reshape(64, 5)}, tmp_path / "s.zarr", chunk_rows=16, progress=False
