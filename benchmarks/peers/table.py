@@ -270,6 +270,7 @@ def mix_markdown(case: dict) -> str:
                 rate = result.get("rows_per_s")
                 cells = [_cell(result[k]) for k in MIX_VERDICTS] + ["?" if rate is None else f"{rate:,.0f}"]
             lines.append("| " + " | ".join([run["name"], weights, variant, *cells]) + " |")
+    return "\n".join(lines)
 
 
 CACHE_HEAD = [
