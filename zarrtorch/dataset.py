@@ -25,7 +25,17 @@ from zarrtorch._read.chunks import FINGERPRINT_BYTES, first_bytes
 from zarrtorch._read.columns import check_stack, check_tensor_dtypes, packing, packings
 from zarrtorch._read.fetch import with_retries, within
 from zarrtorch._read.listing import check_listed, written_whole
-from zarrtorch._read.source import Arrays, for_this_process, is_local, open_arrays, open_source, secrets_of, store_label
+from zarrtorch._read.reader import ChunkReadError
+from zarrtorch._read.source import (
+    Arrays,
+    for_this_process,
+    is_local,
+    open_arrays,
+    open_source,
+    redact,
+    secrets_of,
+    store_label,
+)
 from zarrtorch._read.static import check_static, static_array
 from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
 from zarrtorch._util.arguments import row_range as checked_row_range
@@ -152,6 +162,7 @@ class ZarrIterableDataset(IterableDataset):
             )
         self.arrays = self._through_cache(read, source)
         self._watched_group = _group_to_watch(source, self.arrays, keep_in_memory)
+        self._epoch_begun = False  # whether an epoch of this dataset began (the next may have read early)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
         self.redeal_every = redeal_every
@@ -182,14 +193,29 @@ class ZarrIterableDataset(IterableDataset):
         first pieces of an epoch are read early, as the epoch before ends (from the old store), and the node's chunk
         cache, when the store reads through one, holds the old store's chunks. Told by the group's attributes
         (``prepare_zarr`` writes a new write id at every write): one metadata read per epoch, no chunk's. A store
-        written by other means with the same attributes cannot be told without reading its chunks."""
+        written by other means with the same attributes cannot be told without reading its chunks.
+
+        The first epoch of a store read without a cache is not checked: nothing of it was read early, and its rows
+        are read from the store as it is then. A store that does not answer is a :class:`ChunkReadError`, as it
+        is for the epoch's chunks."""
         if self._watched_group is None:
             return
         path, opened_with = self._watched_group
         arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
         cached = [a for a in arrays.values() if reads_through_cache(a)]
+        first, self._epoch_begun = not self._epoch_begun, True
+        if first and not cached:
+            return
         array = (cached or list(arrays.values()))[0]
-        if group_attributes(array.store_path.store, path, self.read.retry) != opened_with:
+        try:
+            now = group_attributes(array.store_path.store, path, self.read.retry)
+        except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError; RetriesExhausted a RuntimeError
+            raise ChunkReadError(
+                f"cannot read the attributes of the group of {store_label(array, self.arrays.secrets)} at the start "
+                f"of an epoch (read to tell whether the store was rewritten since this dataset opened it): "
+                f"{redact(f'{type(exc).__name__}: {exc}', self.arrays.secrets)}"
+            ) from exc
+        if now != opened_with:
             held = "the node's chunk cache holds the old store's chunks, " if cached else ""
             raise ValueError(
                 f"the store {store_label(array, self.arrays.secrets)} was rewritten since this dataset opened it "

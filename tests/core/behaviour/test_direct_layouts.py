@@ -413,9 +413,15 @@ def test_a_local_shard_rewritten_with_its_size_and_time_kept_is_read_with_its_ne
     once) and some rows (the index, then byte ranges)."""
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
     arr = group.create_array(
-        "x", shape=(8, 2), chunks=(2, 2), shards=(8, 2), dtype="i4", fill_value=0, compressors=None,
+        "x",
+        shape=(8, 2),
+        chunks=(2, 2),
+        shards=(8, 2),
+        dtype="i4",
+        fill_value=0,
+        compressors=None,
         config={"write_empty_chunks": False},
-    )  # fmt: skip
+    )
     shard = tmp_path / "s.zarr" / "x" / "c" / "0" / "0"
     kept = None
     first, second = np.r_[[0] * 4, np.arange(105, 117)], np.r_[np.arange(1, 13), [0] * 4]

@@ -111,6 +111,42 @@ def test_a_timeout_names_the_setting_that_exists(served):
         server.release.set()
 
 
+STALLED = RetryPolicy(timeout_s=0.3, retries=1, backoff_s=0.01)
+
+
+def test_a_server_stalled_before_a_datasets_first_epoch_is_a_chunk_read_error_naming_a_chunk(served):
+    """Lesson 07 stalls the server after the dataset opened the store and catches the ChunkReadError of the first
+    epoch's chunks; once each epoch began by reading the group's attributes (to tell a store prepare_zarr wrote
+    again), that read timed out first and raised RetriesExhausted, which the lesson did not catch. The first epoch
+    of a store read without a cache reads nothing of it early: it is not checked, and its chunks say what failed."""
+    with HttpStoreServer(served) as server:
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=STALLED)), batch_size=8
+        )
+        server.hang()
+        with pytest.raises(ChunkReadError, match=r"key .x/c/\d") as err:
+            list(loader)
+        assert "attributes of the group" not in str(err.value)
+        server.release.set()
+
+
+def test_a_server_stalled_before_a_later_epoch_is_a_chunk_read_error_naming_the_groups_attributes(served):
+    """From the second epoch on, the check that the store was not written again reads the group's attributes
+    first: a server that does not answer is the same ChunkReadError a user catches for chunks, saying what was
+    read and why, not a RetriesExhausted from inside the check."""
+    with HttpStoreServer(served) as server:
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=STALLED)), batch_size=8
+        )
+        assert sum(len(b["x"]) for b in loader) == 80
+        server.hang()
+        loader.set_epoch(1)
+        with pytest.raises(ChunkReadError, match="attributes of the group .* rewritten") as err:
+            list(loader)
+        assert "TimeoutError" in str(err.value) or "attempts failed" in str(err.value)
+        server.release.set()
+
+
 def test_the_datamodule_keeps_a_url(served):
     """``ZarrDataModule("http://...")`` once turned the URL into a path ("http:/127.0.0.1...")."""
     from zarrtorch.lightning import ZarrDataModule
