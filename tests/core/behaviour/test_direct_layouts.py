@@ -379,22 +379,24 @@ def test_a_shard_rewritten_on_its_server_is_read_with_its_new_index_not_called_d
             np.testing.assert_array_equal(rows, data)
 
 
+ONE_SHARD_OF_FOUR_UNCOMPRESSED = {
+    "shape": (8, 2),
+    "chunks": (2, 2),
+    "shards": (8, 2),
+    "dtype": "i4",
+    "fill_value": 0,
+    "compressors": None,
+    "config": {"write_empty_chunks": False},
+}  # stored uncompressed, a shard written again with other inner chunks stored keeps its size
+
+
 def test_a_shard_written_again_in_memory_is_read_with_its_new_index_not_the_one_cached_before():
     """A store in memory (a notebook's, a test's) holds no file time to tell a shard written again: its index, cached
     by the store's name and key, outlived the write. Rewritten with its first inner chunk all fill values (not
     stored), the shard's other inner chunks moved up, and the next dataset read them at the old offsets: rows 0-5
     came out as rows 2-7 and rows 6-7 as the index's bytes (-1), where zarr reads the fill value and the new values,
     without a word (stored uncompressed, every length still matched)."""
-    arr = zarr.create_array(
-        zarr.storage.MemoryStore(),
-        shape=(8, 2),
-        chunks=(2, 2),
-        shards=(8, 2),
-        dtype="i4",
-        fill_value=0,
-        compressors=None,
-        config={"write_empty_chunks": False},
-    )
+    arr = zarr.create_array(zarr.storage.MemoryStore(), **ONE_SHARD_OF_FOUR_UNCOMPRESSED)
     read = ReadOptions(missing_chunks="fill")
     for data in (np.arange(1, 17, dtype="i4").reshape(8, 2), np.r_[np.zeros(4, "i4"), np.arange(105, 117, dtype="i4")]):
         arr[...] = data.reshape(8, 2)
@@ -412,16 +414,7 @@ def test_a_local_shard_rewritten_with_its_size_and_time_kept_is_read_with_its_ne
     chunk before it, where zarr reads the new values, without a word. Whole (a dataset's piece: the shard read at
     once) and some rows (the index, then byte ranges)."""
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
-    arr = group.create_array(
-        "x",
-        shape=(8, 2),
-        chunks=(2, 2),
-        shards=(8, 2),
-        dtype="i4",
-        fill_value=0,
-        compressors=None,
-        config={"write_empty_chunks": False},
-    )
+    arr = group.create_array("x", **ONE_SHARD_OF_FOUR_UNCOMPRESSED)
     shard = tmp_path / "s.zarr" / "x" / "c" / "0" / "0"
     kept = None
     first, second = np.r_[[0] * 4, np.arange(105, 117)], np.r_[np.arange(1, 13), [0] * 4]
