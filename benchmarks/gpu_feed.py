@@ -60,15 +60,21 @@ def trained_rates(path: Path, workers: int, epochs: int, device: torch.device) -
     return rates, n
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from windows import DATA, generated_store
+def feed_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The store and runs a GPU feeding benchmark takes (this script's and ``pinned_feed.py``'s)."""
+    from windows import DATA
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=4000, help="time steps of the generated store")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--data-dir", default=str(DATA), help="where the generated store is kept")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from windows import generated_store
+
+    args = feed_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0])).parse_args(argv)
     path = generated_store(args.rows, 1, args.data_dir)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"

@@ -166,13 +166,10 @@ def data_wait(path: Path, device: torch.device, workers: int, epochs: int) -> li
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from windows import DATA, generated_store
+    from gpu_feed import feed_arguments
+    from windows import generated_store
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=4000, help="time steps of the generated store")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    p.add_argument("--data-dir", default=str(DATA), help="where the generated store is kept")
+    p = feed_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--out", default=None)
     p.add_argument("--check-on-cpu", action="store_true", help="run every step on the CPU: figures meaningless")
     args = p.parse_args(argv)

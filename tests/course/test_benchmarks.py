@@ -317,6 +317,13 @@ def test_resume_first_batch_benchmark(tmp_path):
     assert data["runs"]["resumed 0w"][0]["batches"] == data["runs"]["resumed 2w"][0]["batches"]  # len() per rank
 
 
+def _with_its_benchmark_imports(script: Path) -> str:
+    """A benchmark script's text and that of the benchmark modules beside it it imports (shared arguments)."""
+    imported = re.findall(r"^\s*from (\w+) import", script.read_text(), flags=re.M)
+    beside = [script.parent / f"{name}.py" for name in imported if (script.parent / f"{name}.py").exists()]
+    return "\n".join(p.read_text() for p in [script, *beside])
+
+
 def test_node_script_passes_only_flags_its_benchmarks_take():
     """benchmarks/node.sh is run on a loaned node, where a wrong flag costs a loan: every ``--flag`` it passes to
     a benchmark script is one that script's argument parser defines."""
@@ -333,7 +340,7 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
     }
     assert {name for name, _ in calls} == scripts
     for name, args in calls:
-        defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / name).read_text()))
+        defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", _with_its_benchmark_imports(ROOT / name)))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
 
