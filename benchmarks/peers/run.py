@@ -22,7 +22,9 @@ Prints the tables, writes the JSON (``--out``) and, with ``--md``, the markdown 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import platform
@@ -255,6 +257,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--layout-cap", type=float, default=20, help="layouts: seconds after which an epoch is cut")
     p.add_argument(
+        "--layout-rounds",
+        type=int,
+        default=3,
+        help="layouts: rounds per store and sample kind, each running every loader once (medians and ranges)",
+    )
+    p.add_argument(
+        "--layout-lock",
+        default="",
+        help="layouts: a file to flock for each round (e.g. /tmp/heavy.lock on a machine shared with other timed "
+        "jobs; empty: none)",
+    )
+    p.add_argument(
         "--remote-ms",
         type=lambda s: [float(v) for v in s.split(",") if v],
         default=[20.0],
@@ -328,6 +342,8 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = parser().parse_args(argv)
+    if a.layouts != "no" and a.layout_rounds < 1:
+        parser().error(f"--layout-rounds {a.layout_rounds}: each case needs at least 1 round (3 for a range)")
     if a.cache_case != "no" and a.cache_epochs < 2:
         parser().error(f"--cache-epochs {a.cache_epochs}: the cache case compares epoch 2 on with epoch 1: give 2+")
     return a
@@ -441,7 +457,7 @@ def main_layouts_only(a) -> None:
         target.write_text(json.dumps(results, indent=1))
     text = table.layouts_markdown(layouts)
     if a.md and Path(a.md).exists():  # the page keeps the main run's table; its layouts table is replaced
-        kept = Path(a.md).read_text().split("| " + " | ".join(table.LAYOUT_HEAD) + " |")[0]
+        kept = Path(a.md).read_text().split(table.LAYOUT_TABLE_START)[0]
         kept = kept.split(UNEVEN_HEADING)[0].split(WORKERS_HEADING)[0].split(MIX_HEADING)[0].split(CACHE_HEADING)[0]
         Path(a.md).write_text(kept.rstrip("\n") + "\n\n" + text + tail_sections(results) + "\n")
     print(f"{text}\n{layouts['wall_s']:.0f} s; JSON: {path}")
@@ -633,25 +649,24 @@ def layout_jobs(frames: int, batch_size: int) -> list[tuple[str, str, int, int]]
 
 def run_layouts(store: dict, a, log) -> dict:
     """zarrtorch and zarr-beluga on the peers' store and on its copies in beluga's layouts (``beluga_layouts.py``),
-    windows of 2 + 4 steps and single rows, one fresh process each; a loader that refuses a store is reported
-    with its error."""
+    windows of 2 + 4 steps and single rows, in the same minutes: per case (a store and a sample kind) every loader
+    runs once a round for ``--layout-rounds`` rounds (:func:`layout_case`), so a ratio compares runs that shared
+    the machine's load; a loader that refuses a store is reported with its error."""
     from store import ensure_layout_stores
 
     env = envs.ensure_env("beluga", rebuild=False)
     pythons = {"beluga_peer.py": env.get("python"), "zarrtorch_peer.py": sys.executable}
     stores = {"course": store} | ensure_layout_stores(store, a.data_dir)
-    out: dict = {"stores": {k: stores[k] for k, _ in LAYOUTS}, "described": dict(LAYOUTS), "runs": []}
+    out: dict = {"stores": {k: stores[k] for k, _ in LAYOUTS}, "described": dict(LAYOUTS), "runs": [], "rounds": []}
     out |= {"window_frames": WINDOW_FRAMES, "window_batch": WINDOW_BATCH, "row_batch": a.batch_size}
     if not env["ok"]:
         out["beluga_error"] = env["reason"]
-    context = {"python": pythons, "store": store, "a": a, "log": log}
+    context = {"python": pythons, "store": store, "a": a, "log": log, "rounds": out["rounds"]}
     for kind, _ in LAYOUTS:
         harness.prepare_cache(stores[kind]["path"], "warm")
         for frames, batch in ((WINDOW_FRAMES, WINDOW_BATCH), (1, a.batch_size)):
-            for loader, script, workers, batch_size in layout_jobs(frames, batch):
-                if pythons[script] is not None:
-                    job_of = (loader, script, workers, batch_size)
-                    out["runs"] += layout_runs(job_of, kind, kind, stores[kind]["path"], frames, context)
+            jobs = [j for j in layout_jobs(frames, batch) if pythons[j[1]] is not None]
+            out["runs"] += layout_case(jobs, kind, kind, stores[kind]["path"], frames, context)
     for delay in a.remote_ms:  # over HTTP: the stores' folder served with a delay per request, windows only
         from zarrtorch.course.servers import HttpStoreProcess
 
@@ -659,29 +674,82 @@ def run_layouts(store: dict, a, log) -> dict:
             out.setdefault("remote", {})[f"{delay:g} ms"] = {"server": "zarrtorch.course.servers.HttpStoreProcess"}
             for kind in ("frame", "sharded", "wb2"):
                 url = f"{server.url}/{Path(stores[kind]['path']).name}"
-                for loader, script, workers, batch_size in layout_jobs(WINDOW_FRAMES, WINDOW_BATCH):
-                    if pythons[script] is not None and batch_size:  # beluga's samples one by one: on disk only
-                        label, job_of = f"{kind} over HTTP, {delay:g} ms", (loader, script, workers, batch_size)
-                        out["runs"] += layout_runs(job_of, kind, label, url, WINDOW_FRAMES, context)
+                # beluga's samples one by one (batch size 0): on disk only
+                jobs = [j for j in layout_jobs(WINDOW_FRAMES, WINDOW_BATCH) if pythons[j[1]] is not None and j[3]]
+                label = f"{kind} over HTTP, {delay:g} ms"
+                out["runs"] += layout_case(jobs, kind, label, url, WINDOW_FRAMES, context)
+    loads = [v for r in out["rounds"] for v in r["load_average"]]
+    out["load_average"] = [min(loads), max(loads)] if loads else []
+    out["layout_rounds"] = a.layout_rounds
     return out
 
 
-def layout_runs(job_of: tuple[str, str, int, int], kind: str, label: str, path: str, frames: int, run: dict) -> list:
-    """The run of one loader (``job_of``: a :func:`layout_jobs` entry) on one layout store (``path``: a folder or
-    a URL; ``label`` names it in the table), as a record for the JSON, in a list; a loader that refuses the store
-    is reported with its error. ``run``: ``python`` (per script), ``store``, ``a``, ``log``."""
-    loader, script, workers, batch_size = job_of
+def layout_case(jobs: list[tuple[str, str, int, int]], kind: str, label: str, path: str, frames: int, run: dict):
+    """One case of the layouts part: every loader of ``jobs`` (:func:`layout_jobs` entries) on one layout store
+    (``path``: a folder or a URL; ``label`` names it in the table) with samples of ``frames`` rows, for
+    ``--layout-rounds`` rounds. A round runs each loader once, in a fresh process, in the listed order and the
+    reverse order the next round (no loader always first after a pause or last before one), holding
+    ``--layout-lock`` for the round only, so other timed jobs on a shared machine run between rounds rather than
+    during one. Returns one record per loader for the JSON, its ``rounds`` in round order (the same index is the
+    same round for every loader of the case, which is what a ratio per round pairs), and the medians and ranges
+    (``table.layout_figures``); each round's times and 1-minute load averages go to ``run["rounds"]``."""
+    a = run["a"]
+    records = [
+        {"store": label, "setting": "", "loader": loader, "frames": frames, "workers": workers, "batch": batch}
+        | {"rounds": []}
+        for loader, _, workers, batch in jobs
+    ]
+    scripts = [script for _, script, _, _ in jobs]
+    for number in range(1, a.layout_rounds + 1):
+        order = list(zip(records, scripts, strict=True))
+        with held_lock(a.layout_lock):
+            began, load_before = utc_now(), os.getloadavg()[0]
+            for record, script in order if number % 2 else order[::-1]:
+                before = os.getloadavg()[0]
+                result = layout_run(record, script, kind, path, run)
+                record["rounds"].append(result | {"round": number, "load_average": [before, os.getloadavg()[0]]})
+            ended = utc_now()
+        load = [load_before, os.getloadavg()[0]]
+        run["rounds"].append(
+            {"store": label, "frames": frames, "round": number, "utc": [began, ended]} | {"load_average": load}
+        )
+    for record, figures in zip(records, table.layout_figures(records), strict=True):
+        record |= figures  # per_s and x_beluga: median, min, max and each round's value
+    return records
+
+
+def layout_run(record: dict, script: str, kind: str, path: str, run: dict) -> dict:
+    """One fresh process of one loader on one layout store: samples/s in epochs 1 and 2 (``common.py``'s
+    ``layout`` job), or its refusal or error."""
     store, a = run["store"], run["a"]
-    print(f"  layouts: {loader} on {label}, frames {frames}, {workers} workers, batch {batch_size}", flush=True)
+    loader, frames, workers, batch_size = record["loader"], record["frames"], record["workers"], record["batch"]
+    print(
+        f"  layouts: {loader} on {record['store']}, frames {frames}, {workers} workers, batch {batch_size}", flush=True
+    )
     work = ROOT / ".peers" / script.removesuffix(".py") / "work" / f"{Path(store['path']).stem}_{kind}"
     args = ["layout", "--kind", kind, "--frames", str(frames), "--workers", str(workers)]
     args += ["--store", path, "--work", str(work), "--rows", str(store["rows"]), "--chunk-rows", "1"]
     args += ["--batch-size", str(batch_size), "--max-s", str(a.layout_cap)]
-    result = job(run["python"][script], script, args, a.timeout, run["log"])
-    return [
-        {"store": label, "setting": "", "loader": loader, "frames": frames}
-        | {"workers": workers, "batch": batch_size, "result": result}
-    ]
+    return job(run["python"][script], script, args, a.timeout, run["log"])
+
+
+@contextlib.contextmanager
+def held_lock(path: str):
+    """An exclusive ``flock`` on ``path`` for the block (``flock(1)``'s lock, so shell jobs that take it with
+    ``flock PATH command`` wait for the block, and it for them); nothing when ``path`` is empty."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- the mixing case (``--mix-case``) --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 
 MiB = 2**20
 GUARANTEES = [  # (column, key in a guarantees result)
@@ -129,15 +130,37 @@ def uneven_markdown(uneven: dict) -> str:
     return "\n".join(lines)
 
 
-LAYOUT_HEAD = ["store", "sample", "loader", "workers", "per s ep1", "per s ep2", "per s", "x beluga", "note"]
+LAYOUT_HEAD = [
+    "store",
+    "sample",
+    "loader",
+    "workers",
+    "per s ep1",
+    "per s ep2",
+    "per s: median [range]",
+    "x beluga: median [range]",
+    "note",
+]
+# how a page's layouts table begins, whatever its later columns: run.py --layouts only finds the old table by it
+LAYOUT_TABLE_START = "| " + " | ".join(LAYOUT_HEAD[:4]) + " |"
 # settings zarrtorch has made its default since: a run measured with one is what the default does now, and a
 # refusal that named one (measured before) no longer happens
 NOW_DEFAULT = {"allow_shards": "the default since issue 43"}
 
 
+def _failure(result: dict) -> str | None:
+    """What a round's result says instead of epochs (``refused: ...``, ``no API``, ``failed: ...``), else None."""
+    if "epochs" in result and not ("error" in result or "refused" in result):
+        return None
+    why = result.get("refused")
+    if why:
+        return "refused: " + why if why != "no API" else "no API"
+    return "failed: " + str(result.get("error", "no epochs"))
+
+
 def superseded(run: dict) -> bool:
     """A zarrtorch refusal that named a setting now the default: it was measured before the default changed."""
-    why = str((run.get("result") or {}).get("refused", ""))
+    why = " ".join(str(r.get("refused", "")) for r in run["rounds"])
     return run["loader"] == "zarrtorch" and any(f"{setting}=True" in why for setting in NOW_DEFAULT)
 
 
@@ -157,49 +180,110 @@ def _layout_loader(run: dict) -> str:
     return name
 
 
+# -- the layouts part's rounds: every loader of a case runs once a round, so round i of one run and round i of
+# another shared the machine's load; a ratio pairs them round by round, and a figure is the median of its rounds
+def round_rates(run: dict) -> list[float | None]:
+    """Samples/s of each round of a layouts run (epochs 1 and 2 together, as :func:`rate`); ``None`` for a round
+    that refused or failed."""
+    return [None if _failure(r) else rate(r) for r in run["rounds"]]
+
+
+def spread(values: list[float | None]) -> dict | None:
+    """``median``, ``min``, ``max`` of the rounds that have a value, and every round's (``rounds``, ``None`` where
+    that round has none); ``None`` when no round has one."""
+    kept = [v for v in values if v is not None]
+    if not kept:
+        return None
+    return {"median": statistics.median(kept), "min": min(kept), "max": max(kept), "rounds": list(values)}
+
+
 def layout_rate(run: dict) -> float | None:
-    """Samples/s over epochs 1 and 2 together, as :func:`rate` for the peers."""
-    return rate(run.get("result"))
+    """The median over rounds of samples/s (epochs 1 and 2 together, as :func:`rate` for the peers)."""
+    figures = spread(round_rates(run))
+    return figures["median"] if figures else None
 
 
-def beluga_best(layouts: dict, store: str, frames: int) -> float | None:
-    """zarr-beluga's best batched samples/s on ``store`` for samples of ``frames`` rows (over its worker counts)."""
-    rates = [
-        layout_rate(r)
-        for r in layouts["runs"]
-        if r["store"] == store and r["frames"] == frames and r["loader"].startswith("zarr-beluga") and r.get("batch")
-    ]
-    return max((r for r in rates if r), default=None)
+def best_per_round(rates: list[list[float | None]]) -> list[float | None]:
+    """Round by round, the highest of several runs' samples/s (``None`` where none of them has a value)."""
+    rounds = max((len(r) for r in rates), default=0)
+    out = []
+    for i in range(rounds):
+        values = [r[i] for r in rates if i < len(r) and r[i] is not None]
+        out.append(max(values, default=None))
+    return out
+
+
+def ratio_per_round(rates: list[float | None], bases: list[float | None]) -> list[float | None]:
+    """``rates[i] / bases[i]``, each ratio within one round; ``None`` where either is missing."""
+    return [a / b if a and b else None for a, b in zip(rates, bases, strict=False)]
+
+
+def _beluga_batched(run: dict) -> bool:
+    return run["loader"].startswith("zarr-beluga") and bool(run.get("batch"))
+
+
+def beluga_best_rounds(runs: list[dict], store: str, frames: int) -> list[float | None]:
+    """Round by round, zarr-beluga's best batched samples/s on ``store`` for samples of ``frames`` rows (over its
+    worker counts)."""
+    same = [r for r in runs if r["store"] == store and r["frames"] == frames and _beluga_batched(r)]
+    return best_per_round([round_rates(r) for r in same])
+
+
+def layout_figures(runs: list[dict]) -> list[dict]:
+    """Each run's figures as ``run.py`` records them beside its rounds: ``per_s`` (:func:`spread` of its rounds'
+    samples/s) and ``x_beluga`` (:func:`spread` of its ratio, round by round, to zarr-beluga's best batched
+    figure of the same round on the same store and sample kind)."""
+    out = []
+    for r in runs:
+        best = beluga_best_rounds(runs, r["store"], r["frames"])
+        out.append({"per_s": spread(round_rates(r)), "x_beluga": spread(ratio_per_round(round_rates(r), best))})
+    return out
+
+
+def median_range(figures: dict | None, digits: int = 0) -> str:
+    """``median [min-max]`` (only the median when all rounds agree to the digits shown); "" for no figures."""
+    if not figures:
+        return ""
+    median, low, high = (_num(figures[k], digits) for k in ("median", "min", "max"))
+    return median if low == high else f"{median} [{low}-{high}]"
+
+
+def _median_of(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def layouts_markdown(layouts: dict) -> str:
     """The layouts part of a run (``run.py``'s ``run_layouts``): one line per store, sample kind (a window of
-    ``window_frames`` rows or a single row), loader and worker count; samples/s in epochs 1 and 2 and over both;
-    ``x beluga``: over zarr-beluga's best batched figure for that store and sample kind in the same run. A loader
-    that refused the store, or whose epochs were cut (too slow for whole epochs), says so in ``note``; a refusal
-    that named a setting zarrtorch has made its default since is left out (:func:`superseded`)."""
+    ``window_frames`` rows or a single row), loader and worker count; samples/s in epochs 1 and 2 (medians over
+    the rounds) and over both (median [lowest-highest] of the rounds); ``x beluga``: the ratio to zarr-beluga's
+    best batched figure for that store and sample kind in the same round, median [range] over the rounds. A
+    loader that refused the store in every round, or whose epochs were cut (too slow for whole epochs), or that
+    failed in some rounds, says so in ``note``; a refusal that named a setting zarrtorch has made its default
+    since is left out (:func:`superseded`)."""
     lines = ["| " + " | ".join(LAYOUT_HEAD) + " |", "|" + "---|" * len(LAYOUT_HEAD)]
-    for r in (r for r in layouts["runs"] if not superseded(r)):
+    runs = layouts["runs"]
+    for r, figures in zip(runs, layout_figures(runs), strict=True):
+        if superseded(r):
+            continue
         frames = r["frames"]
         sample = f"window of {frames}" if frames > 1 else "row"
         start = [r["store"], sample, _layout_loader(r), str(r["workers"])]
-        result = r.get("result") or {}
-        if "error" in result or "refused" in result:
-            why = result.get("refused")
-            note = ("refused: " + why if why != "no API" else "no API") if why else "failed: " + result["error"]
+        failures = [(i + 1, _failure(result)) for i, result in enumerate(r["rounds"]) if _failure(result)]
+        ran = [result for result in r["rounds"] if not _failure(result)]
+        if not ran:
+            note = failures[0][1] if failures else "no rounds"
             lines.append("| " + " | ".join(start + ["", "", "", "", _cell(note)]) + " |")
             continue
-        eps, r_all = result["epochs"], layout_rate(r)
-        best = beluga_best(layouts, r["store"], frames)
-        cut = [e for e in eps if e.get("capped_after_s")]
-        note = (
-            f"epochs cut after {cut[0]['capped_after_s']:.0f} s ({', '.join(str(e['rows']) for e in eps)} read)"
-            if cut
-            else ""
-        )
-        cells = start + [_num(eps[0]["rows_per_s"]), _num(eps[1]["rows_per_s"]), _num(r_all)]
-        cells += [_num(r_all / best, 2) if r_all and best else "", note]
-        lines.append("| " + " | ".join(cells) + " |")
+        cut = [result for result in ran if any(e.get("capped_after_s") for e in result["epochs"])]
+        notes = []
+        if cut:
+            after = next(e["capped_after_s"] for e in cut[0]["epochs"] if e.get("capped_after_s"))
+            notes.append(f"epochs cut after {after:.0f} s in {len(cut)} of {len(r['rounds'])} rounds")
+        notes += [f"round {i}: {why}" for i, why in failures]
+        ep1 = _median_of([result["epochs"][0]["rows_per_s"] for result in ran])
+        ep2 = _median_of([result["epochs"][1]["rows_per_s"] for result in ran])
+        cells = start + [_num(ep1), _num(ep2), median_range(figures["per_s"]), median_range(figures["x_beluga"], 2)]
+        lines.append("| " + " | ".join(cells + [_cell("; ".join(notes))]) + " |")
     return "\n".join(lines)
 
 

@@ -115,32 +115,39 @@ def test_torchvision_stand_ins_only_where_torchvision_does_not_import():
         sys.modules.update(saved)
 
 
-def _layout_results() -> dict:
-    """Made-up layouts part: beluga batched and one by one, zarrtorch refusing a store, zarrtorch's refusal of
-    shards measured before issue 43 made its setting the default, with the run with that setting, and a run whose
-    epochs were cut."""
+def _layout_run(per_s: float, cut: float | None = None) -> dict:
+    """One round's made-up result of a layouts run: two epochs at ``per_s`` samples/s (cut after ``cut`` s)."""
+    epoch = {"rows": 100, "seconds": 100 / per_s, "rows_per_s": per_s, "ttfb_s": 0.1, "held_mib": 1.0}
+    return {"epochs": [epoch | ({"capped_after_s": cut} if cut else {})] * 2}
 
-    def run(per_s, cut=None):
-        epoch = {"rows": 100, "seconds": 100 / per_s, "rows_per_s": per_s, "ttfb_s": 0.1, "held_mib": 1.0}
-        return {"epochs": [epoch | ({"capped_after_s": cut} if cut else {})] * 2}
+
+def _layout_results() -> dict:
+    """Made-up layouts part, 3 rounds per case: beluga batched and one by one, zarrtorch refusing a store,
+    zarrtorch's refusal of shards measured before issue 43 made its setting the default, with the run with that
+    setting, a run whose epochs were cut, and a run that failed in one round of three."""
+    run = _layout_run
+
+    def same(result, rounds=3):
+        return [result] * rounds
 
     old_refusal = {"refused": "LayoutError: array 'data' is sharded ... pass allow_shards=True"}
     refusal = {"refused": "LayoutError: array 'u' is chunked along axis 1 ... prepare_zarr"}
     runs = [
-        ("frame", "", "zarr-beluga 0.3.0", 0, 32, run(100.0)),
-        ("frame", "", "zarr-beluga 0.3.0", 2, 32, run(200.0)),
-        ("frame", "", "zarr-beluga 0.3.0", 0, 0, run(400.0)),
-        ("frame", "", "zarrtorch", 0, 32, run(300.0)),
-        ("sharded", "", "zarrtorch", 0, 32, old_refusal),
-        ("wb2", "", "zarrtorch", 0, 32, refusal),
-        ("sharded", "allow_shards", "zarrtorch", 0, 32, run(50.0)),
-        ("sharded", "", "zarr-beluga 0.3.0", 0, 32, run(100.0)),
-        ("course", "", "zarr-beluga 0.3.0", 0, 32, run(5.0, cut=20)),
+        ("frame", "", "zarr-beluga 0.3.0", 0, 32, same(run(100.0))),
+        ("frame", "", "zarr-beluga 0.3.0", 2, 32, same(run(200.0))),
+        ("frame", "", "zarr-beluga 0.3.0", 0, 0, same(run(400.0))),
+        ("frame", "", "zarrtorch", 0, 32, same(run(300.0))),
+        ("frame", "", "zarrtorch", 2, 32, [run(500.0), {"error": "timed out after 600 s"}, run(700.0)]),
+        ("sharded", "", "zarrtorch", 0, 32, same(old_refusal)),
+        ("wb2", "", "zarrtorch", 0, 32, same(refusal)),
+        ("sharded", "allow_shards", "zarrtorch", 0, 32, same(run(50.0))),
+        ("sharded", "", "zarr-beluga 0.3.0", 0, 32, same(run(100.0))),
+        ("course", "", "zarr-beluga 0.3.0", 0, 32, same(run(5.0, cut=20))),
     ]
     return {
         "window_frames": 6,
         "runs": [
-            {"store": s, "setting": setting, "loader": loader, "frames": 6, "workers": w, "batch": b, "result": r}
+            {"store": s, "setting": setting, "loader": loader, "frames": 6, "workers": w, "batch": b, "rounds": r}
             for s, setting, loader, w, b, r in runs
         ],
     }
@@ -148,7 +155,7 @@ def _layout_results() -> dict:
 
 def test_layouts_table_shows_refusals_cut_epochs_and_ratios_to_beluga_s_best():
     lines = table.layouts_markdown(_layout_results()).splitlines()
-    assert lines[0].startswith("| store | sample | loader | workers |")
+    assert lines[0].startswith(table.LAYOUT_TABLE_START)
     rows = {(c[0], c[2], c[3]): c for c in (line.strip("| ").split(" | ") for line in lines[2:])}
     assert rows["frame", "zarrtorch", "0"][6:8] == ["300", "1.50"]  # against beluga's best batched: 200 (2 workers)
     assert rows["frame", "zarr-beluga 0.3.0, samples one by one (no batches)", "0"][7] == "2.00"
@@ -156,7 +163,38 @@ def test_layouts_table_shows_refusals_cut_epochs_and_ratios_to_beluga_s_best():
     assert refused[4:8] == ["", "", "", ""] and refused[8].startswith("refused: LayoutError")
     assert ("sharded", "zarrtorch", "0") not in rows  # the refusal of shards is gone since issue 43
     assert rows["sharded", "zarrtorch, allow_shards=True (the default since issue 43)", "0"][6:8] == ["50", "0.50"]
-    assert rows["course", "zarr-beluga 0.3.0", "0"][8] == "epochs cut after 20 s (100, 100 read)"
+    assert rows["course", "zarr-beluga 0.3.0", "0"][8] == "epochs cut after 20 s in 3 of 3 rounds"
+    # a round that failed leaves the others' figures and says so
+    assert rows["frame", "zarrtorch", "2"][6:9] == [
+        "600 [500-700]",
+        "3.00 [2.50-3.50]",
+        "round 2: failed: timed out after 600 s",
+    ]
+
+
+def test_a_layouts_ratio_is_taken_within_each_round_not_between_medians_of_runs_apart():
+    """Issue 43, item 5 (the page's 0.81x for WeatherBench2-style rows at 0 workers, where loaders alternating in
+    the same minutes measured 1.08x-1.63x): the loaders ran one after the other, so the load of the minutes each
+    ran in moved the ratio. Now every loader runs once a round and ``x beluga`` is the median of the ratios taken
+    within a round: here the load moves both loaders together from round to round (beluga 300, 100, 200; zarrtorch
+    1.1x, 1.2x, 1.0x of it), and the table says 1.10 [1.00-1.20], where the two medians (200 and 200) say 1.00 and
+    one loader's first round against the other's second (runs one after the other) 3.30."""
+    rates = {"zarr-beluga 0.3.0": [300.0, 100.0, 200.0], "zarrtorch": [330.0, 120.0, 200.0]}
+    layouts = {
+        "runs": [
+            {"store": "wb2", "setting": "", "loader": loader, "frames": 1, "workers": 0, "batch": 64}
+            | {"rounds": [_layout_run(v) for v in values]}
+            for loader, values in rates.items()
+        ]
+    }
+    lines = table.layouts_markdown(layouts).splitlines()
+    rows = {c[2]: c for c in (line.strip("| ").split(" | ") for line in lines[2:])}
+    assert lines[0].split(" | ")[6:8] == ["per s: median [range]", "x beluga: median [range]"]
+    assert rows["zarrtorch"][6:8] == ["200 [120-330]", "1.10 [1.00-1.20]"]
+    assert rows["zarr-beluga 0.3.0"][6:8] == ["200 [100-300]", "1.00"]
+    figures = table.layout_figures(layouts["runs"])[1]
+    assert figures["x_beluga"]["rounds"] == pytest.approx([1.1, 1.2, 1.0])
+    assert figures["per_s"] == {"median": 200.0, "min": 120.0, "max": 330.0, "rounds": [330.0, 120.0, 200.0]}
 
 
 def test_timed_epoch_stops_a_loader_too_slow_for_a_whole_epoch_and_says_so(monkeypatch):
@@ -431,7 +469,8 @@ def test_layouts_only_replaces_the_layouts_part_keeping_the_main_table_and_the_u
     fresh = {"stores": {}, "described": {}, "window_frames": 6, "window_batch": 32, "row_batch": 64}
     epochs = [{"rows": 64, "rows_per_s": 1000.0 * k, "seconds": 1.0} for k in (1, 2)]
     fresh["runs"] = [{"store": "frame", "frames": 6, "loader": "zarrtorch", "setting": "", "batch": 32, "workers": 0}]
-    fresh["runs"][0]["result"] = {"epochs": epochs}
+    fresh["runs"][0]["rounds"] = [{"epochs": epochs}]
+    fresh |= {"layout_rounds": 1, "rounds": [], "load_average": []}
     monkeypatch.setattr(run, "run_layouts", lambda store, a, log: dict(fresh))
     monkeypatch.setattr(
         importlib.import_module("store"), "ensure_peer_store", lambda *a: {"rows": 40, "path": "unused"}
@@ -440,7 +479,9 @@ def test_layouts_only_replaces_the_layouts_part_keeping_the_main_table_and_the_u
     spawned |= {"date": "2026-01-01T00:00", "wall_s": 1.0, "peers": []}
     committed = {"peers": [{"name": "timed"}], "layouts": {"runs": ["old"]}, "uneven_spawn": spawned}
     (tmp_path / "peers.json").write_text(json.dumps(committed))
-    old_table = "| " + " | ".join(run.table.LAYOUT_HEAD) + " |\n| old layouts row |\n"
+    # the table as pages written before the rounds head it (its later columns have changed since)
+    old_head = "| store | sample | loader | workers | per s ep1 | per s ep2 | per s | x beluga | note |"
+    old_table = old_head + "\n| old layouts row |\n"
     (tmp_path / "peers.md").write_text(f"# the main table\n\n| timed |\n\n{old_table}\n{run.UNEVEN_HEADING}, x\n")
     argv = ["run.py", "--layouts", "only", "--layout-cap", "7", "--md", str(tmp_path / "peers.md")]
     monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "out" / "peers.json")])
@@ -457,6 +498,53 @@ def test_layouts_only_replaces_the_layouts_part_keeping_the_main_table_and_the_u
 
     said = " ".join(peers_table._page_layouts(results | {"store": {"rows": 40}}).split())
     assert f"This part was run on its own, on {layouts['date']}" in said and "Epochs longer than 7 s are cut" in said
+
+
+def test_the_layouts_part_runs_every_loader_once_a_round_alternating_and_holds_the_lock_per_round(
+    tmp_path, monkeypatch, run_py
+):
+    """Issue 43, item 5: the layouts part measured each loader once, one after the other, so the page's ratios
+    moved with the load of the minutes each ran in. Now a case's loaders run once each per round, in the reverse
+    order the next round, every run a fresh process; a round holds ``--layout-lock`` (flock) and lets go of it
+    between rounds, so other timed jobs of a shared machine interleave rounds rather than overlap them; each round
+    is recorded with its UTC times and load, each run with its rounds, median and range, and its ratio to beluga
+    within each round. The processes are replaced by made-up rates (beluga 100, 200, 300 in rounds 1-3; zarrtorch
+    twice beluga's in the same round)."""
+    import fcntl
+
+    run = run_py
+    lock = tmp_path / "heavy.lock"
+    calls = []
+
+    def held() -> bool:  # another open file description of the lock: refused while a round holds it
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    def fake(record, script, kind, path, context):
+        number = sum(1 for c in calls if c[:3] == (record["loader"], record["workers"], record["batch"])) + 1
+        calls.append((record["loader"], record["workers"], record["batch"], number, held()))
+        per_s = 100.0 * number * (2 if record["loader"] == "zarrtorch" else 1)
+        return _layout_run(per_s)
+
+    monkeypatch.setattr(run, "layout_run", fake)
+    a = argparse.Namespace(layout_rounds=3, layout_lock=str(lock))
+    context = {"a": a, "rounds": []}
+    jobs = run.layout_jobs(1, 64)
+    records = run.layout_case(jobs, "wb2", "wb2", "unused", 1, context)
+    order = [(loader, workers, batch) for loader, _, workers, batch in jobs]
+    assert [c[:3] for c in calls] == order + order[::-1] + order  # every loader once a round, order reversed
+    assert all(c[4] for c in calls) and not held()  # the lock held during every run, released after the rounds
+    assert [r["round"] for r in context["rounds"]] == [1, 2, 3]
+    assert all(r["utc"][0].endswith("Z") and len(r["load_average"]) == 2 for r in context["rounds"])
+    zarrtorch = next(r for r in records if r["loader"] == "zarrtorch" and r["workers"] == 0)
+    assert [r["round"] for r in zarrtorch["rounds"]] == [1, 2, 3]
+    assert zarrtorch["per_s"] == {"median": 400.0, "min": 200.0, "max": 600.0, "rounds": [200.0, 400.0, 600.0]}
+    assert zarrtorch["x_beluga"]["rounds"] == [2.0, 2.0, 2.0]  # each round against beluga's best of that round
 
 
 def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tmp_path, run_py):

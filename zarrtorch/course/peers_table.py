@@ -715,13 +715,16 @@ def _buffer_share(results: dict) -> str:
 
 def layout_records(results: dict) -> list[dict]:
     """The layouts part as records: ``store``, ``frames``, ``loader`` (with ``setting`` and ``batch``: 0 for
-    beluga's samples one by one), ``workers``, ``per_s`` (epochs 1 and 2 together; ``None`` where it refused or
-    failed), ``refused`` and ``cut`` (epochs cut short: the figure is that of the part read)."""
+    beluga's samples one by one), ``workers``, ``rates`` (samples/s of each round, epochs 1 and 2 together;
+    ``None`` for a round that refused or failed), ``per_s`` (their median; ``None`` where every round refused or
+    failed), ``refused`` (the first round's refusal or error, where no round ran) and ``cut`` (epochs cut short in
+    some round: the figure is that of the part read)."""
     layouts = results.get("layouts") or {}
-    rate = table_module().layout_rate
+    table = table_module()
     out = []
     for r in layouts.get("runs", []):
-        result = r.get("result") or {}
+        rates = table.round_rates(r)
+        first = r["rounds"][0] if r["rounds"] else {}
         out.append(
             {
                 "store": r["store"],
@@ -730,21 +733,25 @@ def layout_records(results: dict) -> list[dict]:
                 "setting": r.get("setting", ""),
                 "batch": r.get("batch"),
                 "workers": r["workers"],
-                "per_s": None if "epochs" not in result else rate(r),
-                "refused": result.get("refused") or result.get("error"),
-                "cut": any(e.get("capped_after_s") for e in result.get("epochs", [])),
+                "rates": rates,
+                "per_s": table.layout_rate(r),
+                "refused": None if any(rates) else first.get("refused") or first.get("error"),
+                "cut": any(e.get("capped_after_s") for result in r["rounds"] for e in result.get("epochs", [])),
             }
         )
     return out
 
 
 def layout_summary(results: dict) -> list[dict]:
-    """Per store and sample kind: zarr-beluga's best batched figure (over its worker counts) and its samples one
-    by one, zarrtorch's best with default settings as they are now (``None`` where it refused; a run with a
-    setting that is now the default counts, ``zarrtorch_now_default`` naming it) and with the setting its refusal
-    named, whether each best figure comes from cut epochs, the ratio of zarrtorch's best (default settings) to
-    beluga's best batched (``x``), and the same with no DataLoader workers on either side (``x_no_workers``: the
-    course's default, where beluga's own threads still work and zarrtorch's decode threads too)."""
+    """Per store and sample kind: zarr-beluga's best batched figure (the highest median over its worker counts)
+    and its samples one by one, zarrtorch's best with default settings as they are now (``None`` where it
+    refused; a run with a setting that is now the default counts, ``zarrtorch_now_default`` naming it) and with
+    the setting its refusal named, whether each best figure comes from cut epochs; and the ratios, each taken
+    within a round (the loaders of a round shared the machine's load) and summed up by their median [lowest,
+    highest]: ``x`` (``x_range``), zarrtorch's best default figure of the round over beluga's best batched one,
+    each over its worker counts, and ``x_no_workers`` (``x_no_workers_range``), the same with no DataLoader
+    workers on either side (the course's default, where beluga's own threads still work and zarrtorch's decode
+    threads too)."""
     table = table_module()
     records = layout_records(results)
     keys = list(dict.fromkeys((r["store"], r["frames"]) for r in records))
@@ -752,15 +759,22 @@ def layout_summary(results: dict) -> list[dict]:
     def best(rows) -> dict:
         return max((r for r in rows if r["per_s"]), key=lambda r: r["per_s"], default={"per_s": None, "cut": False})
 
+    def ratio(ours: list[dict], theirs: list[dict]) -> dict:
+        rounds = table.ratio_per_round(
+            table.best_per_round([r["rates"] for r in ours]), table.best_per_round([r["rates"] for r in theirs])
+        )
+        return table.spread(rounds) or {"median": None, "min": None, "max": None}
+
     out = []
     for store, frames in keys:
         rows = [r for r in records if (r["store"], r["frames"]) == (store, frames)]
         beluga = [r for r in rows if r["loader"].startswith("zarr-beluga")]
         ours = [r for r in rows if r["loader"] == "zarrtorch"]
-        b, one_by_one = best([r for r in beluga if r["batch"]]), best([r for r in beluga if r["batch"] == 0])
-        z = best([r for r in ours if table.counts_as_default(r)])
-        b0 = best([r for r in beluga if r["batch"] and r["workers"] == 0])
-        z0 = best([r for r in ours if table.counts_as_default(r) and r["workers"] == 0])
+        batched, defaults = [r for r in beluga if r["batch"]], [r for r in ours if table.counts_as_default(r)]
+        b, one_by_one = best(batched), best([r for r in beluga if r["batch"] == 0])
+        z = best(defaults)
+        x = ratio(defaults, batched)
+        x0 = ratio([r for r in defaults if r["workers"] == 0], [r for r in batched if r["workers"] == 0])
         out.append(
             {
                 "store": store,
@@ -773,8 +787,10 @@ def layout_summary(results: dict) -> list[dict]:
                 "zarrtorch_now_default": z.get("setting") or None,
                 "zarrtorch_refused": next((r["refused"] for r in ours if r["refused"] and not r["setting"]), None),
                 "zarrtorch_with_setting": best([r for r in ours if r["setting"]])["per_s"],
-                "x": z["per_s"] / b["per_s"] if z["per_s"] and b["per_s"] else None,
-                "x_no_workers": z0["per_s"] / b0["per_s"] if z0["per_s"] and b0["per_s"] else None,
+                "x": x["median"],
+                "x_range": (x["min"], x["max"]),
+                "x_no_workers": x0["median"],
+                "x_no_workers_range": (x0["min"], x0["max"]),
             }
         )
     return out
@@ -799,7 +815,7 @@ def _page_layouts(results: dict) -> str:
     Zarr v2 or v3 groups of one array per variable with dimensions named `(time, [level,] lat, lon)`. It reads
     each sample's chunks on its own and is handed the epoch's whole order. For the peers' table above it reads
     its own frame-layout copy of the store (its conversion); here it and zarrtorch read the same
-    {results["store"]["rows"]:,} rows in each layout it reads, in one run: windows of
+    {results["store"]["rows"]:,} rows in each layout it reads, in the same minutes: windows of
     {layouts["window_frames"]} steps (2 input + {layouts["window_frames"] - 2} target steps, batches of
     {layouts["window_batch"]}) and single rows (batches of {layouts["row_batch"]}), shuffled, one rank, 0 and 2
     DataLoader workers, warm page cache. zarrtorch runs with default settings; beluga as its package documents
@@ -808,7 +824,7 @@ def _page_layouts(results: dict) -> str:
     on the device, as beluga's `WindowLoader` does). The peers' store is read as it is through a metadata-only
     view (`benchmarks/peers/beluga_layouts.py`, `write_view`: beluga needs other dimension names), its 128-row
     chunks untouched. Epochs longer than {_layout_cap(results):.0f} s are cut and their rate is that of the part
-    read."""
+    read. {_layout_rounds(layouts)}"""
     if layouts.get("date"):  # run on its own (`run.py --layouts only`), later than the table above
         intro += f""" This part was run on its own, on {layouts["date"]} ({layouts["machine"]}), in
         {layouts["wall_s"]:.0f} s."""
@@ -842,10 +858,30 @@ def _page_layouts(results: dict) -> str:
                 ours += f" (measured with {setting}=True, {table_module().NOW_DEFAULT[setting]})"
         one_by_one = f", {_rate(s['beluga_samples'])}/s one by one" if s["beluga_samples"] else ""
         beluga = f"beluga {_rate(s['beluga'])}/s in batches{one_by_one}" + (" (epochs cut)" if s["beluga_cut"] else "")
-        ratio = f": **{s['x']:.2f}x** beluga's best in batches" if s["x"] else ""
-        ratio += f", **{s['x_no_workers']:.2f}x** with 0 workers each" if s["x_no_workers"] else ""
+        ratio = f": **{s['x']:.2f}x**{_range(s['x_range'])} beluga's best in batches" if s["x"] else ""
+        if s["x_no_workers"]:
+            ratio += f", **{s['x_no_workers']:.2f}x**{_range(s['x_no_workers_range'])} with 0 workers each"
         lines.append(f"- {s['store']}, {sample}: {ours}{ratio}; {beluga}.")
     return "\n".join(lines) + "\n"
+
+
+def _layout_rounds(layouts: dict) -> str:
+    """How the layouts part's figures were taken: its rounds, their times (UTC) and the machine's load."""
+    rounds = layouts["layout_rounds"]
+    log = layouts.get("rounds") or []
+    when = f", from {log[0]['utc'][0]} to {log[-1]['utc'][1]}" if log else ""
+    load = layouts.get("load_average") or []
+    load_text = f", 1-minute load average {load[0]:.1f}-{load[1]:.1f} over the runs" if load else ""
+    return f"""For each store and sample kind, {rounds} rounds{when}{load_text}: a round runs every loader of the
+    case once, each in a fresh process, in the reverse order the round after, so the loaders of a round share the
+    machine's load. A figure is the median of its rounds [lowest-highest]; a ratio is taken within each round
+    and summed up the same way, so a load that changes between rounds moves both sides of it."""
+
+
+def _range(bounds: tuple[float | None, float | None]) -> str:
+    """`` [low-high]`` of a ratio over the rounds ("" when it did not move at two digits)."""
+    low, high = (f"{v:.2f}" for v in bounds)
+    return "" if low == high else f" [{low}-{high}]"
 
 
 def _rate(v: float | None) -> str:
