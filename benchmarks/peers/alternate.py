@@ -1,9 +1,11 @@
-"""The layouts part's runs of one store, loaders alternating in the same minutes: a ratio on a shared machine.
+"""The layouts part's runs of one store, loaders alternating in the same minutes, other checkouts among them.
 
-``run.py``'s layouts part runs each loader once, one after the other, so on a machine shared with other jobs
-its ratios move with the load. Here the same runs (``run.job`` with ``run.layout_runs``' arguments: one fresh
-process each, epochs 1 and 2 together, warm page cache) go round ``--reps`` times, every loader and worker count
-once a round, and each is summed up by its median, with the 1-minute load average beside every run.
+``run.py``'s layouts part takes its figures in rounds too (``layout_case``: every loader once a round), for
+every layout, always this checkout against zarr-beluga. Here one store and sample kind, with zarrtorch from other
+checkouts beside it (a change measured against the code before it). The same runs (``run.job`` with
+``run.layout_run``'s arguments: one fresh process each, epochs 1 and 2 together, warm page cache) go round
+``--reps`` times, every loader and worker count once a round, and each is summed up by its median, with the
+1-minute load average beside every run.
 A loader is ``beluga`` (zarr-beluga 0.3.0 in its environment under ``.peers/``), ``zarrtorch`` (this checkout),
 or ``NAME=DIR``: zarrtorch from another checkout (``DIR`` on ``PYTHONPATH``: ``old=/tmp/main-tree``)::
 
@@ -33,7 +35,7 @@ def load_run_py():
 
 
 def layout_args(a, loader: str, workers: int) -> list[str]:
-    """A ``layout`` job's options, as ``run.layout_runs`` gives them."""
+    """A ``layout`` job's options, as ``run.layout_run`` gives them."""
     store = Path(a.data_dir) / f"peers_{a.rows}_c128_s0_{a.kind}.zarr"
     args = ["layout", "--kind", a.kind, "--frames", str(a.frames), "--workers", str(workers)]
     args += ["--store", str(store), "--work", str(Path(a.work) / loader.split("=")[0]), "--rows", str(a.rows)]
