@@ -547,6 +547,13 @@ def test_the_layouts_part_runs_every_loader_once_a_round_alternating_and_holds_t
     assert zarrtorch["x_beluga"]["rounds"] == [2.0, 2.0, 2.0]  # each round against beluga's best of that round
 
 
+def test_fewer_than_one_layout_round_is_refused_naming_the_option(run_py, capsys):
+    """A layouts part of 0 rounds would write a table with no figures; the option says what it needs instead."""
+    with pytest.raises(SystemExit):
+        run_py.parse_args(["--layouts", "only", "--layout-rounds", "0"])
+    assert "--layout-rounds 0: each case needs at least 1 round" in capsys.readouterr().err
+
+
 def test_the_uneven_store_has_a_partial_last_chunk_and_an_even_one_is_refused(tmp_path, run_py):
     """Issue 45: the uneven pass's store must be one that can catch a loader dealing unequal shares: by default
     2,150 rows in chunks of 128 (16 full chunks and one of 102 rows: 17 chunks over 2 ranks x 2 workers, 1,075
