@@ -815,7 +815,7 @@ def _page_layouts(results: dict) -> str:
     Zarr v2 or v3 groups of one array per variable with dimensions named `(time, [level,] lat, lon)`. It reads
     each sample's chunks on its own and is handed the epoch's whole order. For the peers' table above it reads
     its own frame-layout copy of the store (its conversion); here it and zarrtorch read the same
-    {results["store"]["rows"]:,} rows in each layout it reads, in the same minutes: windows of
+    {results["store"]["rows"]:,} rows in each layout it reads, {_layout_when(layouts)}: windows of
     {layouts["window_frames"]} steps (2 input + {layouts["window_frames"] - 2} target steps, batches of
     {layouts["window_batch"]}) and single rows (batches of {layouts["row_batch"]}), shuffled, one rank, 0 and 2
     DataLoader workers, warm page cache. zarrtorch runs with default settings; beluga as its package documents
@@ -865,13 +865,23 @@ def _page_layouts(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _layout_when(layouts: dict) -> str:
+    """When the loaders of a case ran: in the same minutes (rounds), or one after the other in one run."""
+    return "in the same minutes" if layouts["layout_rounds"] > 1 else "in one run"
+
+
 def _layout_rounds(layouts: dict) -> str:
-    """How the layouts part's figures were taken: its rounds, their times (UTC) and the machine's load."""
+    """How the layouts part's figures were taken: its rounds, their times (UTC) and the machine's load (a run
+    that recorded neither says so)."""
     rounds = layouts["layout_rounds"]
     log = layouts.get("rounds") or []
     when = f", from {log[0]['utc'][0]} to {log[-1]['utc'][1]}" if log else ""
     load = layouts.get("load_average") or []
-    load_text = f", 1-minute load average {load[0]:.1f}-{load[1]:.1f} over the runs" if load else ""
+    load_text = f", 1-minute load average {load[0]:.1f}-{load[1]:.1f} over the runs" if load else " (no load recorded)"
+    if rounds == 1:
+        return f"""For each store and sample kind, 1 round{when}{load_text}: every loader of the case once, one
+        after the other, each in a fresh process; a figure has no range, and a ratio compares runs a minute or so
+        apart, which a load that changes in between moves (`--layout-rounds 3` takes medians of rounds)."""
     return f"""For each store and sample kind, {rounds} rounds{when}{load_text}: a round runs every loader of the
     case once, each in a fresh process, in the reverse order the round after, so the loaders of a round share the
     machine's load. A figure is the median of its rounds [lowest-highest]; a ratio is taken within each round
