@@ -279,18 +279,27 @@ DDP_SCRIPT = textwrap.dedent(
         stats = channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row)
         bare.fit(ForecastModule(stats, hidden=4, depth=2), train_dataloaders=loader)
         open(f"{out}/done-bare-{bare.global_rank}", "w").close()
+        # the same processes again: validation alone, of another store (15 validation rows)
+        dm = ZarrDataModule(sys.argv[3], batch_size=4, val_fraction=0.1, seed=3)
+        model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False)
+        (metrics,) = trainer.validate(model, datamodule=dm, verbose=False)
+        if trainer.global_rank == 0:
+            with open(out + "/val.json", "w") as f:
+                json.dump({"val_rows": dm.split_plan.val_rows, **metrics}, f)
     """
 )
 
 
-def run_script(script, store, tmp_path) -> None:
+def run_script(script, store, tmp_path, *extra) -> None:
     """Run a script that starts its own two DDP ranks, outside any launcher this test process may run under (its
-    rank and Slurm variables would make Lightning join that job instead)."""
+    rank and Slurm variables would make Lightning join that job instead); ``extra``: more arguments for it."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS", "SLURM_PROCID"):
         env.pop(key, None)
     proc = subprocess.run(
-        [sys.executable, str(script), str(store), str(tmp_path)],
+        [sys.executable, str(script), str(store), str(tmp_path), *map(str, extra)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -300,13 +309,21 @@ def run_script(script, store, tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
-    script = tmp_path / "ddp_fit.py"
+@pytest.fixture(scope="module")
+def ddp_run(store, tmp_path_factory) -> Path:
+    """One launch of 2 DDP ranks (starting them costs more than what they run): a fit with the DataModule, a fit
+    with a bare loader, then validation alone of a store with 15 validation rows; the folder of what they wrote."""
+    out = tmp_path_factory.mktemp("ddp_run")
+    script = out / "ddp_fit.py"
     script.write_text(DDP_SCRIPT)
-    run_script(script, store, tmp_path)
-    assert (tmp_path / "done-fit-0").exists() and (tmp_path / "done-fit-1").exists()
-    record = json.loads((tmp_path / "rows.json").read_text())
+    run_script(script, store, out, make_store(out / "v.zarr", rows=9 * CHUNK + 15))
+    return out
+
+
+@pytest.mark.slow
+def test_two_process_ddp_fit_partial_chunk(store, ddp_run):
+    assert (ddp_run / "done-fit-0").exists() and (ddp_run / "done-fit-1").exists()
+    record = json.loads((ddp_run / "rows.json").read_text())
     assert record["world_size"] == 2
     epochs = record["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1] and [e["loader_epoch"] for e in epochs] == [0, 1]
@@ -328,13 +345,13 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
         for rank in (0, 1):
             expected = np.concatenate(loader.batch_row_ids(epoch=e["epoch"], rank=rank, world_size=2))
             np.testing.assert_array_equal(e["rows"][rank], expected)
-    history = json.loads((tmp_path / "history.json").read_text())
+    history = json.loads((ddp_run / "history.json").read_text())
     assert history["world_size"] == 2 and len(history["history"]) == 2
     assert all("val_skill" in h for h in history["history"])  # validation: partial chunk, padded across ranks
 
     # training over the partial last chunk itself
-    assert (tmp_path / "done-bare-0").exists() and (tmp_path / "done-bare-1").exists()
-    bare = json.loads((tmp_path / "rows_bare.json").read_text())["epochs"]
+    assert (ddp_run / "done-bare-0").exists() and (ddp_run / "done-bare-1").exists()
+    bare = json.loads((ddp_run / "rows_bare.json").read_text())["epochs"]
     ds = ZarrIterableDataset(store, seed=12, buffer_chunks=2, return_index=True)
     planner = ZarrDataLoader(ds, batch_size=8, drop_last=True, rank=0, world_size=2)
     per_rank = ROWS // (2 * 8)
@@ -351,39 +368,12 @@ def test_two_process_ddp_fit_partial_chunk(store, tmp_path):
 
 
 # -- validation under DDP: every row counted once ------------------------------------------------------------
-VAL_SCRIPT = textwrap.dedent(
-    """
-    import json, sys, warnings
-    warnings.filterwarnings("ignore")
-    import torch
-    import lightning as L
-    from zarrtorch.lightning import ZarrDataModule
-    from zarrtorch.course.models import ForecastModule, channel_stats
-
-    if __name__ == "__main__":
-        store, out = sys.argv[1], sys.argv[2]
-        torch.set_num_threads(1)
-        dm = ZarrDataModule(store, batch_size=4, val_fraction=0.1, seed=3)
-        model = ForecastModule(channel_stats(dm.store, n_chunks=2, stop_row=dm.split_plan.split_row), hidden=4, depth=2)
-        trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
-                            enable_model_summary=False)
-        (metrics,) = trainer.validate(model, datamodule=dm, verbose=False)
-        if trainer.global_rank == 0:
-            with open(out + "/val.json", "w") as f:
-                json.dump({"val_rows": dm.split_plan.val_rows, **metrics}, f)
-    """
-)
-
-
 @pytest.mark.slow
-def test_validation_under_ddp_counts_each_row_once(tmp_path):
+def test_validation_under_ddp_counts_each_row_once(ddp_run):
     """15 validation rows on 2 ranks: the padding row (repeated so that both ranks get 2 batches) is left out of
-    the mean; it was once counted (16 rows, one twice)."""
-    store = make_store(tmp_path / "v.zarr", rows=9 * CHUNK + 15)
-    script = tmp_path / "validate.py"
-    script.write_text(VAL_SCRIPT)
-    run_script(script, store, tmp_path)
-    got = json.loads((tmp_path / "val.json").read_text())
+    the mean; it was once counted (16 rows, one twice). The ranks are those of ``ddp_run``, after its fits."""
+    store = ddp_run / "v.zarr"
+    got = json.loads((ddp_run / "val.json").read_text())
     assert got["val_rows"] == 15
     group = zarr.open_group(str(store), mode="r")
     fields, target = group["fields"][9 * CHUNK :], group["target"][9 * CHUNK :]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,9 +101,32 @@ def fit(store, out, devices, phase, bare=False, flags=(), check=True):
     return [json.loads((out / f"rows_{phase}_{r}.json").read_text()) for r in range(devices)]
 
 
+@pytest.fixture(scope="module")
+def first_on_1(store, tmp_path_factory) -> Path:
+    """3 steps on 1 device and their checkpoint: the interrupted job that two tests resume, run once."""
+    out = tmp_path_factory.mktemp("first_on_1")
+    fit(store, out, 1, "first")
+    return out
+
+
+@pytest.fixture(scope="module")
+def first_on_2(store, tmp_path_factory) -> Path:
+    """3 steps on 2 devices (DDP) and their checkpoint: the interrupted job that two tests resume, run once."""
+    out = tmp_path_factory.mktemp("first_on_2")
+    fit(store, out, 2, "first")
+    return out
+
+
+def interrupted(first: Path, out: Path, devices: int) -> list[dict]:
+    """A copy of an interrupted job's folder (checkpoint, rows) in ``out``, which a test resumes on its own, and
+    the rows it trained; the same rows as running it there (its script, store and seed are fixed)."""
+    shutil.copytree(first, out, dirs_exist_ok=True)
+    return [json.loads((out / f"rows_first_{r}.json").read_text()) for r in range(devices)]
+
+
 @pytest.mark.slow
-def test_same_devices_resume_is_exact(store, tmp_path):
-    first = fit(store, tmp_path, 1, "first")
+def test_same_devices_resume_is_exact(store, first_on_1, tmp_path):
+    first = interrupted(first_on_1, tmp_path, 1)
     second = fit(store, tmp_path, 1, "second")
     rows = first[0]["rows"] + second[0]["rows"]
     fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
@@ -113,8 +137,8 @@ def test_same_devices_resume_is_exact(store, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_on_more_devices(store, tmp_path):
-    first = fit(store, tmp_path, 2, "first")
+def test_resume_on_more_devices(store, first_on_2, tmp_path):
+    first = interrupted(first_on_2, tmp_path, 2)
     second = fit(store, tmp_path, 3, "second")
     assert [len(r["rows"]) for r in first] == [3, 3]
     counts = {len(r["rows"]) for r in second}
@@ -158,10 +182,10 @@ def test_a_bare_loader_resumed_at_an_epoch_end_says_what_it_trains(store, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_refused_state_shows_its_own_message_under_lightning(store, tmp_path):
+def test_a_refused_state_shows_its_own_message_under_lightning(store, first_on_1, tmp_path):
     """A mid-epoch checkpoint resumed with another batch size: the loader's refusal, naming the setting, is
     what the user sees (it was once hidden behind Lightning's "Please call iter(combined_loader) first")."""
-    fit(store, tmp_path, 1, "first")
+    interrupted(first_on_1, tmp_path, 1)
     proc = fit(store, tmp_path, 1, "second", flags=["batch16"], check=False)
     assert proc.returncode != 0
     assert "batch_size: saved 8, now 16" in proc.stderr, proc.stderr[-3000:]
@@ -173,11 +197,11 @@ def epoch_rows(run: dict, epoch: int) -> list[list[int]]:
 
 
 @pytest.mark.slow
-def test_resume_on_fewer_devices_then_whole_epochs(store, tmp_path):
+def test_resume_on_fewer_devices_then_whole_epochs(store, first_on_2, tmp_path):
     """2 ranks -> 1: the resumed epoch is 17 batches long on one rank, the next ones 20. Lightning counts an
     epoch's batches once, at its first loader, and stopped every later epoch at 17: 3 batches of each epoch
     never trained, silently. The DataModule now has the loader built again after the resumed epoch."""
-    first = fit(store, tmp_path, 2, "first")
+    first = interrupted(first_on_2, tmp_path, 2)
     (second,) = fit(store, tmp_path, 1, "two")
     fit_rows = 24 * CHUNK - round(0.2 * 24) * CHUNK
     before = [x for r in first for b in r["rows"] for x in b]
