@@ -118,8 +118,8 @@ class Pools:
         Every free chunk is kept: no more than the most decoded chunks held at once, which the memory budget
         counts already (the read-ahead, and with one-row chunks the shuffle buffer's rows,
         :mod:`zarrtorch.ref_buffer`). Keeping only a few let each chunk beyond them go back to the C allocator and
-        a new one fault its pages in again (0.75-1.2 page faults a 128 KiB row against 0.03-0.3 kept, ``benchmarks/README.md``,
-        "Store layouts")."""
+        a new one fault its pages in again: 0.75-1.2 page faults a 128 KiB row against 0.03-0.3 with every one
+        kept (``benchmarks/README.md``, "Store layouts")."""
         if math.prod(shape) * np.dtype(dtype).itemsize < POOLED_CHUNK_BYTES:
             return functools.partial(np.empty, tuple(shape), np.dtype(dtype))
         key = ("chunk", tuple(shape), np.dtype(dtype).str)
