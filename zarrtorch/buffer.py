@@ -111,6 +111,10 @@ class SlotBuffer:
         this one method)."""
         return column[take]
 
+    def _take_into(self, column: np.ndarray, take: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """A batch's rows of one column, written into ``out`` (:func:`_take_into`)."""
+        return _take_into(column, take, out)
+
     def load(self, columns: dict[str, np.ndarray]) -> None:
         """Fill the first slots with given rows (rebuilding the buffer when resuming mid-epoch)."""
         n = len(columns["index"])
@@ -151,7 +155,7 @@ class SlotBuffer:
             self.filled += step.append
         dest = out(len(step.take)) if out is not None else None
         if dest is not None:
-            batch = {n: _take_into(c, step.take, dest[n]) for n, c in self.slots.items()}
+            batch = {n: self._take_into(c, step.take, dest[n]) for n, c in self.slots.items()}
         else:
             batch = {name: self._gather(column, step.take) for name, column in self.slots.items()}
         if step.refill or step.move_dst is not None:

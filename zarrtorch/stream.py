@@ -19,6 +19,7 @@ from zarrtorch._util.pool import Pools
 from zarrtorch._util.sizes import native
 from zarrtorch.buffer import INDEX_ONLY, RowCursor, SlotBuffer, buffer_capacity, schedule
 from zarrtorch.plan import WorkerPlan
+from zarrtorch.ref_buffer import RefBuffer, holds_rows_alone
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,10 +60,13 @@ def stream_batches(
         yield from _cached(reader, pieces, steps, capacity, skip, out)
         return
     buf_columns = {**INDEX_ONLY, **columns}
-    slots, early = _staged(reader, pieces if capacity and not skip else pieces[:0], capacity, buf_columns)
-    if slots is None and pools and capacity:
+    by_ref = bool(capacity) and holds_rows_alone(reader)  # one copy fewer (zarrtorch/ref_buffer.py)
+    slots, early = _staged(
+        reader, pieces if capacity and not skip and not by_ref else pieces[:0], capacity, buf_columns
+    )
+    if slots is None and pools and capacity and not by_ref:
         slots = pools.slots(capacity, buf_columns)
-    buf = SlotBuffer(capacity, buf_columns, slots)
+    buf = RefBuffer(capacity, buf_columns) if by_ref else SlotBuffer(capacity, buf_columns, slots)
     ids, cursor = replayed(steps, pieces, capacity, skip)
     if ids.filled:  # load what the buffer holds at the resume point
         held = ids.slots["index"][: ids.filled]
@@ -75,7 +79,7 @@ def stream_batches(
             if copy_direct and step.direct and out is None:
                 batch = {name: arr.copy() for name, arr in batch.items()}
             yield batch
-            if capacity and reader.started_early is not None:  # the last piece is in: the buffer drains
+            if capacity and not by_ref and reader.started_early is not None:  # the last piece is in: the buffer drains
                 buf.flush()
                 reader.started_early.stage(buf.slots, capacity - buf.filled - cursor.rows_left())
     finally:

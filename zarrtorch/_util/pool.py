@@ -49,9 +49,10 @@ def leased_view(array: np.ndarray, lease: Lease) -> LeasedArray:
 
 
 class Pool(Generic[T]):
-    """Buffers made by ``make``; at most ``keep`` free ones are kept (never more than were in use at once)."""
+    """Buffers made by ``make``; at most ``keep`` free ones are kept (``None``: all), and never more than were in
+    use at once: a new buffer is made only when none is free."""
 
-    def __init__(self, make: Callable[[], T], keep: int = 8):
+    def __init__(self, make: Callable[[], T], keep: int | None = 8):
         self._make, self._keep = make, keep
         self._free: list[T] = []  # list.pop/append are atomic: a lease may be freed in any thread
 
@@ -64,11 +65,11 @@ class Pool(Generic[T]):
         return item, Lease(lambda: self._give_back(item))
 
     def _give_back(self, item: T) -> None:
-        if len(self._free) < self._keep:
+        if self._keep is None or len(self._free) < self._keep:
             self._free.append(item)
 
 
-def array_pool(shape: tuple[int, ...], dtype, keep: int = 8) -> Callable[[], LeasedArray]:
+def array_pool(shape: tuple[int, ...], dtype, keep: int | None = 8) -> Callable[[], LeasedArray]:
     """A function returning a pooled array of ``shape`` (a decoded chunk)."""
     pool = Pool(lambda: np.empty(shape, dtype=dtype), keep)
 
@@ -112,12 +113,18 @@ class Pools:
         return self._pools[key]
 
     def chunks(self, shape: tuple[int, ...], dtype) -> Callable[[], np.ndarray]:
-        """Decoded chunks of ``shape``: pooled, or new arrays where a chunk is small (:data:`POOLED_CHUNK_BYTES`)."""
+        """Decoded chunks of ``shape``: pooled, or new arrays where a chunk is small (:data:`POOLED_CHUNK_BYTES`).
+
+        Every free chunk is kept: no more than the most decoded chunks held at once, which the memory budget
+        counts already (the read-ahead, and with one-row chunks the shuffle buffer's rows,
+        :mod:`zarrtorch.ref_buffer`). Keeping only a few let each chunk beyond them go back to the C allocator and
+        a new one fault its pages in again: 0.75-1.2 page faults a 128 KiB row against 0.03-0.3 with every one
+        kept (``benchmarks/README.md``, "Store layouts")."""
         if math.prod(shape) * np.dtype(dtype).itemsize < POOLED_CHUNK_BYTES:
             return functools.partial(np.empty, tuple(shape), np.dtype(dtype))
         key = ("chunk", tuple(shape), np.dtype(dtype).str)
         if key not in self._pools:
-            self._pools[key] = array_pool(shape, dtype)
+            self._pools[key] = array_pool(shape, dtype, keep=None)
         return self._pools[key]
 
     def slots(self, capacity: int, columns: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, LeasedArray]:

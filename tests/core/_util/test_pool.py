@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import weakref
 
 import numpy as np
 import torch
@@ -87,6 +88,20 @@ def test_a_small_decoded_chunk_is_a_new_array_and_a_large_one_pooled():
     assert type(small) is np.ndarray and small.shape == (1, 32, 32) and small.dtype == np.float32
     large = Pools().chunks((1, POOLED_CHUNK_BYTES // 4), np.float32)()
     assert isinstance(large, LeasedArray)
+
+
+def test_a_chunk_pool_keeps_every_free_chunk_and_makes_no_more_than_were_in_use_at_once():
+    """With one-row chunks the shuffle buffer holds its rows as decoded chunks (zarrtorch/ref_buffer.py): a
+    buffer's worth of them is freed every few batches, and a pool keeping only 8 gave the rest back to the C
+    allocator, whose next chunk faulted its pages in again (about one page fault a 128 KiB row, issue 43)."""
+    take = Pools().chunks((1, POOLED_CHUNK_BYTES // 4), np.float32)
+    held = [take() for _ in range(40)]
+    buffers = [weakref.ref(a.base) for a in held]  # the pooled arrays the leased views are of
+    del held
+    gc.collect()
+    assert all(b() is not None for b in buffers)  # every free one kept
+    again = [take() for _ in range(40)]
+    assert {id(a.base) for a in again} == {id(b()) for b in buffers}  # and reused: none made anew
 
 
 def test_direct_decoder_reuses_a_chunk_buffer_once_freed(tmp_path, monkeypatch):

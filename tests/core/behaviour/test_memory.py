@@ -184,6 +184,43 @@ def test_memory_bound_counts_a_buffer_grown_to_a_batch(tracked, tmp_path):
     assert last["peak_piece_bytes"] + last["buffer_bytes"] <= bound(loader)
 
 
+@pytest.mark.parametrize("chunk_rows", [1, CHUNK])
+def test_memory_bound_counts_the_decoded_chunks_the_buffer_holds_rows_of(tmp_path, monkeypatch, chunk_rows):
+    """With one-row chunks the shuffle buffer holds references to the decoded chunks, not copies
+    (zarrtorch/ref_buffer.py, issue 43): a chunk is alive while any of its rows waits in the buffer, so the
+    chunks themselves are tracked here (a piece is a view: the view is freed long before its chunk). Within the
+    bound with one-row chunks; with chunks of several rows (copied into slots) too."""
+    live, peak, lock = [0], [0], threading.Lock()
+    read_piece = PieceReader.read_piece
+
+    def drop(nbytes):
+        with lock:
+            live[0] -= nbytes
+
+    def tracked_read_piece(self, start, stop):
+        out = read_piece(self, start, stop)
+        for a in out.values():
+            chunk = a if a.base is None else a.base
+            with lock:
+                live[0] += chunk.nbytes
+                peak[0] = max(peak[0], live[0])
+            weakref.finalize(chunk, drop, chunk.nbytes)
+        return out
+
+    monkeypatch.setattr(PieceReader, "read_piece", tracked_read_piece)
+    rows = 40 * CHUNK
+    x = np.broadcast_to(np.arange(rows, dtype=np.float32)[:, None], (rows, FEATURES))
+    store = prepare_zarr({"x": x}, tmp_path / "d.zarr", chunk_rows=chunk_rows, progress=False)
+    ds = ZarrIterableDataset(
+        store, buffer_chunks=BUFFER_CHUNKS * CHUNK // chunk_rows, read=ReadOptions(decode_threads=1)
+    )
+    loader = ZarrDataLoader(ds, batch_size=16, work_ahead=0)
+    assert sum(len(b["x"]) for b in loader) == rows
+    if chunk_rows == 1:  # the buffer's rows are held as their decoded chunks (no slot copies), and counted here
+        assert peak[0] > BUFFER_CHUNKS * CHUNK * ds.row_bytes // 2
+    assert peak[0] <= bound(loader)
+
+
 @pytest.mark.slow
 def test_memory_bound_per_worker(tracked, tmp_path):
     """The same bound in each of two forked DataLoader workers (the instrumented class is inherited)."""
