@@ -14,8 +14,10 @@ float32, 64-row chunks: 313 chunks), enough pieces per epoch for the requests in
 an epoch that short loses a quarter to its first round trip, so ``--rows 100000`` (1,563 chunks) measures hiding
 latency more fairly. The server runs in a process of its own (``servers.HttpStoreProcess``), as a store on
 another machine would (in the loader's process its threads would share the loader's GIL), and answers from one
-event loop (``--server asyncio``): a request waiting out its delay costs a timer, not a thread, as in an object
-store; ``--server threads`` is the thread-per-request server of the tests and lessons.
+event loop without a web framework (``--server bare``, ``zarrtorch.course.bare_http``): a request waiting out its
+delay costs a timer, not a thread, as in an object store, and each answer as little of the shared cores as Python
+allows (aiohttp's web server, ``--server asyncio``, spent about twice the CPU per request and answered late at
+100 ms: ``benchmarks/README.md``); ``--server threads`` is the thread-per-request server of the tests and lessons.
 """
 
 from __future__ import annotations
@@ -132,17 +134,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, default=None, help="decode threads (default: zarrtorch's, the CPUs' share)")
     p.add_argument(
         "--server",
-        choices=["asyncio", "threads", "in-process"],
-        default="asyncio",
-        help="the stand-in store: one event loop in a process of its own (default), a thread per request in a "
-        "process of its own, or threads of this process (as the earliest tables did)",
+        choices=["bare", "asyncio", "threads", "in-process"],
+        default="bare",
+        help="the stand-in store: one event loop in a process of its own, answering from an asyncio.Protocol "
+        "(default) or from aiohttp's web server, a thread per request in a process of its own, or threads of this "
+        "process (as the earliest tables did)",
     )
     p.add_argument(
         "--server-processes",
         type=int,
         default=1,
-        help="with --server asyncio: processes answering from one socket (4 changed nothing beyond the spread on "
-        "a 16-core node, benchmarks/README.md; more processes take cores from the client on a small machine)",
+        help="with --server bare or asyncio: processes answering from one socket (4 changed nothing beyond the "
+        "spread on a 16-core node, benchmarks/README.md; more processes take cores from the client on a small machine)",
     )
     p.add_argument(
         "--plain-client",
@@ -168,9 +171,13 @@ def main(argv: list[str] | None = None) -> dict:
         def serve(delay: float):
             if args.server == "in-process":
                 return servers.HttpStoreServer(store.parent, delay_ms=delay)
-            loops = args.server_processes if args.server == "asyncio" else 1
+            loops = args.server_processes if args.server in ("bare", "asyncio") else 1
             return servers.HttpStoreProcess(
-                store.parent, delay_ms=delay, asyncio=args.server == "asyncio", processes=loops
+                store.parent,
+                delay_ms=delay,
+                asyncio=args.server == "asyncio",
+                bare=args.server == "bare",
+                processes=loops,
             )
 
         hosts = {d: stack.enter_context(serve(d)) for d in args.delay_ms}
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"rows/s through ZarrDataLoader ({args.threads or 'default'} decode threads, batch {args.batch_size}); "
         f"{store.name}; server: {args.server}"
-        f"{f' x {args.server_processes} processes' if args.server == 'asyncio' and args.server_processes > 1 else ''}; "
+        f"{f' x {args.server_processes} processes' if args.server_processes > 1 else ''}; "
         f"median of {args.repeats} loaders [lowest-highest], each the median of {args.epochs} epochs; "
         "(x): the same setting over HTTP without delay, median of the repeats' ratios"
     )
