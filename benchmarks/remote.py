@@ -14,8 +14,10 @@ float32, 64-row chunks: 313 chunks), enough pieces per epoch for the requests in
 an epoch that short loses a quarter to its first round trip, so ``--rows 100000`` (1,563 chunks) measures hiding
 latency more fairly. The server runs in a process of its own (``servers.HttpStoreProcess``), as a store on
 another machine would (in the loader's process its threads would share the loader's GIL), and answers from one
-event loop (``--server asyncio``): a request waiting out its delay costs a timer, not a thread, as in an object
-store; ``--server threads`` is the thread-per-request server of the tests and lessons.
+event loop without a web framework (``--server bare``, ``zarrtorch.course.bare_http``): a request waiting out its
+delay costs a timer, not a thread, as in an object store, and each answer as little of the shared cores as Python
+allows (aiohttp's web server, ``--server asyncio``, spent about twice the CPU per request and answered late at
+100 ms: ``benchmarks/README.md``); ``--server threads`` is the thread-per-request server of the tests and lessons.
 """
 
 from __future__ import annotations
@@ -125,24 +127,25 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rows", type=int, default=20_000, help="rows of the generated store (64-row chunks)")
     p.add_argument("--delay-ms", type=float, nargs="+", default=[0.0, 20.0, 100.0])
     p.add_argument("--in-flight", type=int, nargs="*", default=[8, 32], help="fixed settings besides the default")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    p.add_argument("--workers", type=int, nargs="*", default=[0, 2], help="none: the bare client only")
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader (the median is taken)")
     p.add_argument("--repeats", type=int, default=3, help="fresh loaders per figure (median and spread)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="decode threads (default: zarrtorch's, the CPUs' share)")
     p.add_argument(
         "--server",
-        choices=["asyncio", "threads", "in-process"],
-        default="asyncio",
-        help="the stand-in store: one event loop in a process of its own (default), a thread per request in a "
-        "process of its own, or threads of this process (as the earliest tables did)",
+        choices=["bare", "asyncio", "threads", "in-process"],
+        default="bare",
+        help="the stand-in store: one event loop in a process of its own, answering from an asyncio.Protocol "
+        "(default) or from aiohttp's web server, a thread per request in a process of its own, or threads of this "
+        "process (as the earliest tables did)",
     )
     p.add_argument(
         "--server-processes",
         type=int,
         default=1,
-        help="with --server asyncio: processes answering from one socket (4 changed nothing beyond the spread on "
-        "a 16-core node, benchmarks/README.md; more processes take cores from the client on a small machine)",
+        help="with --server bare or asyncio: processes answering from one socket (4 changed nothing beyond the "
+        "spread on a 16-core node, benchmarks/README.md; more processes take cores from the client on a small machine)",
     )
     p.add_argument(
         "--plain-client",
@@ -168,9 +171,13 @@ def main(argv: list[str] | None = None) -> dict:
         def serve(delay: float):
             if args.server == "in-process":
                 return servers.HttpStoreServer(store.parent, delay_ms=delay)
-            loops = args.server_processes if args.server == "asyncio" else 1
+            loops = args.server_processes if args.server in ("bare", "asyncio") else 1
             return servers.HttpStoreProcess(
-                store.parent, delay_ms=delay, asyncio=args.server == "asyncio", processes=loops
+                store.parent,
+                delay_ms=delay,
+                asyncio=args.server == "asyncio",
+                bare=args.server == "bare",
+                processes=loops,
             )
 
         hosts = {d: stack.enter_context(serve(d)) for d in args.delay_ms}
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"rows/s through ZarrDataLoader ({args.threads or 'default'} decode threads, batch {args.batch_size}); "
         f"{store.name}; server: {args.server}"
-        f"{f' x {args.server_processes} processes' if args.server == 'asyncio' and args.server_processes > 1 else ''}; "
+        f"{f' x {args.server_processes} processes' if args.server_processes > 1 else ''}; "
         f"median of {args.repeats} loaders [lowest-highest], each the median of {args.epochs} epochs; "
         "(x): the same setting over HTTP without delay, median of the repeats' ratios"
     )
@@ -218,12 +225,23 @@ def main(argv: list[str] | None = None) -> dict:
             f"a bare aiohttp client in a process of its own, no decoding ({arrays} array(s): rows per request "
             f"{rows_per_request:g}); median [lowest-highest] of {args.repeats}:"
         )
-        for (delay, in_flight), values in plain.items():
+        for (delay, in_flight), (values, cpu) in plain.items():
             rows_s = [v * rows_per_request for v in values]
-            print(f"  {delay:g} ms, {in_flight} at once: {summary(values)} requests/s = {summary(rows_s)} rows/s")
+            ratios = [v / b for v, b in zip(values, plain.get((0.0, in_flight), ([], []))[0], strict=False)]
+            print(
+                f"  {delay:g} ms, {in_flight} at once: {summary(values)} requests/s = {summary(rows_s)} rows/s"
+                + (f" ({summary(ratios, 2)})" if ratios and delay else "")
+                + (f"; server CPU per request {summary([c * 1e6 for c in cpu])} us" if cpu else "")
+            )
         results["plain_client"] = [
-            {"delay_ms": d, "in_flight": n, "requests_per_s": v, "rows_per_s": [x * rows_per_request for x in v]}
-            for (d, n), v in plain.items()
+            {
+                "delay_ms": d,
+                "in_flight": n,
+                "requests_per_s": v,
+                "rows_per_s": [x * rows_per_request for x in v],
+                "server_cpu_s_per_request": cpu,
+            }
+            for (d, n), (v, cpu) in plain.items()
         ]
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
@@ -231,7 +249,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def plain_clients(keys: list[str], hosts: dict, in_flight: list[int], repeats: int) -> dict:
-    """Requests/s of :func:`plain_client_rate` for each delayed server and number at once, ``repeats`` times."""
+    """Requests/s of :func:`plain_client_rate` for each delayed server and number at once, ``repeats`` times, and
+    the server's CPU seconds per request meanwhile (empty where ``/proc`` cannot tell): ``(delay, n) -> (rates,
+    cpu)``. The delays alternate within each repeat, so that a machine slowing down slows them alike."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
@@ -243,9 +263,33 @@ def plain_clients(keys: list[str], hosts: dict, in_flight: list[int], repeats: i
             for delay, host in hosts.items():
                 for n in in_flight:
                     requests = max(len(keys), 8 * n, 1000)
+                    before = server_cpu_s(host)
                     rate = pool.submit(plain_client_rate, host.url, keys, n, requests).result()
-                    out.setdefault((delay, n), []).append(rate)
+                    after = server_cpu_s(host)
+                    rates, cpu = out.setdefault((delay, n), ([], []))
+                    rates.append(rate)
+                    if before is not None and after is not None:  # the untimed first round included: n more
+                        cpu.append((after - before) / (requests + n))
     return out
+
+
+def server_cpu_s(host) -> float | None:
+    """CPU seconds the stand-in server's process and the processes it forked (``--server-processes``) have used,
+    from ``/proc`` (Linux); ``None`` where it cannot tell (a server in this process, another system)."""
+    proc = getattr(host, "_proc", None)
+    if proc is None:
+        return None
+    try:
+        pids = [proc.pid, *map(int, Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())]
+        ticks = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    except (OSError, ValueError, IndexError):
+        return None
+    import os
+
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

@@ -155,6 +155,7 @@ def test_remote_latency_table(tmp_path):
     assert set(plain) == {(0.0, 2), (5.0, 2)} and all(len(r["requests_per_s"]) == 2 for r in plain.values())
     assert 0 < min(plain[5.0, 2]["requests_per_s"]) and max(plain[5.0, 2]["requests_per_s"]) <= 2 / 0.005  # Little
     assert plain[5.0, 2]["rows_per_s"][0] == plain[5.0, 2]["requests_per_s"][0] * 16 / 2  # 16-row chunks, 2 arrays
+    assert all(len(r["server_cpu_s_per_request"]) == 2 for r in plain.values())  # the server's CPU, each repeat
 
 
 def test_obstore_eval_maps_the_storage_options_users_pass_today():

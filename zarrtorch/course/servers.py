@@ -204,7 +204,9 @@ class HttpStoreProcess:
     """:class:`HttpStoreServer` in a process of its own, for measurements: a store on another machine costs the
     client's interpreter nothing, while a server in the client's process shares its GIL with the loader (at
     100 ms per request, with 128 requests in flight, 128 of its threads wake and answer inside the process
-    measured). Same ``url``; ``requests`` (answers per key) is filled in when it stops."""
+    measured). Same ``url``; ``requests`` (answers per key) is filled in when it stops. ``asyncio=True``: aiohttp's
+    event loop instead of a thread per request; ``bare=True``: an ``asyncio.Protocol`` without a web framework
+    (:mod:`zarrtorch.course.bare_http`, the least CPU per request: what latency measurements use)."""
 
     def __init__(
         self,
@@ -212,13 +214,15 @@ class HttpStoreProcess:
         *,
         delay_ms: float = 0.0,
         asyncio: bool = False,
+        bare: bool = False,
         processes: int = 1,
         start_s: float = 60.0,
     ):
-        self.root, self.delay_ms, self.asyncio, self.start_s = Path(root).resolve(), float(delay_ms), asyncio, start_s
+        self.root, self.delay_ms, self.start_s = Path(root).resolve(), float(delay_ms), start_s
+        self.asyncio, self.bare = asyncio or bare, bare  # the bare server answers from event loops too
         self.processes = max(1, int(processes))  # event loops answering (asyncio only): a store is many servers
-        if self.processes > 1 and not asyncio:
-            raise ValueError("processes > 1 needs asyncio=True (the threaded server runs in one process)")
+        if self.processes > 1 and not self.asyncio:
+            raise ValueError("processes > 1 needs asyncio=True or bare=True (the threaded server runs in one process)")
         self.requests: dict[str, int] = {}
         self._proc = None
         self._url: str | None = None
@@ -235,6 +239,7 @@ class HttpStoreProcess:
 
         cmd = [sys.executable, "-m", "zarrtorch.course.servers", str(self.root), "--delay-ms", str(self.delay_ms)]
         cmd += ["--asyncio", "--processes", str(self.processes)] if self.asyncio else []
+        cmd += ["--bare"] if self.bare else []
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = threading.Timer(self.start_s, self._proc.kill)  # a server that never says its address
         ready.start()
@@ -281,10 +286,12 @@ def _serve(argv: list[str] | None = None) -> None:
     p.add_argument("root")
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--asyncio", action="store_true", help="event loops (aiohttp) instead of a thread a request")
+    p.add_argument("--bare", action="store_true", help="with --asyncio: asyncio.Protocol, no web framework (bare_http)")
     p.add_argument("--processes", type=int, default=1, help="with --asyncio: processes sharing the listening socket")
     args = p.parse_args(argv)
     if args.asyncio:
-        requests = _serve_asyncio(Path(args.root).resolve(), args.delay_ms / 1000, processes=args.processes)
+        root = Path(args.root).resolve()
+        requests = _serve_asyncio(root, args.delay_ms / 1000, processes=args.processes, bare=args.bare)
     else:
         with HttpStoreServer(args.root, delay_ms=args.delay_ms) as server:
             print(server.url, flush=True)
@@ -293,12 +300,13 @@ def _serve(argv: list[str] | None = None) -> None:
     print(json.dumps(requests), flush=True)
 
 
-def _serve_asyncio(root: Path, delay_s: float, processes: int = 1) -> dict[str, int]:
+def _serve_asyncio(root: Path, delay_s: float, processes: int = 1, bare: bool = False) -> dict[str, int]:
     """The same answers as :class:`HttpStoreServer` (GET, HEAD, byte ranges, a delay per request) from aiohttp
-    event loops: a request waiting out its delay costs a timer, not a thread, as in an object store that answers
-    thousands at once. ``processes`` loops, each in a process forked before any loop starts, accept from one
-    listening socket (``benchmarks/remote.py --plain-client`` measures what they answer). Prints the URL, serves
-    until stdin ends, returns the answers per key of all of them."""
+    event loops (``bare``: from :mod:`zarrtorch.course.bare_http`, no web framework): a request waiting out its
+    delay costs a timer, not a thread, as in an object store that answers thousands at once. ``processes`` loops,
+    each in a process forked before any loop starts, accept from one listening socket (``benchmarks/remote.py
+    --plain-client`` measures what they answer). Prints the URL, serves until stdin ends, returns the answers per
+    key of all of them."""
     import asyncio
     import json
     import signal
@@ -326,6 +334,13 @@ def _serve_asyncio(root: Path, delay_s: float, processes: int = 1) -> dict[str, 
         return web.Response(status=206, body=data[start:stop], headers=headers)
 
     async def serve(sock: socket.socket, until) -> None:
+        if bare:
+            from zarrtorch.course import bare_http
+
+            server = await bare_http.start(sock, root, delay_s, requests)
+            await until()
+            server.close()
+            return
         app = web.Application()
         app.router.add_get("/{key:.*}", answer)  # HEAD too
         runner = web.AppRunner(app, access_log=None)

@@ -46,16 +46,19 @@ def check_epoch(ds: ZarrIterableDataset, **loader_kwargs) -> None:
     assert set(everything.tolist()) == set(range(ROWS)) and len(everything) - ROWS < WORLD
 
 
-@pytest.mark.parametrize("asyncio, processes", [(False, 1), (True, 1), (True, 3)])
-def test_a_server_in_its_own_process_serves_and_counts(served, asyncio, processes):
+@pytest.mark.parametrize(
+    "asyncio, bare, processes",
+    [(False, False, 1), (True, False, 1), (True, False, 3), (False, True, 1), (False, True, 3)],
+)
+def test_a_server_in_its_own_process_serves_and_counts(served, asyncio, bare, processes):
     """The benchmarks' server in a process of its own (no GIL shared with the loader it serves), a thread per
-    request, one event loop or three processes' loops: the loader reads every row through it, byte ranges and
-    HEAD answer as a bucket does, a missing key is 404, and the answers counted (by every process) come back
-    when it stops."""
+    request, one event loop (aiohttp's, or a bare asyncio.Protocol) or three processes' loops: the loader reads
+    every row through it, byte ranges and HEAD answer as a bucket does, a missing key is 404, and the answers
+    counted (by every process) come back when it stops."""
     import urllib.error
     import urllib.request
 
-    with HttpStoreProcess(served, delay_ms=1, asyncio=asyncio, processes=processes) as server:
+    with HttpStoreProcess(served, delay_ms=1, asyncio=asyncio, bare=bare, processes=processes) as server:
         check_epoch(ZarrIterableDataset(f"{server.url}/s.zarr", seed=3, return_index=True))
         whole = (served / "s.zarr" / "zarr.json").read_bytes()
         ranged = urllib.request.Request(f"{server.url}/s.zarr/zarr.json", headers={"Range": "bytes=2-9"})
