@@ -343,7 +343,8 @@ def test_a_first_epoch_requests_the_chunks_the_cache_did_not_list_without_lookin
 ):
     """The chunks missing from the cache's listing at an epoch's start are requested at once: looking for each
     file first, in a reading thread behind the decodes queued there, made a first epoch 0.7x as fast as without
-    the cache. A warm epoch reads every chunk from its file, and asks the server for none."""
+    the cache. A warm epoch reads every chunk from its file, and asks the server for none (then, as it ends, the
+    next epoch's first chunks are read early from theirs)."""
     looked = []
     read = ChunkCache.read
     monkeypatch.setattr(ChunkCache, "read", lambda self, *key: looked.append(key) or read(self, *key))
@@ -352,7 +353,7 @@ def test_a_first_epoch_requests_the_chunks_the_cache_did_not_list_without_lookin
     assert looked == []
     served.requests.clear()
     check_epoch(ds, 1)
-    assert len(looked) == 2 * CHUNKS and chunk_requests(served) == 0
+    assert len(set(looked[: 2 * CHUNKS])) == 2 * CHUNKS and chunk_requests(served) == 0
 
 
 def test_a_warm_epoch_reads_at_the_floor_level_not_the_one_the_network_needed(served, tmp_path, monkeypatch):
@@ -370,7 +371,7 @@ def test_a_warm_epoch_reads_at_the_floor_level_not_the_one_the_network_needed(se
     loader.set_epoch(1)
     rows.append(np.concatenate([b["index"].numpy() for b in loader]))
     assert [sorted(r.tolist()) for r in rows] == [list(range(ROWS))] * 2
-    assert len(levels) == 2 * CHUNKS and set(levels) == {in_flight.first}
+    assert len(levels) >= 2 * CHUNKS and set(levels) == {in_flight.first}  # (then the next epoch's read early)
 
 
 def test_a_warm_epoch_right_after_the_cold_one_reads_the_chunks_whose_writes_land_as_it_lists(
