@@ -100,6 +100,18 @@ def test_a_warm_epoch_asks_the_server_for_no_chunk(served, tmp_path):
     assert len(cache_files(tmp_path / "cache")) == 2 * CHUNKS
 
 
+def test_a_warm_epochs_start_asks_the_server_for_the_groups_one_metadata_document(served, tmp_path):
+    """Each epoch's start reads the group's attributes again (a rewritten store is refused): the group was opened
+    without its format, which zarr then looks for in four documents at once (``zarr.json``, ``.zgroup``,
+    ``.zattrs``, ``.zmetadata``: four requests per epoch, three of them for nothing). Its format is known since
+    the dataset opened it: a warm epoch asks for ``zarr.json`` alone."""
+    ds = cached_dataset(served, tmp_path / "cache")
+    check_epoch(ds, 0)
+    served.requests.clear()
+    check_epoch(ds, 1)
+    assert served.requests == {"s.zarr/zarr.json": 1}
+
+
 def test_a_cut_or_altered_cache_file_is_fetched_again_not_served(served, tmp_path):
     """Uncompressed chunks: a flipped byte in one decodes without a complaint, to a wrong value, unless the
     cache's digest refuses the file."""
