@@ -200,7 +200,7 @@ class ZarrIterableDataset(IterableDataset):
         is for the epoch's chunks."""
         if self._watched_group is None:
             return
-        path, opened_with = self._watched_group
+        path, opened_with, zarr_format = self._watched_group
         arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
         cached = [a for a in arrays.values() if reads_through_cache(a)]
         first, self._epoch_begun = not self._epoch_begun, True
@@ -208,7 +208,7 @@ class ZarrIterableDataset(IterableDataset):
             return
         array = (cached or list(arrays.values()))[0]
         try:
-            now = group_attributes(array.store_path.store, path, self.read.retry)
+            now = group_attributes(array.store_path.store, path, self.read.retry, zarr_format)
         except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError; RetriesExhausted a RuntimeError
             raise ChunkReadError(
                 f"cannot read the attributes of the group of {store_label(array, self.arrays.secrets)} at the start "
@@ -463,26 +463,28 @@ class ZarrIterableDataset(IterableDataset):
         raise TypeError(THROUGH_THE_LOADER)
 
 
-def _group_to_watch(source, arrays: Arrays, keep_in_memory: bool) -> tuple[str, dict] | None:
-    """The path and attributes of the group ``source``, to tell at each epoch whether the store was rewritten
-    since (:meth:`ZarrIterableDataset.check_store_unchanged`): when its arrays read through a chunk cache (their
-    store id holds the attributes), or ``prepare_zarr`` wrote it (its attributes hold a write id, new at every
-    write) and every epoch reads it (not ``keep_in_memory``: the rows read once are the data); else ``None``."""
+def _group_to_watch(source, arrays: Arrays, keep_in_memory: bool) -> tuple[str, dict, int] | None:
+    """The path, attributes and Zarr format of the group ``source``, to tell at each epoch whether the store was
+    rewritten since (:meth:`ZarrIterableDataset.check_store_unchanged`): when its arrays read through a chunk cache
+    (their store id holds the attributes), or ``prepare_zarr`` wrote it (its attributes hold a write id, new at
+    every write) and every epoch reads it (not ``keep_in_memory``: the rows read once are the data); else
+    ``None``."""
     if not isinstance(source, zarr.Group):
         return None
     attrs = source.attrs.asdict()
     written = isinstance(attrs.get("zarrtorch"), dict) and WRITE_ID in attrs["zarrtorch"]
     if not (written and not keep_in_memory) and not any(reads_through_cache(a) for a in arrays.values()):
         return None
-    return source.path, attrs
+    return source.path, attrs, source.metadata.zarr_format
 
 
-def group_attributes(store, path: str, policy) -> dict:
-    """The attributes of the group at ``path`` of ``store``, read from the store now (a request, with the
-    deadline and retries of ``policy``)."""
+def group_attributes(store, path: str, policy, zarr_format: int | None = None) -> dict:
+    """The attributes of the group at ``path`` of ``store``, read from the store now (with the deadline and
+    retries of ``policy``). ``zarr_format``: the group's, known when it was opened: one request for a group of
+    format 3 (``zarr.json``), where a group of unknown format is looked for in four documents at once."""
 
     async def read() -> dict:
-        group = await zarr.api.asynchronous.open_group(store=store, path=path, mode="r")
+        group = await zarr.api.asynchronous.open_group(store=store, path=path, mode="r", zarr_format=zarr_format)
         return dict(group.attrs)
 
     return with_retries(lambda: within(read(), policy.timeout_s), policy)

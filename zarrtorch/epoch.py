@@ -153,8 +153,8 @@ def _read_next_dealt_early(epoch: Share, worker: int, workers: int, reader: Piec
     ranks. Only a guess: the next epoch takes the reads that match its pieces and drops the others."""
     view = epoch.view
     following = _rank_share(epoch.job, epoch.local, EpochView(view.epoch + 1, 0, view.rank, view.world_size))
-    pieces = _dealt_pieces(following, worker, workers)
-    epoch.local.early = EarlyReads(submit, reader.read_piece, pieces, reader.prefetch)
+    pieces, read = reader.early_reads(_dealt_pieces(following, worker, workers))
+    epoch.local.early = EarlyReads(submit, read, pieces, reader.prefetch)
     return epoch.local.early
 
 
@@ -350,8 +350,8 @@ def _read_next_epoch_early(job, local: ProcessState, view: EpochView, worker: in
     """Start the next epoch's first reads in ``reader``'s threads as this one ends (:mod:`zarrtorch._read.early`)."""
     topology = Topology(view.rank, view.world_size, job.num_workers)
     following = job.spec.plan(view.epoch + 1, topology)
-    pieces = following.workers[worker].pieces + job.data.row_offset
-    local.early = EarlyReads(submit, reader.read_piece, pieces, reader.prefetch)
+    pieces, read = reader.early_reads(following.workers[worker].pieces + job.data.row_offset)
+    local.early = EarlyReads(submit, read, pieces, reader.prefetch)
     return local.early
 
 

@@ -13,8 +13,9 @@ The next epoch uses the buffer's arrays the other way round (row ``i`` of the ne
 buffer that fills from its start writes each row at or before the place its copy waits, so no row is
 overwritten before it is used (:meth:`zarrtorch.buffer.SlotBuffer.apply`).
 
-Only for local stores: on object storage an early read is a request, billed, that the last epoch would
-make for nothing, and an epoch would no longer request each of its chunks exactly once.
+Only for local stores, and for the chunks the node's chunk cache listed (read from its files): on object
+storage an early read is a request, billed, that the last epoch would make for nothing, and an epoch would no
+longer request each of its chunks exactly once.
 
 Which epoch comes next is a guess (the one after this, as ``set_epoch`` is called in a training loop). The
 next epoch uses an early read only where it starts with the very same pieces (the same rows of the same
@@ -32,6 +33,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from zarrtorch._read.cache import reads_through_cache
 from zarrtorch._read.source import all_local
 
 
@@ -153,5 +155,8 @@ def staged_pieces(slots: dict[str, np.ndarray], pieces: np.ndarray, names) -> li
 
 def reads_early(arrays: dict, *, cache: bool, lives_on: bool) -> bool:
     """Whether a process reading ``arrays`` starts its next epoch's reads as this one ends: it lives on into
-    that epoch, reads every epoch (no ``cache``), and from local storage."""
-    return lives_on and not cache and all_local(arrays)
+    that epoch, reads every epoch (no ``cache``), and from local storage or the node's chunk cache (of which only
+    the pieces the cache's listing holds are read early, from its files:
+    :meth:`~zarrtorch._read.reader.PieceReader.early_reads`)."""
+    through_cache = bool(arrays) and all(reads_through_cache(a) for a in arrays.values())
+    return lives_on and not cache and (all_local(arrays) or through_cache)

@@ -281,6 +281,23 @@ class PieceReader:
         no future handed between threads, no event loop."""
         return lambda start, stop: read(start, stop, fetched=self._held_chunk(start // self.chunk_rows))
 
+    def read_held_piece(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """:meth:`read_piece` of a piece the cache listed, its chunk's bytes read from the cache's files
+        (:meth:`_held_chunk`)."""
+        return self.read_piece(start, stop, fetched=self._held_chunk(start // self.chunk_rows))
+
+    def early_reads(self, pieces: np.ndarray) -> tuple[np.ndarray, Callable[[int, int], dict]]:
+        """The first of ``pieces`` (the next epoch's) that may be read before their epoch starts, and what reads
+        them: every one of a local store; of a store read through the node's chunk cache, those up to the first
+        that the epoch's listing does not hold, read from the cache's files (:meth:`read_held_piece`): an early
+        read is no request to the store, which the last epoch would make for nothing if another epoch came."""
+        if not self._cached:
+            return (pieces if all(self._local.values()) else pieces[:0]), self.read_piece
+        held = 0
+        while held < len(pieces) and self._holds_piece((int(pieces[held][0]), int(pieces[held][1]))):
+            held += 1
+        return pieces[:held], self.read_held_piece
+
     def _held_chunk(self, chunk: int) -> dict:
         """The chunk's bytes of each array from the node's cache (verified: a damaged file is deleted, not
         served); one the cache no longer holds (evicted, cleared or damaged since the listing) is fetched here from
@@ -366,7 +383,8 @@ class PieceReader:
         # future -> [requested, done] (monotonic seconds) of the requests in flight, the early ones taken here too
         timing: dict = {f: early_times[f] for f in pending if f in early_times}
         # reads of the cache's files, as a local store's: not on the wire, nothing to wait for but the decode
-        held_reads = {f for f in pending if f in early_held}
+        # (a read started early with no round trip timed read files: the cache's, from the reads the last epoch started)
+        held_reads = {f for f in pending if f in early_held or f not in early_times}
         del early_times, early_held  # early reads not taken here are not held
         group = self.pieces_per_read
         # the cache's listing decides per piece: what it holds is read as a local store's (several pieces to a

@@ -100,6 +100,18 @@ def test_a_warm_epoch_asks_the_server_for_no_chunk(served, tmp_path):
     assert len(cache_files(tmp_path / "cache")) == 2 * CHUNKS
 
 
+def test_a_warm_epochs_start_asks_the_server_for_the_groups_one_metadata_document(served, tmp_path):
+    """Each epoch's start reads the group's attributes again (a rewritten store is refused): the group was opened
+    without its format, which zarr then looks for in four documents at once (``zarr.json``, ``.zgroup``,
+    ``.zattrs``, ``.zmetadata``: four requests per epoch, three of them for nothing). Its format is known since
+    the dataset opened it: a warm epoch asks for ``zarr.json`` alone."""
+    ds = cached_dataset(served, tmp_path / "cache")
+    check_epoch(ds, 0)
+    served.requests.clear()
+    check_epoch(ds, 1)
+    assert served.requests == {"s.zarr/zarr.json": 1}
+
+
 def test_a_cut_or_altered_cache_file_is_fetched_again_not_served(served, tmp_path):
     """Uncompressed chunks: a flipped byte in one decodes without a complaint, to a wrong value, unless the
     cache's digest refuses the file."""
@@ -343,7 +355,8 @@ def test_a_first_epoch_requests_the_chunks_the_cache_did_not_list_without_lookin
 ):
     """The chunks missing from the cache's listing at an epoch's start are requested at once: looking for each
     file first, in a reading thread behind the decodes queued there, made a first epoch 0.7x as fast as without
-    the cache. A warm epoch reads every chunk from its file, and asks the server for none."""
+    the cache. A warm epoch reads every chunk from its file, and asks the server for none (then, as it ends, the
+    next epoch's first chunks are read early from theirs)."""
     looked = []
     read = ChunkCache.read
     monkeypatch.setattr(ChunkCache, "read", lambda self, *key: looked.append(key) or read(self, *key))
@@ -352,7 +365,7 @@ def test_a_first_epoch_requests_the_chunks_the_cache_did_not_list_without_lookin
     assert looked == []
     served.requests.clear()
     check_epoch(ds, 1)
-    assert len(looked) == 2 * CHUNKS and chunk_requests(served) == 0
+    assert len(set(looked[: 2 * CHUNKS])) == 2 * CHUNKS and chunk_requests(served) == 0
 
 
 def test_a_warm_epoch_reads_at_the_floor_level_not_the_one_the_network_needed(served, tmp_path, monkeypatch):
@@ -370,7 +383,7 @@ def test_a_warm_epoch_reads_at_the_floor_level_not_the_one_the_network_needed(se
     loader.set_epoch(1)
     rows.append(np.concatenate([b["index"].numpy() for b in loader]))
     assert [sorted(r.tolist()) for r in rows] == [list(range(ROWS))] * 2
-    assert len(levels) == 2 * CHUNKS and set(levels) == {in_flight.first}
+    assert len(levels) >= 2 * CHUNKS and set(levels) == {in_flight.first}  # (then the next epoch's read early)
 
 
 def test_a_warm_epoch_right_after_the_cold_one_reads_the_chunks_whose_writes_land_as_it_lists(
