@@ -437,3 +437,23 @@ def test_a_local_store_rewritten_between_two_epochs_is_refused_at_the_next_epoch
         next(iter(loader))
     for batch in ZarrDataLoader(ZarrIterableDataset(path, return_index=True), batch_size=8):
         np.testing.assert_array_equal(batch["y"].numpy(), 5 * batch["index"].numpy())
+
+
+@pytest.mark.parametrize(
+    "rewritten",
+    [{"y": 5 * np.arange(115, dtype=np.int64)}, {"y": 5 * np.arange(120, dtype=np.float64)}],
+    ids=["fewer-rows", "float64"],
+)
+def test_a_local_store_rewritten_before_its_first_epoch_is_refused_not_read_with_the_old_shape_and_dtype(
+    tmp_path, rewritten
+):
+    """breaks6: prepare_zarr wrote a local store again after a dataset opened it and before its first epoch, with
+    115 rows instead of 120 (the epoch yielded 5 rows of zeros the store does not hold) or float64 instead of int64
+    (every row's float bytes yielded as int64): the first epoch was not checked, and read the new chunk files with
+    the dataset's old shape and dtype. A local store answers at once: its first epoch is checked too."""
+    path = tmp_path / "s.zarr"
+    prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, path, chunk_rows=10, progress=False)
+    loader = ZarrDataLoader(ZarrIterableDataset(path, seed=1), batch_size=8)
+    prepare_zarr(rewritten, path, chunk_rows=10, overwrite=True, progress=False)
+    with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
+        next(iter(loader))
