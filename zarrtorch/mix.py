@@ -314,6 +314,10 @@ class MixedLoader:
         point = self.start_point(world)
         if last is not None and not last.done and last.point.epoch == point.epoch:
             self._restart(last)
+        # a source's own epoch runs on across mix epochs, and its loader checks its store only when one begins:
+        # a store written again between mix epochs would be read on with the old plan, shape and dtype
+        for name in self._iters:
+            self.sources[name].data.check_store_unchanged()
         order = self.order(point)
         if self._checks_ranks():
             check_ranks_agree(

@@ -548,3 +548,20 @@ def test_a_mix_used_as_lightning_uses_it_never_warns_of_a_late_set_epoch(stores)
             resumed.set_epoch(epoch)
             list(resumed)
     assert late_warnings(caught) == []
+
+
+def test_a_source_rewritten_between_mix_epochs_is_refused_though_its_own_epoch_goes_on(tmp_path):
+    """breaks6: prepare_zarr wrote a source's store again (float64 for int64) between two mix epochs while that
+    source's own epoch went on across them (its quota is a fifth of its rows): the next mix epoch went on reading it
+    with the old plan and dtype, 13 of its 80 rows the new float64 bytes read as int64, silently (the rewrite check
+    ran only when a source's own epoch began). Every mix epoch checks the stores of the sources it continues."""
+    paths = {name: tmp_path / f"{name}.zarr" for name in ("a", "b")}
+    for rows, path in zip((400, 100), paths.values(), strict=True):
+        prepare_zarr({"y": np.arange(rows, dtype=np.int64)}, path, chunk_rows=10, progress=False)
+    loaders = {n: ZarrDataLoader(ZarrIterableDataset(p, seed=1), batch_size=BATCH) for n, p in paths.items()}
+    mix = MixedLoader(loaders, rows={"a": 80, "b": 80}, seed=0)
+    assert sum(len(b["y"]) for b in mix) == 160
+    prepare_zarr({"y": np.arange(400, dtype=np.float64)}, paths["a"], chunk_rows=10, overwrite=True, progress=False)
+    mix.set_epoch(1)
+    with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
+        list(mix)
