@@ -476,3 +476,31 @@ def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_wit
         prepare_zarr(rewritten, root / "s.zarr", chunk_rows=10, overwrite=True, progress=False)
         with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
             next(iter(loader))
+
+
+@pytest.mark.parametrize("work_ahead", [0, 2])
+def test_an_iterator_interrupted_inside_next_refuses_to_go_on_and_its_state_resumes_every_row(store, work_ahead):
+    """breaks6: a Ctrl-C while the dataset's transform ran inside next(), and the iterator used on after the
+    KeyboardInterrupt (a notebook cell run again): with work_ahead=0 the interrupt ended the epoch's generator and
+    the epoch stopped at 24 of 400 rows; with work_ahead=2 (the transform runs in the consumer) the batch taken was
+    lost, 392 of 400 rows; both silently. The iterator now refuses to go on, and its state resumes every row."""
+    calls = {"n": 0}
+
+    def interrupted_at_the_fourth_batch(batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return batch
+
+    ds = ZarrIterableDataset(store, seed=2, return_index=True, transform=interrupted_at_the_fourth_batch)
+    loader = ZarrDataLoader(ds, batch_size=BATCH, work_ahead=work_ahead)
+    it, first = iter(loader), []
+    with pytest.raises(KeyboardInterrupt):
+        while True:
+            first.append(next(it)["index"].numpy())
+    with pytest.raises(RuntimeError, match="interrupted"):
+        next(it)
+    again = ZarrDataLoader(ZarrIterableDataset(store, seed=2, return_index=True), batch_size=BATCH)
+    again.load_state_dict(loader.state_dict())
+    rows = np.concatenate(first + [b["index"].numpy() for b in again])
+    assert sorted(rows.tolist()) == list(range(ROWS))
