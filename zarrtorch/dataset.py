@@ -28,6 +28,7 @@ from zarrtorch._read.listing import check_listed, written_whole
 from zarrtorch._read.reader import ChunkReadError
 from zarrtorch._read.source import (
     Arrays,
+    all_local,
     for_this_process,
     is_local,
     open_arrays,
@@ -195,16 +196,19 @@ class ZarrIterableDataset(IterableDataset):
         (``prepare_zarr`` writes a new write id at every write): one metadata read per epoch, no chunk's. A store
         written by other means with the same attributes cannot be told without reading its chunks.
 
-        The first epoch of a store read without a cache is not checked: nothing of it was read early, and its rows
-        are read from the store as it is then. A store that does not answer is a :class:`ChunkReadError`, as it
-        is for the epoch's chunks."""
+        The first epoch is checked too where every array is local (a metadata read that cannot stall): the dataset
+        reads the chunk files with the shape and dtype it opened, so a store written again before it with fewer
+        rows or another dtype would yield rows it does not hold, or its bytes as the old dtype. The first epoch of
+        a remote store read without a cache is not checked: a server that does not answer must fail at the epoch's
+        first chunk, after one chunk's attempts (lesson 07). A store that does not answer is a
+        :class:`ChunkReadError`, as it is for the epoch's chunks."""
         if self._watched_group is None:
             return
         path, opened_with, zarr_format = self._watched_group
         arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
         cached = [a for a in arrays.values() if reads_through_cache(a)]
         first, self._epoch_begun = not self._epoch_begun, True
-        if first and not cached:
+        if first and not cached and not all_local(arrays):
             return
         array = (cached or list(arrays.values()))[0]
         try:

@@ -63,6 +63,13 @@ SUPERSEDED = (
 )
 
 
+INTERRUPTED = (
+    "this iterator of a ZarrDataLoader was interrupted (KeyboardInterrupt inside next()): a batch may have been "
+    "taken and not handed out, so it cannot go on without losing rows. Start the epoch again with iter(loader), or "
+    "continue it on a new loader: other.load_state_dict(loader.state_dict()) (the batches handed out are counted)"
+)
+
+
 def worker_timeout_s(policy: RetryPolicy | None) -> float:
     """How long the loader waits for a worker's next batch by default (DataLoader's own default is forever, and a
     stopped or deadlocked worker must not hang the training loop): at least 5 minutes, and twice
@@ -88,11 +95,24 @@ class EpochIterator:
         self._control = control
         self._run = run
         self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
+        self._interrupted = False  # a KeyboardInterrupt came out of __next__
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        # a KeyboardInterrupt (Ctrl-C) lands between any two bytecodes: after a batch was taken from the work-ahead
+        # thread and before it was handed out, or inside the epoch's generator (work_ahead=0), which it ends. Going on
+        # would lose that batch, or end the epoch early, silently: the iterator refuses instead
+        if self._interrupted:
+            raise RuntimeError(INTERRUPTED)
+        try:
+            return self._next_batch()
+        except KeyboardInterrupt:
+            self._interrupted = True
+            raise
+
+    def _next_batch(self):
         control = self._control
         if control.newest() is not self._run:
             raise RuntimeError(SUPERSEDED)

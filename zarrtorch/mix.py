@@ -314,6 +314,10 @@ class MixedLoader:
         point = self.start_point(world)
         if last is not None and not last.done and last.point.epoch == point.epoch:
             self._restart(last)
+        # a source's own epoch runs on across mix epochs, and its loader checks its store only when one begins:
+        # a store written again between mix epochs would be read on with the old plan, shape and dtype
+        for name in self._iters:
+            self.sources[name].data.check_store_unchanged()
         order = self.order(point)
         if self._checks_ranks():
             check_ranks_agree(
@@ -323,7 +327,7 @@ class MixedLoader:
             )
         run = MixRun(point, order, {name: loader.state_dict() for name, loader in self.sources.items()})
         self._run = run
-        steps = self._steps(run)
+        steps = _MixSteps(self._steps(run))
         run.iterator = weakref.ref(steps)
         return steps
 
@@ -368,6 +372,12 @@ class MixedLoader:
             except StopIteration:
                 del self._iters[name]
                 loader.set_epoch(loader.epoch + 1)
+            except KeyboardInterrupt:
+                # the source's iterator refuses to go on after it (it may have taken a batch it did not hand out):
+                # its next step resumes its own epoch after the batches it handed out
+                del self._iters[name]
+                loader.load_state_dict(loader.state_dict())
+                raise
         raise RuntimeError(f"source {name!r} of a MixedLoader yielded no batch in a whole epoch of its own")
 
     def _restart(self, run: MixRun) -> None:
@@ -511,6 +521,30 @@ def load_all(
         for name in done:
             sources[name].load_state_dict(before[name])
         raise
+
+
+class _MixSteps:
+    """A mix epoch's steps, refused once a KeyboardInterrupt came out of one: the generator under it ended there,
+    and going on would have ended the epoch early, silently. A new ``iter()`` runs the epoch again from its start
+    (each source back where it stood then); ``set_epoch`` then ``iter()`` goes on to another."""
+
+    def __init__(self, steps):
+        self._steps, self._interrupted = steps, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self._interrupted:
+            raise RuntimeError(
+                "this iterator of a MixedLoader was interrupted (KeyboardInterrupt inside a step): it cannot go on. "
+                "Call iter(mix) to run the epoch again from its start, or mix.set_epoch(epoch) then iter(mix)"
+            )
+        try:
+            return next(self._steps)
+        except KeyboardInterrupt:
+            self._interrupted = True
+            raise
 
 
 class _SourceConsumed:

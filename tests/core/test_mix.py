@@ -548,3 +548,58 @@ def test_a_mix_used_as_lightning_uses_it_never_warns_of_a_late_set_epoch(stores)
             resumed.set_epoch(epoch)
             list(resumed)
     assert late_warnings(caught) == []
+
+
+def test_a_source_rewritten_between_mix_epochs_is_refused_though_its_own_epoch_goes_on(tmp_path):
+    """breaks6: prepare_zarr wrote a source's store again (float64 for int64) between two mix epochs while that
+    source's own epoch went on across them (its quota is a fifth of its rows): the next mix epoch went on reading it
+    with the old plan and dtype, 13 of its 80 rows the new float64 bytes read as int64, silently (the rewrite check
+    ran only when a source's own epoch began). Every mix epoch checks the stores of the sources it continues."""
+    paths = {name: tmp_path / f"{name}.zarr" for name in ("a", "b")}
+    for rows, path in zip((400, 100), paths.values(), strict=True):
+        prepare_zarr({"y": np.arange(rows, dtype=np.int64)}, path, chunk_rows=10, progress=False)
+    loaders = {n: ZarrDataLoader(ZarrIterableDataset(p, seed=1), batch_size=BATCH) for n, p in paths.items()}
+    mix = MixedLoader(loaders, rows={"a": 80, "b": 80}, seed=0)
+    assert sum(len(b["y"]) for b in mix) == 160
+    prepare_zarr({"y": np.arange(400, dtype=np.float64)}, paths["a"], chunk_rows=10, overwrite=True, progress=False)
+    mix.set_epoch(1)
+    with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
+        list(mix)
+
+
+@pytest.mark.parametrize("work_ahead", [0, 2])
+def test_a_mix_interrupted_inside_a_step_refuses_to_go_on_and_its_next_epoch_keeps_each_row_once(tmp_path, work_ahead):
+    """breaks6: a Ctrl-C while a source's transform ran inside a mix step. Used on, the same mix iterator ended the
+    epoch at once (56 of 400 rows), silently; the next mix epoch lost the batch the source had taken (work_ahead=2)
+    or ended the source's own epoch there (work_ahead=0, 24 of its 400 rows), so rows of its next own epoch came
+    early, repeated. The mix iterator now refuses to go on, and the source resumes after the batches it handed out."""
+    paths = {name: tmp_path / f"{name}.zarr" for name in ("a", "b")}
+    for offset, path in zip((0, 1000), paths.values(), strict=True):
+        prepare_zarr({"y": offset + np.arange(400, dtype=np.int64)}, path, chunk_rows=10, progress=False)
+    calls = {"n": 0}
+
+    def interrupted_at_the_fourth_batch(batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return batch
+
+    transforms = {"a": interrupted_at_the_fourth_batch, "b": None}
+    loaders = {
+        n: ZarrDataLoader(
+            ZarrIterableDataset(p, seed=1, transform=transforms[n]), batch_size=BATCH, work_ahead=work_ahead
+        )
+        for n, p in paths.items()
+    }
+    mix = MixedLoader(loaders, rows={"a": 200, "b": 200}, seed=0)
+    drawn_a: list[int] = []
+    steps = iter(mix)
+    with pytest.raises(KeyboardInterrupt):
+        for batch in steps:
+            drawn_a += [v for v in batch["y"].tolist() if v < 1000]
+    with pytest.raises(RuntimeError, match="interrupted"):
+        next(steps)
+    for epoch in (1, 2):
+        mix.set_epoch(epoch)
+        drawn_a += [v for b in mix for v in b["y"].tolist() if v < 1000]
+    assert sorted(drawn_a[:400]) == list(range(400))  # its own first epoch: every row once

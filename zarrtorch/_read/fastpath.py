@@ -508,7 +508,7 @@ class _ShardSource:
         if raw is not None:
             self.size = len(raw)
         elif root is not None:
-            self.fd = os.open(root + key, os.O_RDONLY)  # FileNotFoundError for a missing shard: the caller names it
+            self.fd = os.open(root + key, READ_FLAGS)  # FileNotFoundError for a missing shard: the caller names it
             self.size = os.fstat(self.fd).st_size
 
     def close(self) -> None:
@@ -668,6 +668,11 @@ def _runs(entries: np.ndarray, present: np.ndarray) -> list[list[int]]:
 # -- reading stored objects -----------------------------------------------------------------------------
 
 
+# A chunk file is opened without blocking: a named pipe (FIFO) in its place would wait in open() for a writer
+# forever; so opened, it reads as empty and is refused as a damaged chunk. A regular file reads as ever.
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+
+
 def _thread_buffer(size: int) -> Callable[[int], memoryview]:
     """``buffer(n)``: ``n`` bytes of the calling thread's buffer, reused for its next read (the bytes are
     decoded before that thread reads again). Mapped memory of ``size`` bytes (the largest a read can be): only
@@ -693,7 +698,7 @@ def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], 
     buffer = _thread_buffer(size + 1)  # a byte more than any chunk: a full buffer means a larger file
 
     def read(key: str) -> memoryview:
-        fd = os.open(root + key, os.O_RDONLY)  # no file object: half the cost of open() for a 32 KiB chunk
+        fd = os.open(root + key, READ_FLAGS)  # no file object: half the cost of open() for a 32 KiB chunk
         try:
             view = buffer(size + 1)
             got = os.readv(fd, [view])
@@ -712,7 +717,7 @@ def _local_reader_into(store: zarr.storage.LocalStore) -> Callable[[str, np.ndar
     root = str(Path(str(store.root))) + os.sep
 
     def read_into(key: str, dest: np.ndarray) -> None:
-        fd = os.open(root + key, os.O_RDONLY)
+        fd = os.open(root + key, READ_FLAGS)
         try:
             _check_size(os.fstat(fd).st_size, dest, "stored chunk (no compressor)")
             got = os.readv(fd, [dest])

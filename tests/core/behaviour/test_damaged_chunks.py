@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 
 import numcodecs
 import numpy as np
@@ -501,3 +502,33 @@ def test_a_flipped_byte_inside_a_prepared_shards_index_is_an_error_saying_what_t
     assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in message, message
     assert "'x/c/2/0'" in message, message
     assert "its shard index's checksum does not hold" in message and "re-copy the store" in message, message
+
+
+@pytest.mark.parametrize("kind", ["direct", "v2", "v2-none", "sharded", "none-crc32c"])
+def test_a_chunk_file_replaced_by_a_fifo_is_an_error_naming_it_not_a_wait_forever(pristine, tmp_path, kind):
+    """breaks6: a chunk file replaced by a named pipe (FIFO) no process writes to: the direct reader's open()
+    waited for a writer forever (no deadline with 0 workers; the worker timeout's minutes with workers). Chunk
+    files are opened without blocking: such a pipe reads as empty, a damaged chunk named as any other. (Zarr's own
+    path, for the layouts it reads, still waits in its open().)"""
+    path = tmp_path / f"{kind}.zarr"
+    shutil.copytree(pristine / f"{kind}.zarr", path)
+    target = chunk_file(path, kind)
+    target.unlink()
+    os.mkfifo(target)
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            read_all(path, 0)
+            outcome.append(None)
+        except ChunkReadError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():  # let the stuck open() return, so that the thread ends
+        os.close(os.open(target, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a chunk that is a FIFO is still waiting after 20 s")
+    assert outcome and outcome[0] is not None, "a FIFO read as a chunk"
+    assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in str(outcome[0])
