@@ -775,11 +775,11 @@ def through_cache(arr: zarr.Array, cache: ChunkCache, first_bytes: bytes | None,
 
 def check_limit_holds_a_chunk(cache: ChunkCache, name: str, first_bytes: bytes | None) -> None:
     """Refuse a ``cache_limit_bytes`` smaller than array ``name``'s first chunk (``first_bytes``: as much of it as
-    the range read at opening got, so at least its size) with its header: the cache would keep none of its chunks
-    (a chunk larger than the limit is not kept), and every epoch would fetch each one again, silently."""
+    the range read at opening got, so at least its size) in a pack of its own: the cache would keep none of its
+    chunks (a pack larger than the limit is not kept), and every epoch would fetch each one again, silently."""
     if cache.limit_bytes is None or first_bytes is None:
         return
-    least = HEADER_BYTES + record_overhead(f"{name}/c/0") + len(first_bytes)  # its key is as long at least
+    least = HEADER_BYTES + record_overhead(f"{name}/0") + len(first_bytes)  # its key is that long at least
     if cache.limit_bytes < least:
         raise ValueError(
             f"cache_limit_bytes={cache.limit_bytes} cannot hold one chunk of array {name!r}: its first one takes at "
