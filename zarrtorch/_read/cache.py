@@ -89,6 +89,11 @@ os.register_at_fork(after_in_child=_new_lock_after_fork)
 _METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
 
 
+# (cache root, store id) -> key -> (pack name, record offset, record length): the packs this process wrote since its
+# last listing of the store, for every ChunkCache of that root in the process (two datasets of one store share them)
+_RECENT: dict[tuple[str, str], dict[str, tuple[str, int, int]]] = {}
+
+
 @dataclass(frozen=True)
 class _Listing:
     """What one store's folder held at its last listing: each chunk's key hash (sorted), pack number, record offset
@@ -126,8 +131,6 @@ class ChunkCache:
         self._folders: set[Path] = set()  # store folders this process made or found
         self._root_text = str(self.root) + os.sep  # a pack's name is joined as text when read: no Path per read
         self._listings: dict[str, _Listing] = {}  # store id -> its last listing
-        # store id -> key -> (pack name, record offset, record length): packs this process wrote since that listing
-        self._recent: dict[str, dict[str, tuple[str, int, int]]] = {}
 
     def __getstate__(self) -> dict:
         return {"root": self.root, "limit_bytes": self.limit_bytes}
@@ -159,7 +162,7 @@ class ChunkCache:
         found = listing.find(key)
         if found is not None:
             return found
-        recent = self._recent.get(store_id)
+        recent = _RECENT.get((self._root_text, store_id))
         placed = recent.get(key) if recent else None
         return None if placed is None else (*placed, None)
 
@@ -228,7 +231,7 @@ class ChunkCache:
         except OSError:  # the folder removed meanwhile (a clear): made again at the next write
             self._folders.discard(path.parent)
             return
-        recent = self._recent.setdefault(store_id, {})
+        recent = _RECENT.setdefault((self._root_text, store_id), {})
         for key, offset, length in placed:
             recent[key] = (name, offset, length)
 
@@ -249,7 +252,8 @@ class ChunkCache:
         process (packs are never changed once published: a name is read once); a pack whose index is damaged, or
         that is cut short, is deleted. The new listing replaces the last whole."""
         last = self._listings.get(store_id) or _Listing()
-        recent = dict(self._recent.get(store_id, {}))  # before the folder is read: a pack written after stays
+        # the packs this process wrote, before the folder is read: each is listed now, or was gone or damaged
+        recent = dict(_RECENT.get((self._root_text, store_id), {}))
         try:
             with os.scandir(self.root / store_id) as entries:
                 present = {e.name for e in entries if e.name.endswith(SUFFIX) and not e.name.startswith(".")}
@@ -284,10 +288,10 @@ class ChunkCache:
         order = np.argsort(hashes, kind="stable")
         listing = _Listing(hashes[order], packs[order], offsets[order], lengths[order], names, numbers, mtimes)
         self._listings[store_id] = listing
-        written = self._recent.get(store_id)
-        if written:  # the packs this listing holds are found there from now on
+        written = _RECENT.get((self._root_text, store_id))
+        if written:  # found in the listing from now on (or gone); a pack written since the folder was read stays
             for key, placed in recent.items():
-                if placed[0] in numbers and written.get(key) == placed:
+                if written.get(key) == placed:
                     written.pop(key, None)
         return listing
 
@@ -296,7 +300,7 @@ class ChunkCache:
         since, and the keys ``also``, as sorted hashes: 8 bytes a key, not a set of keys (~90 bytes each), on a
         store of millions of chunks."""
         listing = self._list(store_id)
-        extra = [*self._recent.get(store_id, {}), *also]
+        extra = [*_RECENT.get((self._root_text, store_id), {}), *also]
         hashes = np.concatenate([listing.hashes, np.fromiter(map(hash, extra), np.int64, len(extra))])
         hashes.sort()
         return hashes
@@ -307,7 +311,7 @@ class ChunkCache:
         found = self.where(store_id, key)
         if found is not None:
             _remove(self.pack_path(store_id, found[0]))
-        recent = self._recent.get(store_id)
+        recent = _RECENT.get((self._root_text, store_id))
         if recent:
             recent.pop(key, None)
 
