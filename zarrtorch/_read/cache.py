@@ -624,7 +624,7 @@ class CachingStore(WrapperStore):
     def __init__(self, store, *, cache: ChunkCache, store_id: str, checksummed: bool = False):
         super().__init__(store)
         self.cache, self.store_id, self.checksummed = cache, store_id, checksummed
-        self._listed: np.ndarray | None = None  # the files the cache held at the last listing (None: not listed)
+        self._listed: np.ndarray | None = None  # the keys the cache held at the last listing (None: not listed)
 
     def __getstate__(self) -> dict:
         # a listing is this process's: its hashes of names are salted per process (a spawned worker's differ)
