@@ -2,28 +2,32 @@
 
 Without it every epoch from a URL fetches every chunk again. With ``ReadOptions(cache_dir=...)`` each chunk's
 stored (still encoded) bytes are kept in ``cache_dir``, shared by every rank and worker of the node, and read
-from there the next time. The rules that keep it from ever serving a wrong byte:
+from there the next time. Chunks are kept several to a file, in packs (:mod:`zarrtorch._read.packs`): a new file
+costs an inode, which on an ext4 disk took more CPU than writing the chunk's bytes. The rules that keep it from
+ever serving a wrong byte:
 
-- **Atomic writes.** A chunk is written to a temporary file beside its place, then renamed there: a reader sees
-  a whole file or none, and of two processes writing the same chunk the last rename wins, with the same bytes.
-- **Verified reads.** Each file starts with a header stating the length and the CRC of the bytes after it
-  (CRC-32C, computed by the processor, or zlib's CRC-32: the header names which); a file that is short,
-  lengthened or altered is deleted and the chunk fetched again, never served. (A CRC catches every cut, every
-  burst of up to 32 flipped bits and all but 2**-32 of other damage: the cache guards against accidents, not an
-  attacker who can write its folder, at a small part of a cryptographic digest's cost per read.)
-- **Damaged chunks are not kept.** A chunk that does not decode is dropped, fetched once more from the store, and
-  dropped again if that fails too; one whose crc32c (the last codec of ``prepare_zarr``'s Blosc and uncompressed
-  stores) does not hold is never written.
-- **A store id per array.** Files live under a directory named by a digest of the store's address, the
-  array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store rewritten
-  by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other metadata (a
-  new shape, chunking, codec, attributes), or another first chunk, has another id, and its old files are never
-  read. A chunk rewritten in place by other means with nothing of those changed cannot be told without a
+- **Atomic writes.** A pack is written to a temporary file beside its place, then renamed to a name of its own
+  (random): a reader sees a whole pack or none, and two processes writing the same chunks write two packs, each
+  right; either is read.
+- **Verified reads.** A pack's index (keys, offsets, lengths) carries a CRC, and so does each chunk's record, which
+  also names its key and length (CRC-32C, computed by the processor, or zlib's CRC-32: the magic names which); a
+  pack whose index is damaged or that is cut short is deleted when listed, a record that is short, lengthened,
+  altered or of another key is refused when read, its pack deleted and the chunk fetched again, never served. (A
+  CRC catches every cut, every burst of up to 32 flipped bits and all but 2**-32 of other damage: the cache guards
+  against accidents, not an attacker who can write its folder, at a small part of a cryptographic digest's cost.)
+- **Damaged chunks are not kept.** A chunk that does not decode is dropped (its pack deleted), fetched once more
+  from the store, and dropped again if that fails too; one whose crc32c (the last codec of ``prepare_zarr``'s Blosc
+  and uncompressed stores) does not hold is never written.
+- **A store id per array.** Packs live under a directory named by a digest of the cache's format, the store's
+  address, the array's path, its metadata, its group's attributes and the first bytes of its first chunk: a store
+  rewritten by ``prepare_zarr`` (a new ``write_id`` in the group's attributes at every write), or with other
+  metadata (a new shape, chunking, codec, attributes), or another first chunk, has another id, and its old files
+  are never read; neither are the files of an earlier format of the cache (one file per chunk), whose folders have
+  other names. A chunk rewritten in place by other means with nothing of those changed cannot be told without a
   request per chunk: clear the cache then (:func:`clear_cache`, or ``python -m zarrtorch cache clear DIR``).
-- **A size limit.** With ``cache_limit_bytes``, the least recently used files (by modification time, renewed
-  at a hit when older than :data:`RENEW_AFTER_S`: a system call per file a minute at most, not per read) are
-  deleted before a new one is written, so the directory stays under the limit; a chunk larger than the limit
-  is not kept.
+- **A size limit.** With ``cache_limit_bytes``, the least recently used packs (by modification time, renewed at a
+  hit when older than :data:`RENEW_AFTER_S`: a system call per pack a minute at most, not per read) are deleted
+  before a new one is written, so the directory stays under the limit; a chunk larger than the limit is not kept.
 
 Metadata documents are never cached (they are read once, when a dataset opens its store), nor byte ranges of a
 chunk not cached whole (a shard read inner chunk by inner chunk is fetched as before).
@@ -40,13 +44,12 @@ import itertools
 import json
 import multiprocessing.util
 import os
-import re
+import secrets
 import shutil
 import threading
 import time
-import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 import zarr
@@ -54,17 +57,25 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from zarr.storage import WrapperStore
 
 from zarrtorch._compat.zarr import array_on_store
-from zarrtorch._read.checksum import crc32c, crc32c_holds, crc32c_in_hardware, ends_with_crc32c
+from zarrtorch._read.checksum import crc32c_holds, ends_with_crc32c
+from zarrtorch._read.packs import (
+    HEADER_BYTES,
+    KEY_MOST_BYTES,
+    SUFFIX,
+    index_length,
+    pack_parts,
+    parse_index,
+    record_body,
+    record_overhead,
+)
 
 WRITE_ID = "write_id"  # in a group's "zarrtorch" attributes (prepare_zarr): new at every write of the store
 MARKER = "ZARRTORCH_CACHE"  # a file in the cache's root: clear_cache removes nothing from a folder without it
-_MAGIC_CRC32 = b"ZTCACHE2"  # a file's header names its check: CRC-32 (zlib's)
-_MAGIC_CRC32C = b"ZTCACHE3"  # or CRC-32C (Castagnoli), one instruction of the processor's: a sixth of zlib's time
-_DIGEST = 4  # bytes of the check in a file's header
-_HEADER = len(_MAGIC_CRC32) + 8 + _DIGEST
-RENEW_AFTER_S = 60.0  # a hit renews a file's modification time (its place in the LRU order) when older than this
+FORMAT = "packs-1"  # in every store id: a cache folder of another format (one file per chunk) is never read
+RENEW_AFTER_S = 60.0  # a hit renews a pack's modification time (its place in the LRU order) when older than this
 _WRITES = itertools.count()  # temporary files' numbers in this process
 _LOCK = ".lock"  # the file writers under a limit lock, in the cache's root
+_INDEX_FIRST_READ = 4096  # bytes of a pack read to learn its keys: its header and index, unless they are longer
 _THREADS_WRITING = threading.Lock()
 
 
@@ -76,46 +87,50 @@ def _new_lock_after_fork() -> None:
 
 os.register_at_fork(after_in_child=_new_lock_after_fork)
 _METADATA_KEYS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.~/-]*\Z")  # the characters ``quote`` leaves as they are, and slashes
 
 
-def file_name(key: str) -> str:
-    """``key`` as one file name: quoted whole, its slashes too. A key of letters, digits, ``_.~-`` and slashes (a
-    chunk key) by replacing its slashes: ``quote`` maps each byte through a dict (8 us a key under cProfile, twice per
-    warm chunk: the listing's look-up, the file's name)."""
-    return key.replace("/", "%2F") if _PLAIN_KEY.match(key) else quote(key, safe="")
+# (cache root, store id) -> key -> (pack name, record offset, record length): the packs this process wrote since its
+# last listing of the store, for every ChunkCache of that root in the process (two datasets of one store share them)
+_RECENT: dict[tuple[str, str], dict[str, tuple[str, int, int]]] = {}
 
 
-def _crc32(data) -> bytes:
-    """zlib's CRC-32 of ``data``: a fifth of a cryptographic digest's cost (14 us per 58 KiB chunk here)."""
-    return zlib.crc32(data).to_bytes(_DIGEST, "little")
+@dataclass(frozen=True)
+class _Listing:
+    """What one store's folder held at its last listing: each chunk's key hash (sorted), and per chunk a row of its
+    key hash, pack number, record offset and record length; the packs' names and modification times by number.
+    Replaced whole at each listing, never changed (but a pack's time when a hit renews it): reading threads use it
+    while the next one is made. 40 bytes a chunk."""
 
+    hashes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    rows: np.ndarray = field(default_factory=lambda: np.empty((0, 4), np.int64))  # hash, pack, offset, length
+    names: list = field(default_factory=list)  # pack number -> its file name (None: gone at a later listing)
+    numbers: dict = field(default_factory=dict)  # file name -> pack number, of the packs listed
+    mtimes: list = field(default_factory=list)  # pack number -> modification time, as listed or renewed here
 
-def _crc32c(data) -> bytes:
-    """CRC-32C of ``data`` (google_crc32c's compiled module: 2.3 us per 58 KiB chunk here)."""
-    return crc32c(data).to_bytes(_DIGEST, "little")
-
-
-_CHECKS = {_MAGIC_CRC32: _crc32, _MAGIC_CRC32C: _crc32c}  # a file is verified by the check its header names
-# written with CRC-32C where the processor computes it (``google_crc32c``'s compiled module; its pure-Python one
-# would take milliseconds a chunk): files of either kind are read, by any process, whatever it writes
-_MAGIC = _MAGIC_CRC32C if crc32c_in_hardware() else _MAGIC_CRC32
-
-
-def _digest(data) -> bytes:
-    """The check this process writes in a file's header (:data:`_MAGIC` names it)."""
-    return _CHECKS[_MAGIC](data)
+    def find(self, key: str) -> tuple[str, int, int, int] | None:
+        """``(pack name, record offset, record length, pack number)`` of ``key``, if listed (a hash shared by two
+        keys finds one of them: its record names its key, and the other key's is refused when read). A warm read
+        pays this per chunk: one search and one row read out as Python ints, not a numpy scalar per field."""
+        h = hash(key)
+        at = self.hashes.searchsorted(h)
+        if at == len(self.hashes):
+            return None
+        found, number, offset, length = self.rows[at].tolist()
+        return None if found != h else (self.names[number], offset, length, number)
 
 
 class ChunkCache:
-    """Files of stored chunks under ``root`` (created if missing), ``limit_bytes`` in all at most (``None``: no
-    limit). Picklable: a worker process opens the same folder."""
+    """Packs of stored chunks under ``root`` (created if missing), ``limit_bytes`` in all at most (``None``: no
+    limit). Which chunks a store's packs hold is learnt from their indexes, once per pack and process, at a listing
+    (:meth:`keys_held`, once an epoch; or at the first read of a store). Picklable: a worker process opens the same
+    folder and lists it itself."""
 
     def __init__(self, root: str | os.PathLike, limit_bytes: int | None = None):
         self.root = Path(root)
         self.limit_bytes = limit_bytes
         self._folders: set[Path] = set()  # store folders this process made or found
-        self._root_text = str(self.root) + os.sep  # a file's name is joined as text when read: no Path per read
+        self._root_text = str(self.root) + os.sep  # a pack's name is joined as text when read: no Path per read
+        self._listings: dict[str, _Listing] = {}  # store id -> its last listing
 
     def __getstate__(self) -> dict:
         return {"root": self.root, "limit_bytes": self.limit_bytes}
@@ -134,54 +149,95 @@ class ChunkCache:
         if not marker.exists():
             _write_atomically(marker, b"zarrtorch chunk cache: python -m zarrtorch cache clear DIR empties it\n")
 
-    def path(self, store_id: str, key: str) -> Path:
-        """The file of ``key`` of the store ``store_id``: the key quoted whole (its slashes too), one folder per
-        store."""
-        return self.root / store_id / file_name(key)
+    def pack_path(self, store_id: str, name: str) -> Path:
+        """The file of pack ``name`` of the store ``store_id``."""
+        return self.root / store_id / name
+
+    def where(self, store_id: str, key: str) -> tuple[str, int, int, int | None] | None:
+        """``(pack name, record offset, record length, pack number or None)`` of ``key`` as this process knows it
+        (its last listing of the store, made now if there was none, and the packs it wrote since), else ``None``."""
+        listing = self._listings.get(store_id)
+        if listing is None:
+            listing = self._list(store_id)
+        found = listing.find(key)
+        if found is not None:
+            return found
+        recent = _RECENT.get((self._root_text, store_id))
+        placed = recent.get(key) if recent else None
+        return None if placed is None else (*placed, None)
 
     def read(self, store_id: str, key: str) -> memoryview | None:
-        """The chunk's bytes if a whole, intact file holds them; a damaged file is deleted (``None``: fetch it)."""
-        path = f"{self._root_text}{store_id}{os.sep}{file_name(key)}"
+        """The chunk's bytes if a whole, intact record of a pack holds them; a pack whose record is damaged is
+        deleted (``None``: fetch it)."""
+        found = self.where(store_id, key)
+        if found is None:
+            return None
+        name, offset, length, number = found
+        path = f"{self._root_text}{store_id}{os.sep}{name}"
         try:
-            data, modified = _read_file(path)
-        except (FileNotFoundError, NotADirectoryError):
+            record = _read_range(path, offset, length)
+        except (FileNotFoundError, NotADirectoryError):  # evicted, cleared or dropped since it was listed
             return None
-        body = _verified(data)
+        body = record_body(record, key)
         if body is None:
-            _remove(Path(path))
+            _remove(Path(path))  # one damaged record: the whole pack goes, its other chunks are fetched again
             return None
-        if modified < time.time() - RENEW_AFTER_S:
-            try:
-                os.utime(path)  # used now: the last to be evicted
-            except OSError:  # evicted meanwhile by another process: the bytes read are still right
-                pass
+        if number is not None:
+            self._renew(store_id, number, path)
         return body
 
+    def _renew(self, store_id: str, number: int, path: str) -> None:
+        """A hit: the pack's modification time renewed (the last to be evicted) once it is older than
+        :data:`RENEW_AFTER_S`."""
+        listing = self._listings.get(store_id)
+        if listing is None or number >= len(listing.mtimes):
+            return
+        now = time.time()
+        if listing.mtimes[number] >= now - RENEW_AFTER_S:
+            return
+        try:
+            os.utime(path)
+            listing.mtimes[number] = now
+        except OSError:  # evicted meanwhile by another process: the bytes read are still right
+            pass
+
     def write(self, store_id: str, key: str, data: bytes) -> None:
-        """Keep ``data`` as the chunk's file (room made first under the limit); one too large for the limit is
-        not kept. Best effort once the folder was checked: a full disk or a file evicted by another process
-        mid-write only means the chunk is fetched again next time."""
-        size = _HEADER + len(data)
+        """Keep one chunk, in a pack of its own (:meth:`write_pack`)."""
+        self.write_pack(store_id, [(key, data)])
+
+    def write_pack(self, store_id: str, entries: list[tuple[str, bytes]]) -> None:
+        """Keep ``entries`` (key, bytes) as one pack (room made first under the limit); a pack larger than the limit
+        is not kept. Best effort once the folder was checked: a full disk or a pack evicted by another process
+        mid-write only means its chunks are fetched again next time."""
+        entries = [(k, d) for k, d in entries if len(k.encode()) <= KEY_MOST_BYTES]
+        if not entries:
+            return
+        parts, placed = pack_parts(entries)  # the checks computed before the lock: the bodies as they are, no copy
+        size = sum(len(p) for p in parts)
         if self.limit_bytes is not None and size > self.limit_bytes:
             return
-        path = self.path(store_id, key)
-        parts = (_MAGIC + len(data).to_bytes(8, "little") + _digest(data), data)  # written as they are: no copy
+        name = f"{secrets.token_hex(8)}{SUFFIX}"
+        path = self.pack_path(store_id, name)
         try:
-            if path.parent not in self._folders:  # made once per process: a system call less per chunk
+            if path.parent not in self._folders:  # made once per process: a system call less per pack
                 path.parent.mkdir(exist_ok=True)
                 self._folders.add(path.parent)
             if self.limit_bytes is None:
                 _write_atomically(path, *parts)
-                return
-            with self._writing_alone():  # room counted and filled by one writer of the node at a time
-                self.make_room(size)
-                _write_atomically(path, *parts)
+            else:
+                with self._writing_alone():  # room counted and filled by one writer of the node at a time
+                    self.make_room(size)
+                    _write_atomically(path, *parts)
         except OSError:  # the folder removed meanwhile (a clear): made again at the next write
             self._folders.discard(path.parent)
+            return
+        recent = _RECENT.setdefault((self._root_text, store_id), {})
+        for key, offset, length in placed:
+            recent[key] = (name, offset, length)
 
     @contextlib.contextmanager
     def _writing_alone(self):
-        """Hold the cache's lock file: with a limit, two writers that each found room for one chunk would
+        """Hold the cache's lock file: with a limit, two writers that each found room for one pack would
         together overfill it. Threads of a process wait on a lock of its own first, then on the file."""
         with _THREADS_WRITING:
             with open(self.root / _LOCK, "a") as lock:
@@ -191,25 +247,74 @@ class ChunkCache:
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def names(self, store_id: str, also: list[str] = ()) -> np.ndarray:
-        """The files in the store's folder now (one directory listing) and the names ``also``, as the sorted
-        hashes of their names (:func:`_name_hash`): 8 bytes a file, not a set of names (~90 bytes each), on a
-        store of millions of chunks."""
+    def _list(self, store_id: str) -> _Listing:
+        """List the store's folder (one directory listing) and read the index of each pack not listed before in this
+        process (packs are never changed once published: a name is read once); a pack whose index is damaged, or
+        that is cut short, is deleted. The new listing replaces the last whole."""
+        last = self._listings.get(store_id) or _Listing()
+        # the packs this process wrote, before the folder is read: each is listed now, or was gone or damaged
+        recent = dict(_RECENT.get((self._root_text, store_id), {}))
         try:
             with os.scandir(self.root / store_id) as entries:
-                hashes = np.fromiter((_name_hash(e.name) for e in entries), dtype=np.int64)
+                present = {e.name for e in entries if e.name.endswith(SUFFIX) and not e.name.startswith(".")}
         except (FileNotFoundError, NotADirectoryError):
-            hashes = np.empty(0, dtype=np.int64)
-        hashes = np.concatenate([hashes, np.fromiter(map(_name_hash, also), dtype=np.int64, count=len(also))])
+            present = set()
+        names, mtimes = list(last.names), list(last.mtimes)
+        numbers = {name: n for name, n in last.numbers.items() if name in present}
+        gone = [n for name, n in last.numbers.items() if name not in present]
+        for n in gone:
+            names[n] = None
+        kept = ~np.isin(last.rows[:, 1], np.asarray(gone, np.int64)) if gone else slice(None)
+        rows = [last.rows[kept]]
+        for name in sorted(present - last.numbers.keys()):
+            path = self.root / store_id / name
+            try:
+                listed = _read_index(path)
+            except (FileNotFoundError, NotADirectoryError):  # evicted or dropped since the folder was read
+                continue
+            if listed is None:
+                _remove(path)  # its index is damaged or the pack cut short: none of its chunks is served
+                continue
+            placed, mtime = listed
+            number = len(names)
+            names.append(name)
+            mtimes.append(mtime)
+            numbers[name] = number
+            rows.append(np.array([(hash(k), number, o, n) for k, o, n in placed], np.int64).reshape(-1, 4))
+        table = np.concatenate(rows)
+        table = table[np.argsort(table[:, 0], kind="stable")]
+        listing = _Listing(np.ascontiguousarray(table[:, 0]), table, names, numbers, mtimes)
+        self._listings[store_id] = listing
+        written = _RECENT.get((self._root_text, store_id))
+        if written:  # found in the listing from now on (or gone); a pack written since the folder was read stays
+            for key, placed in recent.items():
+                if written.get(key) == placed:
+                    written.pop(key, None)
+        return listing
+
+    def keys_held(self, store_id: str, also: list[str] = ()) -> np.ndarray:
+        """The keys the store's packs hold now (listed again: :meth:`_list`), those of the packs this process wrote
+        since, and the keys ``also``, as sorted hashes: 8 bytes a key, not a set of keys (~90 bytes each), on a
+        store of millions of chunks."""
+        listing = self._list(store_id)
+        extra = [*_RECENT.get((self._root_text, store_id), {}), *also]
+        hashes = np.concatenate([listing.hashes, np.fromiter(map(hash, extra), np.int64, len(extra))])
         hashes.sort()
         return hashes
 
     def drop(self, store_id: str, key: str) -> None:
-        """Forget the chunk (its bytes did not decode: they are fetched again from the store)."""
-        _remove(self.path(store_id, key))
+        """Forget the chunk (its bytes did not decode: they are fetched again from the store): its pack is deleted,
+        the other chunks of the pack are fetched again when next read."""
+        found = self.where(store_id, key)
+        if found is not None:
+            _remove(self.pack_path(store_id, found[0]))
+        recent = _RECENT.get((self._root_text, store_id))
+        if recent:
+            recent.pop(key, None)
 
     def files(self) -> list[tuple[float, int, Path]]:
-        """Every file of the cache as ``(modification time, size, path)`` (temporary ones too)."""
+        """Every file of the cache as ``(modification time, size, path)``: its packs, temporary files, and files of an
+        earlier format."""
         found = []
         for folder in _store_folders(self.root):
             for entry in os.scandir(folder):
@@ -221,7 +326,7 @@ class ChunkCache:
         return found
 
     def make_room(self, size: int) -> None:
-        """Delete the least recently used files until ``size`` more bytes fit under the limit."""
+        """Delete the least recently used files (packs) until ``size`` more bytes fit under the limit."""
         files = self.files()
         total = sum(s for _, s, _ in files)
         for _, file_size, path in sorted(files, key=lambda f: f[0]):
@@ -231,42 +336,38 @@ class ChunkCache:
             total -= file_size
 
 
-def _name_hash(name: str) -> int:
-    """A file name's hash, for a listing kept in this process only (two names of one hash only cost a look at
-    the disk)."""
-    return hash(name)
-
-
-def _listed(hashes: np.ndarray, name: str) -> bool:
-    """Whether ``name`` is among the sorted ``hashes`` (:meth:`ChunkCache.names`)."""
-    h = _name_hash(name)
+def _listed(hashes: np.ndarray, key: str) -> bool:
+    """Whether ``key`` is among the sorted ``hashes`` (:meth:`ChunkCache.keys_held`; two keys of one hash only
+    cost a look at the pack, whose record names its key)."""
+    h = hash(key)
     at = int(np.searchsorted(hashes, h))
     return at < len(hashes) and int(hashes[at]) == h
 
 
-def _verified(data: bytes) -> memoryview | None:
-    """The bytes after the header (a view: not copied) when the header states their length and digest, else
-    ``None``."""
-    check = _CHECKS.get(data[: len(_MAGIC)])  # files of another format (ZTCACHE1: a BLAKE2b digest): refused
-    if len(data) < _HEADER or check is None:
-        return None
-    length = int.from_bytes(data[len(_MAGIC) : len(_MAGIC) + 8], "little")
-    body = memoryview(data)[_HEADER:]
-    if length != len(body) or check(body) != data[len(_MAGIC) + 8 : _HEADER]:
-        return None
-    return body
+def _read_range(path: str, offset: int, length: int) -> bytes:
+    """``length`` bytes of the file from ``offset`` (fewer where it is shorter), in three system calls and no file
+    object: each call is a wait to take the GIL back while the reader decodes in other threads."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
 
 
-def _read_file(path: str | Path) -> tuple[bytes, float]:
-    """The file's bytes and modification time, in four system calls and no file object: each call is a wait to
-    take the GIL back while the reader decodes in other threads."""
+def _read_index(path: Path) -> tuple[list[tuple[str, int, int]], float] | None:
+    """A pack's entries ``(key, record offset, record length)`` and its modification time; ``None`` when its index
+    is damaged or it is cut short."""
     fd = os.open(path, os.O_RDONLY)
     try:
         info = os.fstat(fd)
-        data = os.read(fd, info.st_size)
+        head = os.pread(fd, _INDEX_FIRST_READ, 0)
+        need = index_length(head)
+        if need is not None and need > len(head):
+            head = os.pread(fd, need, 0)
     finally:
         os.close(fd)
-    return data, info.st_mtime
+    placed = parse_index(head, info.st_size)
+    return None if placed is None else (placed, info.st_mtime)
 
 
 def _write_atomically(path: Path, *parts: bytes) -> None:
@@ -343,13 +444,28 @@ def clear_cache(cache_dir: str | os.PathLike) -> int:
 # -- a store that reads through the cache -------------------------------------------------------------------
 READING_THREADS = 8  # threads per process reading the cache's files
 WRITING_THREADS = 1  # and writing them: more only fought the event loop and the decoding threads for the GIL
+PACK_CHUNKS = 16  # chunks of one store a pack holds at most: one inode for 16 (a new file's open cost 183-193 us)
+PACK_MOST_BYTES = 4 << 20  # and bytes (under a limit, an eighth of it at most: eviction frees a small part)
 
 _executors: dict[str, concurrent.futures.ThreadPoolExecutor] = {}  # this process's, made at their first use
-# writes handed over and not finished: (root, store id, key) -> (future, bytes), and their bytes in all
-_pending: dict[tuple[str, str, str], tuple[concurrent.futures.Future, bytes]] = {}
+# chunks handed over and not written yet: (root, store id, key) -> [future of their pack's write, or None while
+# their pack is still being filled; bytes], and their bytes in all
+_pending: dict[tuple[str, str, str], list] = {}
 _pending_bytes = [0]
 PENDING_MOST_BYTES = 256 << 20  # beyond, a fetched chunk is not kept: a slow disk does not fill the memory
 _PENDING_LOCK = threading.Lock()
+
+
+@dataclass
+class _OpenPack:
+    """The chunks of one store handed over and not written yet, filling the next pack."""
+
+    cache: ChunkCache
+    keys: list = field(default_factory=list)
+    nbytes: int = 0
+
+
+_open: dict[tuple[str, str], _OpenPack] = {}  # (root, store id) -> the pack being filled
 
 
 def cache_threads(role: str = "read") -> concurrent.futures.ThreadPoolExecutor:
@@ -364,35 +480,92 @@ def cache_threads(role: str = "read") -> concurrent.futures.ThreadPoolExecutor:
     return _executors[role]
 
 
+def _pack_most_bytes(cache: ChunkCache) -> int:
+    return PACK_MOST_BYTES if cache.limit_bytes is None else max(1, min(PACK_MOST_BYTES, cache.limit_bytes // 8))
+
+
 def write_soon(cache: ChunkCache, store_id: str, key: str, data: bytes) -> None:
-    """Keep ``data`` in the cache in a thread of its own: a fetched chunk is handed to the reader at once, not
-    after its file is written. Until it is written, :func:`pending` serves it (the writes of a fast first epoch
-    lag behind its fetches, and a second epoch fetched them again); past :data:`PENDING_MOST_BYTES` waiting, it
-    is not kept."""
-    where = (str(cache.root), store_id, key)
+    """Keep ``data`` in the cache, in a pack written by a thread of its own: a fetched chunk is handed to the reader at
+    once, not after its pack is written. The pack is written once it holds :data:`PACK_CHUNKS` chunks (or
+    :data:`PACK_MOST_BYTES`), at the end of an epoch (:func:`flush_writes`) or of the process; until then
+    :func:`pending` serves the chunk (the writes of a fast first epoch lag behind its fetches, and a second epoch
+    fetched them again). Past :data:`PENDING_MOST_BYTES` waiting, it is not kept."""
+    root = str(cache.root)
+    where = (root, store_id, key)
+    cache_threads("write")  # made now: a process that ends writes what it holds (its finalizer)
     with _PENDING_LOCK:
         if _pending_bytes[0] + len(data) > PENDING_MOST_BYTES:
             return
-        try:
-            future = cache_threads("write").submit(cache.write, store_id, key, data)
-        except RuntimeError:  # the interpreter is shutting down: the chunk is not kept, and fetched again next time
-            return
         _forget_pending(where)
-        _pending[where] = (future, data)
+        pack = _open.get((root, store_id))
+        if pack is None:
+            pack = _open[(root, store_id)] = _OpenPack(cache)
+        full = []
+        most = _pack_most_bytes(cache)
+        if pack.keys and pack.nbytes + len(data) > most:  # a pack stays under the bytes unless one chunk is more
+            full.append(_submitted(root, store_id, pack))
+        _pending[where] = [None, data]
         _pending_bytes[0] += len(data)
-    future.add_done_callback(lambda done: _written(where, done))
+        pack.keys.append(key)
+        pack.nbytes += len(data)
+        if len(pack.keys) >= PACK_CHUNKS or pack.nbytes >= most:
+            full.append(_submitted(root, store_id, pack))
+    _when_written(full)
+
+
+def _submitted(root: str, store_id: str, pack: _OpenPack) -> tuple:
+    """Hand ``pack``'s chunks to the writing thread (under ``_PENDING_LOCK``) and start a new pack; returns the write's
+    future and its places, for :func:`_when_written` once the lock is released. The interpreter shutting down: written
+    in this thread."""
+    wheres = [(root, store_id, key) for key in pack.keys]
+    entries = [(key, _pending[w][1]) for key, w in zip(pack.keys, wheres, strict=True)]
+    pack.keys, pack.nbytes = [], 0
+    try:
+        future = cache_threads("write").submit(pack.cache.write_pack, store_id, entries)
+    except RuntimeError:  # the executor is shut down (the end of the interpreter): written here, before it ends
+        future = concurrent.futures.Future()
+        try:
+            pack.cache.write_pack(store_id, entries)
+        finally:
+            future.set_result(None)
+    for w in wheres:
+        _pending[w][0] = future
+    return future, wheres
+
+
+def _when_written(submitted: list) -> None:
+    """Once each write is done, its chunks are no longer pending (outside ``_PENDING_LOCK``: a write done already
+    calls back at once)."""
+    for future, wheres in submitted:
+        future.add_done_callback(lambda done, wheres=wheres: _written(wheres, done))
 
 
 def _forget_pending(where: tuple[str, str, str]) -> None:
+    """Forget a chunk handed over (under ``_PENDING_LOCK``); still in a pack being filled, it leaves the pack."""
     earlier = _pending.pop(where, None)
-    if earlier is not None:
-        _pending_bytes[0] -= len(earlier[1])
+    if earlier is None:
+        return
+    _pending_bytes[0] -= len(earlier[1])
+    if earlier[0] is None:
+        pack = _open.get(where[:2])
+        if pack is not None and where[2] in pack.keys:
+            pack.keys.remove(where[2])
+            pack.nbytes -= len(earlier[1])
 
 
-def _written(where: tuple[str, str, str], future: concurrent.futures.Future) -> None:
+def _written(wheres: list, future: concurrent.futures.Future) -> None:
     with _PENDING_LOCK:
-        if _pending.get(where, (None,))[0] is future:  # not a later write of the same chunk
-            _forget_pending(where)
+        for where in wheres:
+            if _pending.get(where, (None,))[0] is future:  # not a later write of the same chunk
+                _forget_pending(where)
+
+
+def flush_writes() -> None:
+    """Hand the packs being filled to the writing thread, however few chunks they hold: at the end of an epoch (the
+    next one, or another worker, finds them in the cache's files) and before this process waits for its writes."""
+    with _PENDING_LOCK:
+        submitted = [_submitted(*at, pack) for at, pack in _open.items() if pack.keys]
+    _when_written(submitted)
 
 
 def pending(cache: ChunkCache, store_id: str, key: str) -> memoryview | None:
@@ -402,20 +575,32 @@ def pending(cache: ChunkCache, store_id: str, key: str) -> memoryview | None:
     return None if waiting is None else memoryview(waiting[1])
 
 
-def pending_names(cache: ChunkCache, store_id: str) -> list[str]:
-    """The file names of the chunks of ``store_id`` handed to the cache by this process and not written yet."""
+def pending_keys(cache: ChunkCache, store_id: str) -> list[str]:
+    """The keys of the chunks of ``store_id`` handed to the cache by this process and not written yet."""
     root = str(cache.root)
     with _PENDING_LOCK:
-        return [file_name(key) for r, s, key in _pending if r == root and s == store_id]
+        return [key for r, s, key in _pending if r == root and s == store_id]
 
 
 def wait_for_writes(cache: ChunkCache | None = None, store_id: str = "", key: str = "") -> None:
-    """Wait until this process's chunks handed to the cache are written (with ``cache``: that one chunk's): at the
-    end of a process (a DataLoader worker ends with ``os._exit``, which waits for no thread), before counting what
-    a cache holds, and before a chunk is dropped (its write landing after would bring it back)."""
+    """Wait until this process's chunks handed to the cache are written, the packs being filled written first (at the
+    end of a process: a DataLoader worker ends with ``os._exit``, which waits for no thread; before counting what a
+    cache holds). With ``cache``: that one chunk's write, before the chunk is dropped (its write landing after would
+    bring it back); still in a pack being filled, it is taken out of it, never written."""
+    if cache is None:
+        flush_writes()
+        with _PENDING_LOCK:
+            waiting = [w[0] for w in _pending.values() if w[0] is not None]
+        concurrent.futures.wait(waiting)
+        return
     with _PENDING_LOCK:
-        waiting = list(_pending.values()) if cache is None else [_pending.get((str(cache.root), store_id, key))]
-    concurrent.futures.wait([w[0] for w in waiting if w is not None])
+        where = (str(cache.root), store_id, key)
+        waiting = _pending.get(where)
+        if waiting is not None and waiting[0] is None:
+            _forget_pending(where)
+            return
+    if waiting is not None:
+        concurrent.futures.wait([waiting[0]])
 
 
 def _after_fork() -> None:
@@ -424,6 +609,7 @@ def _after_fork() -> None:
     _PENDING_LOCK = threading.Lock()
     _executors.clear()
     _pending.clear()
+    _open.clear()
     _pending_bytes[0] = 0
 
 
@@ -438,7 +624,7 @@ class CachingStore(WrapperStore):
     def __init__(self, store, *, cache: ChunkCache, store_id: str, checksummed: bool = False):
         super().__init__(store)
         self.cache, self.store_id, self.checksummed = cache, store_id, checksummed
-        self._listed: np.ndarray | None = None  # the files the cache held at the last listing (None: not listed)
+        self._listed: np.ndarray | None = None  # the keys the cache held at the last listing (None: not listed)
 
     def __getstate__(self) -> dict:
         # a listing is this process's: its hashes of names are salted per process (a spawned worker's differ)
@@ -468,7 +654,7 @@ class CachingStore(WrapperStore):
         return got
 
     def held(self, key: str) -> memoryview | None:
-        """The chunk's bytes from the cache's file, or from a write not finished yet; ``None``: fetch it."""
+        """The chunk's bytes from the cache's packs, or from a write not finished yet; ``None``: fetch it."""
         found = self.cache.read(self.store_id, key)
         return found if found is not None else pending(self.cache, self.store_id, key)
 
@@ -477,24 +663,24 @@ class CachingStore(WrapperStore):
         self.cache.drop(self.store_id, key)
 
     def list_held(self) -> None:
-        """List the files the cache holds for this store, once an epoch: a chunk not among them (nor waiting to be
-        written) is requested from the store at once, not looked for first in a reading thread, where the look
-        waits behind the decodes queued there. A file written after the listing is only fetched once more; one
-        deleted after it is looked for, missed and fetched. The chunks this process is still writing count as
-        listed, taken before the folder is read: a write that lands in between is in one or the other."""
-        waiting = pending_names(self.cache, self.store_id)
-        self._listed = self.cache.names(self.store_id, also=waiting)
+        """List the chunks the cache's packs hold for this store, once an epoch: a chunk not among them (nor waiting
+        to be written) is requested from the store at once, not looked for first in a reading thread, where the look
+        waits behind the decodes queued there. A pack another process writes after the listing is only fetched once
+        more; one deleted after it is looked for, missed and fetched. The chunks this process is still writing count
+        as listed, taken before the folder is read: a write that lands in between is in one or the other."""
+        waiting = pending_keys(self.cache, self.store_id)
+        self._listed = self.cache.keys_held(self.store_id, also=waiting)
 
     def may_hold(self, key: str) -> bool:
         """Whether the cache may hold ``key`` (listed, or waiting to be written): if not, fetch it at once."""
         listed = self._listed
-        if listed is None or _listed(listed, file_name(key)):
+        if listed is None or _listed(listed, key):
             return True
         return pending(self.cache, self.store_id, key) is not None
 
     def keep(self, key: str, data: bytes) -> None:
-        """Keep ``data`` as ``key``'s file (:func:`write_soon`), unless its crc32c does not hold: damaged bytes are
-        the reader's error to name, never a file that later epochs would start from."""
+        """Keep ``data`` as ``key``'s record in a pack (:func:`write_soon`), unless its crc32c does not hold: damaged
+        bytes are the reader's error to name, never a record that later epochs would start from."""
         if self.checksummed and not crc32c_holds(data):
             return
         write_soon(self.cache, self.store_id, key, data)
@@ -567,11 +753,12 @@ def store_address(store) -> str:
 
 
 def store_id(arr: zarr.Array, first_bytes: bytes | None, group_attrs: dict) -> str:
-    """The folder of ``arr``'s chunks in a cache: a digest of its store's address, its path, its metadata, its
-    group's attributes and ``first_bytes`` (of its first chunk): another store, or this one rewritten, gets
-    another folder."""
+    """The folder of ``arr``'s chunks in a cache: a digest of the cache's :data:`FORMAT`, its store's address, its
+    path, its metadata, its group's attributes and ``first_bytes`` (of its first chunk): another store, this one
+    rewritten, or a cache of another format, gets another folder."""
     described = (arr.metadata.to_dict(), dict(group_attrs))
-    text = repr((store_address(arr.store_path.store), arr.path, json.dumps(described, sort_keys=True, default=repr)))
+    described_text = json.dumps(described, sort_keys=True, default=repr)
+    text = repr((FORMAT, store_address(arr.store_path.store), arr.path, described_text))
     return hashlib.blake2b(text.encode() + (first_bytes or b"missing"), digest_size=16).hexdigest()
 
 
@@ -589,11 +776,11 @@ def through_cache(arr: zarr.Array, cache: ChunkCache, first_bytes: bytes | None,
 
 def check_limit_holds_a_chunk(cache: ChunkCache, name: str, first_bytes: bytes | None) -> None:
     """Refuse a ``cache_limit_bytes`` smaller than array ``name``'s first chunk (``first_bytes``: as much of it as
-    the range read at opening got, so at least its size) with its header: the cache would keep none of its chunks
-    (a chunk larger than the limit is not kept), and every epoch would fetch each one again, silently."""
+    the range read at opening got, so at least its size) in a pack of its own: the cache would keep none of its
+    chunks (a pack larger than the limit is not kept), and every epoch would fetch each one again, silently."""
     if cache.limit_bytes is None or first_bytes is None:
         return
-    least = _HEADER + len(first_bytes)
+    least = HEADER_BYTES + record_overhead(f"{name}/0") + len(first_bytes)  # its key is that long at least
     if cache.limit_bytes < least:
         raise ValueError(
             f"cache_limit_bytes={cache.limit_bytes} cannot hold one chunk of array {name!r}: its first one takes at "

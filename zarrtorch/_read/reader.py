@@ -22,6 +22,7 @@ import zarr
 
 from zarrtorch._read.cache import (
     cached_bytes,
+    flush_writes,
     forget_cached,
     keep_cached,
     list_cached,
@@ -136,6 +137,9 @@ class PieceReader:
         # and each read through the node's chunk cache: what it holds is read and decoded in one reading thread, as
         # a local store's chunks are, and the rest requested at once (:meth:`_fetch_then_decode`)
         self._cached = self._fetch_ahead and all(reads_through_cache(a) for a in arrays.values())
+        # chunks kept in the node's cache (any array reading through it): its packs being filled are written at the
+        # end of each epoch, so that the next one, and the other workers, find all of them in its files
+        self._keeps = any(reads_through_cache(a) for a in arrays.values())
         # consecutive pieces the cache holds that one reading task reads, as a local store's (small chunks)
         self._held_per_read = local_pieces_per_read(chunk_rows * _row_bytes(arrays)) if self._cached else 1
         self._early_held: set = set()  # reads started early from the cache's files (no round trip to time)
@@ -358,6 +362,15 @@ class PieceReader:
         data of the first pieces, already read (:mod:`zarrtorch._read.early`); they hold no read buffer.
         ``read(start, stop)``: what the reading threads run for each piece instead of :meth:`read_piece` (its
         result is what is yielded)."""
+        try:
+            yield from self._iter_pieces(pieces, ready, read)
+        finally:  # the epoch's chunks kept in the node's cache: its packs being filled are written now, however few
+            if self._keeps:  # they hold, so that the next epoch, and the other workers, find them all in its files
+                flush_writes()
+
+    def _iter_pieces(
+        self, pieces: np.ndarray, ready: list | None, read: Callable[[int, int], object] | None
+    ) -> Iterator[dict[str, np.ndarray]]:
         own = read is None  # reads started early read as read_piece does: used only then
         read = read or self.read_piece
         ready = deque(ready or ())
