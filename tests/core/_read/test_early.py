@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import zarrtorch._read.cache as cache_module
 import zarrtorch._util.pool
 import zarrtorch._util.sizes
 import zarrtorch.epoch
@@ -438,9 +439,11 @@ def test_a_warm_epoch_of_the_chunk_cache_starts_from_reads_of_its_files_made_as_
     assert_same(got, fresh_batches(store, 2))
 
 
-def test_the_pieces_read_early_from_the_chunk_cache_stop_at_the_first_it_did_not_list(store, tmp_path):
+def test_the_pieces_read_early_from_the_chunk_cache_stop_at_the_first_it_did_not_list(store, tmp_path, monkeypatch):
     """A piece whose chunk the epoch's listing of the cache does not hold would be a request to the store, which
-    the last epoch makes for nothing if another epoch comes: the next epoch's pieces read early end before it."""
+    the last epoch makes for nothing if another epoch comes: the next epoch's pieces read early end before it.
+    (A pack of one chunk each, so that one chunk can be taken out of the cache by deleting its pack.)"""
+    monkeypatch.setattr(cache_module, "PACK_CHUNKS", 1)
     with HttpStoreServer(Path(store).parent) as server:
         ds = cached_dataset(f"{server.url}/{Path(store).name}", tmp_path / "cache")
         loader = ZarrDataLoader(ds, batch_size=8)
@@ -448,7 +451,8 @@ def test_the_pieces_read_early_from_the_chunk_cache_stop_at_the_first_it_did_not
         wait_for_writes()
         pieces = np.array(first_pieces(loader, 1, CHUNKS))
         x = ds.arrays["x"]
-        ChunkCache(tmp_path / "cache").path(x.store_path.store.store_id, chunk_key(x, pieces[2][0] // CHUNK)).unlink()
+        cache, store_id = ChunkCache(tmp_path / "cache"), x.store_path.store.store_id
+        cache.pack_path(store_id, cache.where(store_id, chunk_key(x, pieces[2][0] // CHUNK))[0]).unlink()
         reader = PieceReader(ds.arrays, CHUNK, threads=THREADS, prefetch=4)
         reader._list_cached(pieces)
         lead, read = reader.early_reads(pieces)
