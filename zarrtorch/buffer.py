@@ -89,15 +89,18 @@ class SlotBuffer:
         self.filled = 0
         self._pending = None  # the refill and moves of the last step, run at the start of the next
 
+    @staticmethod
+    def _slots(dst, offset: int, n: int):
+        """The ``n`` slots from ``offset`` on of ``dst`` (an array of slots, or a range of them)."""
+        if isinstance(dst, np.ndarray):
+            return dst[offset : offset + n]
+        return slice(dst.start + offset, dst.start + offset + n)
+
     def _write(self, dst, segments) -> None:
         offset = 0
         for seg in segments:
             n = len(seg["index"])
-            where = (
-                dst[offset : offset + n]
-                if isinstance(dst, np.ndarray)
-                else slice(dst.start + offset, dst.start + offset + n)
-            )
+            where = self._slots(dst, offset, n)
             for name, column in self.slots.items():
                 if not isinstance(where, slice):
                     column[where] = seg[name]

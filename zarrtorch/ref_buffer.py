@@ -44,11 +44,7 @@ class RefBuffer(SlotBuffer):
         offset = 0
         for seg in segments:
             n = len(seg["index"])
-            where = (
-                dst[offset : offset + n]
-                if isinstance(dst, np.ndarray)
-                else slice(dst.start + offset, dst.start + offset + n)
-            )
+            where = self._slots(dst, offset, n)
             for name, column in self.slots.items():
                 column[where] = seg[name] if name == "index" else _row_views(seg[name])
             offset += n
