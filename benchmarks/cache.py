@@ -95,13 +95,18 @@ def placement_cost(rows: int, epochs: int = 8, world: int = 4, workers: int = 2,
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cache_run_arguments(p: argparse.ArgumentParser, workers: int) -> None:
+    """The store, server and run arguments this benchmark shares with ``cache_starts.py``."""
     p.add_argument("--rows", type=int, default=20_000, help="rows of the generated store (64-row chunks)")
     p.add_argument("--delay-ms", type=float, default=20.0, help="the server's delay per request")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--workers", type=int, default=workers)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cache_run_arguments(p, workers=0)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)

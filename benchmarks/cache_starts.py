@@ -25,6 +25,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cache import cache_run_arguments  # noqa: E402
 from benchmarks.remote import generated_store  # noqa: E402
 from zarrtorch import ReadOptions, ZarrDataLoader, ZarrIterableDataset  # noqa: E402
 from zarrtorch._read.cache import wait_for_writes  # noqa: E402
@@ -88,11 +89,7 @@ def epochs_split(source: str, read: ReadOptions, *, epochs: int, workers: int) -
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=20_000, help="rows of the generated store (64-row chunks)")
-    p.add_argument("--delay-ms", type=float, default=20.0, help="the server's delay per request")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--workers", type=int, default=2)
+    cache_run_arguments(p, workers=2)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
 
