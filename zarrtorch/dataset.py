@@ -40,6 +40,7 @@ from zarrtorch._read.source import (
 from zarrtorch._read.static import check_static, static_array
 from zarrtorch._util.arguments import INT64_LIMIT, flag, names, whole_number
 from zarrtorch._util.arguments import row_range as checked_row_range
+from zarrtorch._util.background import BackgroundCall
 from zarrtorch._util.sizes import native, row_bytes
 from zarrtorch.layout import FirstAxisLayout, check_first_axis_layout, check_missing_chunks_can_be_told, restrict_rows
 from zarrtorch.options import ReadOptions
@@ -189,28 +190,34 @@ class ZarrIterableDataset(IterableDataset):
             cached[n] = through_cache(a, cache, head, attrs)
         return Arrays(cached, self.arrays.secrets)
 
-    def check_store_unchanged(self) -> None:
+    def check_store_unchanged(self) -> BackgroundCall | None:
         """Refuse an epoch of a store rewritten since this dataset opened it: the plan is of the old store, the
         first pieces of an epoch are read early, as the epoch before ends (from the old store), and the node's chunk
         cache, when the store reads through one, holds the old store's chunks. Told by the group's attributes
         (``prepare_zarr`` writes a new write id at every write): one metadata read per epoch, no chunk's. A store
         written by other means with the same attributes cannot be told without reading its chunks.
 
-        The first epoch is checked too where every array is local (a metadata read that cannot stall): the dataset
-        reads the chunk files with the shape and dtype it opened, so a store written again before it with fewer
-        rows or another dtype would yield rows it does not hold, or its bytes as the old dtype. The first epoch of
-        a remote store read without a cache is not checked: a server that does not answer must fail at the epoch's
-        first chunk, after one chunk's attempts (lesson 07). A store that does not answer is a
-        :class:`ChunkReadError`, as it is for the epoch's chunks."""
+        The first epoch is checked too: the dataset reads the chunk files with the shape and dtype it opened, so a
+        store written again before it with fewer rows or another dtype would yield rows it does not hold, or its
+        bytes as the old dtype. Where every array is local (a metadata read that cannot stall) or reads through a
+        cache, before the epoch. The first epoch of a remote store read without a cache is checked beside its first
+        chunk reads: the returned call is taken before the epoch's first batch is handed out (the iterator's job),
+        so a server that does not answer fails at the epoch's first chunk, after that chunk's attempts alone
+        (lesson 07). A store that does not answer is a :class:`ChunkReadError`, as it is for the epoch's chunks."""
         if self._watched_group is None:
-            return
-        path, opened_with, zarr_format = self._watched_group
+            return None
         arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
         cached = [a for a in arrays.values() if reads_through_cache(a)]
         first, self._epoch_begun = not self._epoch_begun, True
-        if first and not cached and not all_local(arrays):
-            return
         array = (cached or list(arrays.values()))[0]
+        if first and not cached and not all_local(arrays):
+            return BackgroundCall(lambda: self._refuse_if_rewritten(array, cached=False), "zarrtorch-store-check")
+        self._refuse_if_rewritten(array, cached=bool(cached))
+        return None
+
+    def _refuse_if_rewritten(self, array, cached: bool) -> None:
+        """Read the watched group's attributes now; a :class:`ValueError` if they are not those it was opened with."""
+        path, opened_with, zarr_format = self._watched_group
         try:
             now = group_attributes(array.store_path.store, path, self.read.retry, zarr_format)
         except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError; RetriesExhausted a RuntimeError
@@ -223,9 +230,9 @@ class ZarrIterableDataset(IterableDataset):
             held = "the node's chunk cache holds the old store's chunks, " if cached else ""
             raise ValueError(
                 f"the store {store_label(array, self.arrays.secrets)} was rewritten since this dataset opened it "
-                f"(its group's attributes, prepare_zarr's write id among them, changed): {held}this dataset's plan is "
-                "of the old store and its next epoch's first pieces were read from it. Make a new ZarrIterableDataset "
-                "(and loader) to read it"
+                f"(its group's attributes, prepare_zarr's write id among them, changed): {held}this dataset's plan, "
+                "shapes and dtypes are of the old store, and an epoch's first pieces may have been read from it. Make "
+                "a new ZarrIterableDataset (and loader) to read it"
             )
 
     def _check_batch_keys(self) -> None:

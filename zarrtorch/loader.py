@@ -63,6 +63,10 @@ SUPERSEDED = (
 )
 
 
+STORE_CHECK_FAILED = (
+    "this iterator of a ZarrDataLoader refused its epoch: the check that the store was not rewritten since the dataset "
+    "opened it failed (the error raised by the first next() says how). Make a new ZarrIterableDataset and loader"
+)
 INTERRUPTED = (
     "this iterator of a ZarrDataLoader was interrupted (KeyboardInterrupt inside next()): a batch may have been "
     "taken and not handed out, so it cannot go on without losing rows. Start the epoch again with iter(loader), or "
@@ -86,7 +90,7 @@ class EpochIterator:
     the workers at once when one of them fails, and refuses to go on once a newer epoch started. ``loader``
     gives it what it needs by name (:class:`EpochControl`): nothing here reaches into the loader."""
 
-    def __init__(self, inner, control: EpochControl, run: EpochRun, transform=None, *, workers=None):
+    def __init__(self, inner, control: EpochControl, run: EpochRun, transform=None, *, workers=None, store_check=None):
         ahead = isinstance(inner, WorkAhead)
         # DataLoader's own iterator (``workers``; under the batches formed here, with batch_order="rank")
         self._inner = workers if workers is not None else inner.inner if ahead else inner
@@ -96,6 +100,10 @@ class EpochIterator:
         self._run = run
         self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
         self._interrupted = False  # a KeyboardInterrupt came out of __next__
+        # the check that the store was not rewritten, running beside the epoch's first reads: its outcome is taken
+        # before the first batch is handed out (a batch read with an old shape or dtype is never handed out)
+        self._store_check = store_check
+        self._refused = False  # that check failed: the epoch's batches are of a store that changed
 
     def __iter__(self):
         return self
@@ -106,6 +114,8 @@ class EpochIterator:
         # would lose that batch, or end the epoch early, silently: the iterator refuses instead
         if self._interrupted:
             raise RuntimeError(INTERRUPTED)
+        if self._refused:
+            raise RuntimeError(STORE_CHECK_FAILED)
         try:
             return self._next_batch()
         except KeyboardInterrupt:
@@ -143,6 +153,16 @@ class EpochIterator:
                     "exited or stopped while sending it. Its workers were stopped; a new iter() starts fresh ones"
                 ) from exc
             raise
+        if self._store_check is not None:
+            check, self._store_check = self._store_check, None
+            try:
+                check.result()
+            except BaseException:  # the store changed, or did not answer: no batch of this epoch is handed out
+                self._refused = True
+                if self._stop_ahead is not None:
+                    self._stop_ahead(timeout_s=30.0, quiet=True)
+                stop_workers(control.loader, self._inner)
+                raise
         if self._transform is not None:
             batch = self._transform(batch)
         self._run.seen += 1
@@ -385,7 +405,7 @@ class ZarrDataLoader(DataLoader):
             self._stop_work_ahead, stop = None, self._stop_work_ahead
             stop()
         rank, world = self.topology()
-        self.data.check_store_unchanged()
+        store_check = self.data.check_store_unchanged()  # a remote first epoch's: taken at its first batch
         position = self.position
         history, skip = position.start_point(world, self.job.plan_workers)
         try:
@@ -430,7 +450,7 @@ class ZarrDataLoader(DataLoader):
             self._stop_work_ahead = inner.stopper()
         transform = self.data.transform if self.job.transform_in_consumer else None
         control = EpochControl(self, lambda: position.run, position.finished, self._stalled, self.receive)
-        iterator = EpochIterator(inner, control, run, transform, workers=workers)
+        iterator = EpochIterator(inner, control, run, transform, workers=workers, store_check=store_check)
         position.run_iterator = weakref.ref(iterator)
         return iterator
 

@@ -317,7 +317,9 @@ class MixedLoader:
         # a source's own epoch runs on across mix epochs, and its loader checks its store only when one begins:
         # a store written again between mix epochs would be read on with the old plan, shape and dtype
         for name in self._iters:
-            self.sources[name].data.check_store_unchanged()
+            pending = self.sources[name].data.check_store_unchanged()  # a continued source: checked at once
+            if pending is not None:
+                pending.result()
         order = self.order(point)
         if self._checks_ranks():
             check_ranks_agree(

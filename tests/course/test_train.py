@@ -17,7 +17,8 @@ import pytest
 
 from zarrtorch import ZarrIterableDataset, prepare_zarr
 from zarrtorch.audit import load_state as audit_state
-from zarrtorch.course.train import DataWait, torchrun_train, validation_summary
+from zarrtorch.course.callbacks import DataWait
+from zarrtorch.course.train import torchrun_train, validation_summary
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16

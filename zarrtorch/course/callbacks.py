@@ -1,20 +1,23 @@
 """Lightning callbacks the course uses to look inside training runs, and a switch for Lightning's chatter.
 
 ``RowRecorder`` records which rows every rank trained on (lessons 05-06 check them against the plan);
-``HistoryWriter`` gets results out of DDP processes a notebook cannot see; ``quiet_lightning`` hides
-start-up notices that teach nothing in a notebook.
+``HistoryWriter`` gets results out of DDP processes a notebook cannot see; ``DataWait`` measures how long the training
+loop waited for data; ``quiet_lightning`` hides start-up notices that teach nothing in a notebook.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
+
+from zarrtorch.course.say import say
 
 
 def quiet_lightning() -> None:
@@ -126,3 +129,69 @@ def summarize_rows(epochs: list[dict]) -> list[dict]:
         out.append(row)
         prev = sets
     return out
+
+
+class DataWait(L.Callback):
+    """The share of each epoch's training time that this rank's loop spent waiting for its next batch.
+
+    Lightning takes a batch from the loader between one batch's end (or the epoch's start, which includes
+    starting the DataLoader's workers) and the next batch's start; the time there is the wait, the rest is the
+    training step. Whether DataLoader workers help is decided by that wait, and it depends on the node (its
+    cores, the step's use of the interpreter): measure it with ``--workers 0`` and ``--workers 2``. An epoch
+    resumed mid-way starts without the epoch-start hook: its wait counts from its first batch. Rank 0 prints
+    every rank's share (gathered at the epoch's end) and ``figures`` keeps them for ``metrics.json``."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.figures: list[dict] = []  # per epoch: {"epoch", "share_per_rank", "seconds_per_rank"}
+        self._reset(None)
+
+    def _reset(self, start: float | None) -> None:
+        self._start = self._mark = start  # the epoch's start, and the end of the last batch (or the start)
+        self._end: float | None = None
+        self._waited = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._reset(self.clock())
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        now = self.clock()
+        if self._mark is None:  # resumed mid-epoch: no epoch-start hook
+            self._start = now
+        else:
+            self._waited += now - self._mark
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._mark = self._end = self.clock()
+
+    def epoch_figures(self) -> tuple[float, float]:
+        """(seconds waited, seconds of training) of this rank's epoch so far."""
+        if self._start is None or self._end is None:
+            return 0.0, 0.0
+        return self._waited, self._end - self._start
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        import torch
+
+        waited, seconds = self.epoch_figures()
+        mine = torch.tensor([waited, seconds], dtype=torch.float32, device=pl_module.device)
+        every = trainer.strategy.all_gather(mine).reshape(-1, 2).cpu().tolist()  # one collective, every rank
+        shares = [w / s if s > 0 else 0.0 for w, s in every]
+        self.figures.append(
+            {"epoch": int(trainer.current_epoch), "share_per_rank": shares, "seconds_per_rank": [w for w, _ in every]}
+        )
+        if trainer.is_global_zero:
+            say(f"epoch {trainer.current_epoch} | {wait_summary(shares)}")
+        self._reset(None)
+
+
+def wait_summary(shares: list[float]) -> str:
+    """One line: the share of the epoch each rank's loop waited for data (the most and the mean over many)."""
+    if len(shares) <= 4:
+        each = ", ".join(f"rank {r} {share:.1%}" for r, share in enumerate(shares))
+        return f"data wait (share of the epoch spent waiting for the next batch): {each}"
+    worst = max(range(len(shares)), key=shares.__getitem__)
+    return (
+        f"data wait (share of the epoch spent waiting for the next batch): at most {shares[worst]:.1%} (rank "
+        f"{worst}), {sum(shares) / len(shares):.1%} on average over {len(shares)} ranks"
+    )

@@ -459,23 +459,42 @@ def test_a_local_store_rewritten_before_its_first_epoch_is_refused_not_read_with
         next(iter(loader))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a remote store's first epoch is not checked: reading its group's attributes before the epoch would make "
-    "a stalled server wait two requests' attempts before its ChunkReadError (lesson 07); the check must run beside "
-    "the epoch's first reads and refuse at its first batch",
-)
-def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_with_the_old_dtype(tmp_path):
+@pytest.mark.parametrize(("workers", "work_ahead"), [(0, 0), (0, 2), (2, 0)])
+def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_with_the_old_dtype(
+    tmp_path, workers, work_ahead
+):
     """breaks6: prepare_zarr wrote a store served over HTTP again (float64 for int64) after a dataset opened it and
-    before its first epoch: the epoch yielded the float64 bytes as int64 (119 of 120 rows), silently."""
+    before its first epoch: the epoch yielded the float64 bytes as int64 (119 of 120 rows), silently. The check runs
+    beside the epoch's first reads and is taken before the first batch is handed out; the iterator then refuses to
+    go on (its next batches were read with the old dtype too)."""
     root = tmp_path / "served"
     prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
     with HttpStoreServer(root) as server:
-        loader = ZarrDataLoader(ZarrIterableDataset(f"{server.url}/s.zarr", seed=1), batch_size=8)
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=1)
+        loader = ZarrDataLoader(ds, batch_size=8, num_workers=workers, work_ahead=work_ahead)
         rewritten = {"y": 5 * np.arange(120, dtype=np.float64)}
         prepare_zarr(rewritten, root / "s.zarr", chunk_rows=10, overwrite=True, progress=False)
+        it = iter(loader)
         with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
-            next(iter(loader))
+            next(it)
+        with pytest.raises(RuntimeError, match="refused its epoch"):
+            next(it)
+        with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
+            next(iter(loader))  # a new epoch of the same dataset is refused before it reads
+
+
+def test_a_remote_store_unchanged_streams_its_first_epoch_after_the_check_beside_its_reads(tmp_path):
+    """The first epoch's check, run beside the reads, lets an unchanged remote store stream every row once, and it
+    is made once: the group's metadata document is asked for once in that epoch."""
+    root = tmp_path / "served"
+    prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
+    with HttpStoreServer(root) as server:
+        ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=1)
+        loader = ZarrDataLoader(ds, batch_size=8)
+        before = server.requests.get("s.zarr/zarr.json", 0)
+        values = np.concatenate([b["y"].numpy() for b in loader])
+        assert sorted(values.tolist()) == (3 * np.arange(120)).tolist()
+        assert server.requests.get("s.zarr/zarr.json", 0) - before == 1
 
 
 @pytest.mark.parametrize("work_ahead", [0, 2])
