@@ -107,8 +107,10 @@ def prepare_pass(path: str | os.PathLike, cold: bool) -> float:
     drop_from_cache(path)
     if MINCORE is None:
         return float("nan")
-    # a page still mapped or read by a process of the pass before (a worker exiting) is not dropped: try again
-    for _ in range(5):
+    # a page still mapped or read by a process of the pass before (a worker exiting, another loader's persistent
+    # workers reading their next epoch's first pieces early) is not dropped, or comes back: try again, for up to
+    # 5 s (a loaded 2-core machine took more than the 1 s this waited before)
+    for _ in range(25):
         share = resident_fraction(path)
         if share < 0.05:
             break
