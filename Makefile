@@ -22,7 +22,6 @@ course: setup
 ## (b) the tests: lint, package tests + every notebook under nbval (on the tiny data), in TEST_PROCS processes
 ## (pytest-xdist; --dist loadfile keeps a notebook's cells, and a test file, in one process, in order). Three on
 ## CI's 2 cores: two kept the cores busy 1.55 of 2 on average, the rest waiting on subprocesses, servers and sleeps.
-## Files are handed out longest first (conftest.py, from tests/file_seconds.json), not xdist's most-tests-first.
 ## A test (or notebook cell) still running after TEST_TIMEOUT seconds fails with every thread's stack: a hang is
 ## a failure that says where, never a CI run that stops at its limit (the slowest test takes about a minute)
 TEST_PROCS ?= 3
@@ -31,7 +30,7 @@ test: setup lint
 	@bash scripts/install_browser.sh
 	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny --no-progress
 	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
-		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
+		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 -n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .
