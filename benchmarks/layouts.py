@@ -238,6 +238,8 @@ def measure_layout(
                 record(name, is_cold, rate)
     out = {"path": read_path_text(next(iter(arrays.values()))), **{k: spread(v) for k, v in rates.items()}}
     out["resident"] = {k: {"min": min(v), "max": max(v)} for k, v in resident.items() if v}
+    if pagecache.STILL_RESIDENT:
+        out["files_left_after_drop"] = pagecache.STILL_RESIDENT[:10]
     return out
 
 
