@@ -134,12 +134,9 @@ class EpochIterator:
         except ProducerSilent as silent:
             raise self._unblock(silent) from None
         except Exception as exc:
-            # a worker's death is signalled in this thread while the work-ahead thread may be inside DataLoader's
-            # iterator, which is not safe to shut down under it: that thread sees the death within seconds too
-            if self._stop_ahead is not None and not self._stop_ahead(timeout_s=30.0, quiet=True):
-                raise
+            self._take_store_check(after=exc)
             stalled = control.stalled(self._inner, exc)
-            if stop_workers(control.loader, self._inner, stuck=stalled is not None):
+            if self._stop_epoch(stuck=stalled is not None):
                 if stalled is not None:
                     raise stalled from None
                 # DataLoader re-raises a worker's error from a frame that holds it (a reference cycle that
@@ -153,16 +150,7 @@ class EpochIterator:
                     "exited or stopped while sending it. Its workers were stopped; a new iter() starts fresh ones"
                 ) from exc
             raise
-        if self._store_check is not None:
-            check, self._store_check = self._store_check, None
-            try:
-                check.result()
-            except BaseException:  # the store changed, or did not answer: no batch of this epoch is handed out
-                self._refused = True
-                if self._stop_ahead is not None:
-                    self._stop_ahead(timeout_s=30.0, quiet=True)
-                stop_workers(control.loader, self._inner)
-                raise
+        self._take_store_check()
         if self._transform is not None:
             batch = self._transform(batch)
         self._run.seen += 1
@@ -170,6 +158,40 @@ class EpochIterator:
             warnings.warn(self._run.late_warning, stacklevel=2)
             self._run.late_warning = None
         return batch
+
+    def _take_store_check(self, *, after: Exception | None = None) -> None:
+        """Take the outcome of the check that the store was not rewritten, once, before the epoch's first batch is
+        handed out. Its failure (a rewrite is a ``ValueError``; a store that did not answer, a ``ChunkReadError``)
+        refuses the epoch: no batch of it is handed out, its work is stopped. When the epoch failed first (``after``),
+        only a rewrite is raised, from that error: a chunk of the rewritten store that decodes to the wrong size, or is
+        missing, is the rewrite's doing, and the rewrite is what to fix."""
+        if self._store_check is None:
+            return
+        check, self._store_check = self._store_check, None
+        try:
+            check.result()
+        except ValueError as rewritten:
+            self._refuse()
+            if after is not None:  # without tracebacks: a worker's error is raised from a frame that holds it
+                raise rewritten.with_traceback(None) from after.with_traceback(None)
+            raise
+        except BaseException:
+            if after is None:
+                self._refuse()
+                raise
+
+    def _refuse(self) -> None:
+        self._refused = True
+        self._stop_epoch()
+
+    def _stop_epoch(self, *, stuck: bool = False) -> bool:
+        """Stops the epoch's work-ahead thread, then its workers; False when either would not stop. A worker's death
+        is signalled in this thread while the work-ahead thread may be inside DataLoader's iterator, which is not safe
+        to shut down under it (that thread sees the death within seconds too): the workers are left running when the
+        thread does not stop."""
+        if self._stop_ahead is not None and not self._stop_ahead(timeout_s=30.0, quiet=True):
+            return False
+        return stop_workers(self._control.loader, self._inner, stuck=stuck)
 
     def __len__(self) -> int:
         return self._run.length - self._run.start

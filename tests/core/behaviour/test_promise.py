@@ -483,6 +483,32 @@ def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_wit
             next(iter(loader))  # a new epoch of the same dataset is refused before it reads
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(
+    "rewritten",
+    [{"y": 5 * np.arange(120, dtype=np.int32)}, {"z": 5 * np.arange(120, dtype=np.int64)}],
+    ids=["int32", "renamed"],
+)
+def test_a_remote_store_rewritten_so_its_first_chunk_fails_says_it_was_rewritten_not_damaged(
+    tmp_path, rewritten, workers
+):
+    """breaks7: a store served over HTTP written again after a dataset opened it, as int32 for int64 (its chunks
+    decode to half the bytes) or with its array renamed (every chunk the dataset reads is missing): the epoch's first
+    chunk read failed before the check beside it was taken, and the error called the chunk damaged, or missing. The rewrite is the cause and what to fix: it is raised, from the chunk's error."""
+    root = tmp_path / "served"
+    prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
+    with HttpStoreServer(root) as server:
+        loader = ZarrDataLoader(ZarrIterableDataset(f"{server.url}/s.zarr", seed=1), batch_size=8, num_workers=workers)
+        prepare_zarr(rewritten, root / "s.zarr", chunk_rows=10, overwrite=True, progress=False)
+        it = iter(loader)
+        with pytest.raises(ValueError, match="rewritten since this dataset opened it") as raised:
+            for _ in it:
+                pass
+        assert isinstance(raised.value.__cause__, Exception), "the chunk's own error is kept as the cause"
+        with pytest.raises(RuntimeError, match="refused its epoch"):
+            next(it)
+
+
 def test_a_remote_store_unchanged_streams_its_first_epoch_after_the_check_beside_its_reads(tmp_path):
     """The first epoch's check, run beside the reads, lets an unchanged remote store stream every row once, and it
     is made once: the group's metadata document is asked for once in that epoch."""
