@@ -82,10 +82,17 @@ def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2, e
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,num_workers,drop_last", [(2, 0, True), (3, 0, False), (2, 2, False), (3, 2, True)])
-def test_ddp_ranks(store, tmp_path, world, num_workers, drop_last):
+@pytest.mark.parametrize(
+    "world,num_workers,drop_last,context",
+    [(2, 0, True, None), (3, 0, False, None), (2, 2, False, "spawn"), (3, 2, True, "fork")],
+)
+def test_ddp_ranks(store, tmp_path, world, num_workers, drop_last, context):
+    """Spawned workers (a fresh interpreter each, as torchrun users with CUDA have them) and forked ones."""
     batch = 16
-    results = launch(store, tmp_path, world, batch_size=batch, num_workers=num_workers, drop_last=drop_last)
+    extra = ["--context", context] if context else []
+    results = launch(
+        store, tmp_path, world, batch_size=batch, num_workers=num_workers, drop_last=drop_last, extra=extra
+    )
     for rank, res in enumerate(results):
         assert tuple(res["topology"]) == (rank, world)  # the loader read the process group
     for epoch in range(2):
@@ -132,17 +139,23 @@ def test_ddp_ranks_over_http_read_every_row_once(store, tmp_path, num_workers):
 @pytest.mark.slow
 @pytest.mark.parametrize("before,after", [((2, 2), (3, 1)), ((3, 1), (2, 2))])
 def test_ddp_elastic_resume(store, tmp_path, before, after):
-    """The job "hits its time limit" after 4 batches on one world size and resumes on another, with spawned
-    workers: the rest of the epoch has equal batches on every new rank (an all_reduce after each batch), no
-    row consumed before is read again, every row of the epoch is read, and epoch 1 is an ordinary epoch."""
+    """The job "hits its time limit" after 4 batches on one world size and resumes on another, with workers:
+    the rest of the epoch has equal batches on every new rank (an all_reduce after each batch), no row consumed
+    before is read again, every row of the epoch is read, and epoch 1 is an ordinary epoch. (Forked workers: the
+    plan and the state do not depend on how workers start, and spawned ones, tested above, cost 14 interpreters'
+    imports here.)"""
     batch, first, second = 16, tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
     (w0, k0), (w1, k1) = before, after
-    old = launch(store, first, w0, batch_size=batch, num_workers=k0, drop_last=False, extra=["--stop-after", "4"])
+    forked = ["--context", "fork"]
+    old = launch(
+        store, first, w0, batch_size=batch, num_workers=k0, drop_last=False, extra=["--stop-after", "4", *forked]
+    )
     assert all(len(res["sizes_0"]) == 4 for res in old)
     state = first / "state.json"
-    new = launch(store, second, w1, batch_size=batch, num_workers=k1, drop_last=False, extra=["--resume", str(state)])
+    resume = ["--resume", str(state), *forked]
+    new = launch(store, second, w1, batch_size=batch, num_workers=k1, drop_last=False, extra=resume)
     consumed = np.concatenate([res["index_0"] for res in old])
     rest = [res["index_0"] for res in new]
     counts = {len(res["sizes_0"]) for res in new}
