@@ -293,10 +293,14 @@ class PieceReader:
     def early_reads(self, pieces: np.ndarray) -> tuple[np.ndarray, Callable[[int, int], dict]]:
         """The first of ``pieces`` (the next epoch's) that may be read before their epoch starts, and what reads
         them: every one of a local store; of a store read through the node's chunk cache, those up to the first
-        that the epoch's listing does not hold, read from the cache's files (:meth:`read_held_piece`): an early
-        read is no request to the store, which the last epoch would make for nothing if another epoch came."""
+        that the cache holds, read from its files (:meth:`read_held_piece`): an early read is no request to the
+        store, which the last epoch would make for nothing if another epoch came. The cache is listed again first:
+        the packs this epoch wrote are in its files, neither in the listing made at its start nor waiting to be
+        written (after a cold epoch, none of the next epoch's pieces would be read early)."""
         if not self._cached:
             return (pieces if all(self._local.values()) else pieces[:0]), self.read_piece
+        for arr in self.arrays.values():
+            list_cached(arr)
         held = 0
         while held < len(pieces) and self._holds_piece((int(pieces[held][0]), int(pieces[held][1]))):
             held += 1

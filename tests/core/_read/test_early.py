@@ -439,6 +439,31 @@ def test_a_warm_epoch_of_the_chunk_cache_starts_from_reads_of_its_files_made_as_
     assert_same(got, fresh_batches(store, 2))
 
 
+def test_the_cold_epoch_of_the_chunk_cache_ends_reading_the_next_epochs_first_pieces_from_the_files_it_wrote(
+    store, recorded, tmp_path, monkeypatch
+):
+    """The epoch that filled the node's chunk cache read none of the next epoch's pieces early: its listing, made
+    at its start, held nothing, and the packs it wrote meanwhile were neither listed nor waiting to be written, so
+    the early reads stopped at the first piece (epoch 2 of benchmarks/cache.py started cold, issue 44). The
+    listing is made again as the epoch ends: the next epoch's first pieces are read early from the files this
+    epoch wrote, with no request to the store, and its batches are a fresh start's. (Packs of one chunk, so that
+    each is written during the epoch, as most of a store's are: 16 chunks a pack, 12 chunks here.)"""
+    monkeypatch.setattr(cache_module, "PACK_CHUNKS", 1)
+    with HttpStoreServer(Path(store).parent) as server:
+        loader = ZarrDataLoader(cached_dataset(f"{server.url}/{Path(store).name}", tmp_path / "cache"), batch_size=8)
+        server.requests.clear()  # the first chunk's first bytes were read for the cache's store id
+        epoch_batches(loader, 0, step_s=0.02)  # cold: fills the cache; as it ends, epoch 1's first pieces are read
+        wait_for_early_reads(loader)
+        assert chunk_requests(server) == CHUNKS, server.requests  # each chunk once, none again for the early reads
+        early = early_of(loader).pieces
+        assert len(early) > 1 and early == first_pieces(loader, 1, len(early))
+        server.requests.clear()
+        USED.clear()
+        got = epoch_batches(loader, 1)
+        assert sum(USED) == len(early) and chunk_requests(server) == 0
+    assert_same(got, fresh_batches(store, 1))
+
+
 def test_the_pieces_read_early_from_the_chunk_cache_stop_at_the_first_it_did_not_list(store, tmp_path, monkeypatch):
     """A piece whose chunk the epoch's listing of the cache does not hold would be a request to the store, which
     the last epoch makes for nothing if another epoch comes: the next epoch's pieces read early end before it.
