@@ -85,7 +85,8 @@ class ZarrIterableDataset(IterableDataset):
             the same number of batches (``drop_last=False``): leave them out of a metric's mean.
         keep_in_memory: keep the rows a process reads in RAM for later epochs (data that fits the cluster's
             memory); the chunk-to-rank assignment is then frozen at epoch 0's (the order in each process still
-            changes). Memory, not disk: nothing is written.
+            changes). Memory, not disk: nothing is written. The store may be removed once its rows are kept; one
+            that ``prepare_zarr`` wrote again is refused at the next epoch, as without this option.
         redeal_every: ``K``: deal each rank its share of the chunks every ``K`` epochs instead of every epoch (the
             order within a share still changes every epoch), so that a node's chunk cache (``ReadOptions(
             cache_dir=...)``) holds what the node reads next (:func:`zarrtorch.plan.placed_stream`). Trades the
@@ -163,7 +164,7 @@ class ZarrIterableDataset(IterableDataset):
                 self.arrays, self.store_row_spans(), skip=whole, policy=read.retry, secrets=self.arrays.secrets
             )
         self.arrays = self._through_cache(read, source)
-        self._watched_group = _group_to_watch(source, self.arrays, keep_in_memory)
+        self._watched_group = _group_to_watch(source, self.arrays)
         self._epoch_begun = False  # whether an epoch of this dataset began (the next may have read early)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
@@ -220,7 +221,11 @@ class ZarrIterableDataset(IterableDataset):
         path, opened_with, zarr_format = self._watched_group
         try:
             now = group_attributes(array.store_path.store, path, self.read.retry, zarr_format)
-        except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError; RetriesExhausted a RuntimeError
+        except (OSError, RuntimeError, ValueError) as exc:
+            # TimeoutError is an OSError; RetriesExhausted a RuntimeError; a document that does not parse (cut short
+            # on the way, twice) a ValueError, which must not pass for the rewrite this check raises
+            if self.keep_in_memory:  # the rows kept are the data: the store may be gone; a row still to be read
+                return  # from it fails on its own, naming its chunk
             raise ChunkReadError(
                 f"cannot read the attributes of the group of {store_label(array, self.arrays.secrets)} at the start "
                 f"of an epoch (read to tell whether the store was rewritten since this dataset opened it): "
@@ -474,17 +479,17 @@ class ZarrIterableDataset(IterableDataset):
         raise TypeError(THROUGH_THE_LOADER)
 
 
-def _group_to_watch(source, arrays: Arrays, keep_in_memory: bool) -> tuple[str, dict, int] | None:
+def _group_to_watch(source, arrays: Arrays) -> tuple[str, dict, int] | None:
     """The path, attributes and Zarr format of the group ``source``, to tell at each epoch whether the store was
     rewritten since (:meth:`ZarrIterableDataset.check_store_unchanged`): when its arrays read through a chunk cache
     (their store id holds the attributes), or ``prepare_zarr`` wrote it (its attributes hold a write id, new at
-    every write) and every epoch reads it (not ``keep_in_memory``: the rows read once are the data); else
-    ``None``."""
+    every write); else ``None``. With ``keep_in_memory`` too: the rows kept are read from the store in the epochs
+    that first reach them, the first among them."""
     if not isinstance(source, zarr.Group):
         return None
     attrs = source.attrs.asdict()
     written = isinstance(attrs.get("zarrtorch"), dict) and WRITE_ID in attrs["zarrtorch"]
-    if not (written and not keep_in_memory) and not any(reads_through_cache(a) for a in arrays.values()):
+    if not written and not any(reads_through_cache(a) for a in arrays.values()):
         return None
     return source.path, attrs, source.metadata.zarr_format
 
@@ -498,7 +503,10 @@ def group_attributes(store, path: str, policy, zarr_format: int | None = None) -
         group = await zarr.api.asynchronous.open_group(store=store, path=path, mode="r", zarr_format=zarr_format)
         return dict(group.attrs)
 
-    return with_retries(lambda: within(read(), policy.timeout_s), policy)
+    try:
+        return with_retries(lambda: within(read(), policy.timeout_s), policy)
+    except ValueError:  # a document that does not parse: cut short on the way, as a chunk's body can be; once more
+        return with_retries(lambda: within(read(), policy.timeout_s), policy)
 
 
 def _redeal_every(value, shuffle: bool, keep_in_memory: bool) -> int:

@@ -72,6 +72,11 @@ INTERRUPTED = (
     "taken and not handed out, so it cannot go on without losing rows. Start the epoch again with iter(loader), or "
     "continue it on a new loader: other.load_state_dict(loader.state_dict()) (the batches handed out are counted)"
 )
+FAILED = (
+    "this iterator of a ZarrDataLoader stopped at an error (raised by an earlier next(), above): the rest of its epoch "
+    "was not read, and going on would end the epoch early, silently. Start the epoch again with iter(loader), or "
+    "continue it on a new loader: other.load_state_dict(loader.state_dict()) (the batches handed out are counted)"
+)
 
 
 def worker_timeout_s(policy: RetryPolicy | None) -> float:
@@ -99,32 +104,36 @@ class EpochIterator:
         self._control = control
         self._run = run
         self._transform = transform  # the dataset's, run here when it must draw random numbers in this thread
-        self._interrupted = False  # a KeyboardInterrupt came out of __next__
+        self._ended_by: str | None = None  # why it refuses to go on, once next() raised (a Ctrl-C, an error, ...)
         # the check that the store was not rewritten, running beside the epoch's first reads: its outcome is taken
         # before the first batch is handed out (a batch read with an old shape or dtype is never handed out)
         self._store_check = store_check
-        self._refused = False  # that check failed: the epoch's batches are of a store that changed
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        # a KeyboardInterrupt (Ctrl-C) lands between any two bytecodes: after a batch was taken from the work-ahead
-        # thread and before it was handed out, or inside the epoch's generator (work_ahead=0), which it ends. Going on
-        # would lose that batch, or end the epoch early, silently: the iterator refuses instead
-        if self._interrupted:
-            raise RuntimeError(INTERRUPTED)
-        if self._refused:
-            raise RuntimeError(STORE_CHECK_FAILED)
+        # once next() raised, the epoch cannot go on whole: a KeyboardInterrupt (Ctrl-C) lands between any two
+        # bytecodes, after a batch was taken from the work-ahead thread and before it was handed out, or inside the
+        # epoch's generator (work_ahead=0), which it ends, as an error there does; the next next() would lose that
+        # batch or end the epoch early (StopIteration), silently. The iterator refuses instead, saying why
+        if self._ended_by is not None:
+            raise RuntimeError(self._ended_by)
         try:
             return self._next_batch()
+        except StopIteration:
+            raise
         except KeyboardInterrupt:
-            self._interrupted = True
+            self._ended_by = INTERRUPTED
+            raise
+        except Exception:
+            self._ended_by = self._ended_by or FAILED  # a refusal or a newer epoch said why already
             raise
 
     def _next_batch(self):
         control = self._control
         if control.newest() is not self._run:
+            self._ended_by = SUPERSEDED
             raise RuntimeError(SUPERSEDED)
         try:
             batch = self._next()
@@ -181,7 +190,7 @@ class EpochIterator:
                 raise
 
     def _refuse(self) -> None:
-        self._refused = True
+        self._ended_by = STORE_CHECK_FAILED
         self._stop_epoch()
 
     def _stop_epoch(self, *, stuck: bool = False) -> bool:

@@ -526,26 +526,32 @@ def load_all(
 
 
 class _MixSteps:
-    """A mix epoch's steps, refused once a KeyboardInterrupt came out of one: the generator under it ended there,
-    and going on would have ended the epoch early, silently. A new ``iter()`` runs the epoch again from its start
-    (each source back where it stood then); ``set_epoch`` then ``iter()`` goes on to another."""
+    """A mix epoch's steps, refused once a KeyboardInterrupt or an error came out of one: the generator under it
+    ended there, and going on would have ended the epoch early, silently. A new ``iter()`` runs the epoch again from
+    its start (each source back where it stood then); ``set_epoch`` then ``iter()`` goes on to another."""
 
     def __init__(self, steps):
-        self._steps, self._interrupted = steps, False
+        self._steps, self._ended_by = steps, None
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        if self._interrupted:
+        if self._ended_by is not None:
             raise RuntimeError(
-                "this iterator of a MixedLoader was interrupted (KeyboardInterrupt inside a step): it cannot go on. "
-                "Call iter(mix) to run the epoch again from its start, or mix.set_epoch(epoch) then iter(mix)"
+                f"this iterator of a MixedLoader {self._ended_by}: it cannot go on without ending the "
+                "epoch early. Call iter(mix) to run the epoch again from its start, or mix.set_epoch(epoch) then "
+                "iter(mix)"
             )
         try:
             return next(self._steps)
+        except StopIteration:
+            raise
         except KeyboardInterrupt:
-            self._interrupted = True
+            self._ended_by = "was interrupted (a KeyboardInterrupt inside a step)"
+            raise
+        except Exception as exc:
+            self._ended_by = f"stopped at an error ({type(exc).__name__}, raised by an earlier next(), above)"
             raise
 
 

@@ -603,3 +603,31 @@ def test_a_mix_interrupted_inside_a_step_refuses_to_go_on_and_its_next_epoch_kee
         mix.set_epoch(epoch)
         drawn_a += [v for b in mix for v in b["y"].tolist() if v < 1000]
     assert sorted(drawn_a[:400]) == list(range(400))  # its own first epoch: every row once
+
+
+def test_a_mix_iterator_used_on_after_an_error_in_a_step_refuses(tmp_path):
+    """breaks7: an error in a source's step (here its transform; a failed chunk read alike) ended the mix's
+    generator: the same mix iterator used on ended the epoch at once (StopIteration), silently, as a normal end. It
+    now refuses, naming the error before."""
+    paths = {name: tmp_path / f"{name}.zarr" for name in ("a", "b")}
+    for offset, path in zip((0, 1000), paths.values(), strict=True):
+        prepare_zarr({"y": offset + np.arange(400, dtype=np.int64)}, path, chunk_rows=10, progress=False)
+    calls = {"n": 0}
+
+    def fails_at_the_fourth_batch(batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise ValueError("a transform that failed")
+        return batch
+
+    transforms = {"a": fails_at_the_fourth_batch, "b": None}
+    loaders = {
+        n: ZarrDataLoader(ZarrIterableDataset(p, seed=1, transform=transforms[n]), batch_size=BATCH)
+        for n, p in paths.items()
+    }
+    steps = iter(MixedLoader(loaders, rows={"a": 200, "b": 200}, seed=0))
+    with pytest.raises(ValueError, match="a transform that failed"):
+        for _ in steps:
+            pass
+    with pytest.raises(RuntimeError, match="stopped at an error \\(ValueError"):
+        next(steps)

@@ -494,7 +494,8 @@ def test_a_remote_store_rewritten_so_its_first_chunk_fails_says_it_was_rewritten
 ):
     """breaks7: a store served over HTTP written again after a dataset opened it, as int32 for int64 (its chunks
     decode to half the bytes) or with its array renamed (every chunk the dataset reads is missing): the epoch's first
-    chunk read failed before the check beside it was taken, and the error called the chunk damaged, or missing. The rewrite is the cause and what to fix: it is raised, from the chunk's error."""
+    chunk read failed before the check beside it was taken, and the error called the chunk damaged, or missing. The
+    rewrite is the cause and what to fix: it is raised, from the chunk's error."""
     root = tmp_path / "served"
     prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
     with HttpStoreServer(root) as server:
@@ -507,6 +508,69 @@ def test_a_remote_store_rewritten_so_its_first_chunk_fails_says_it_was_rewritten
         assert isinstance(raised.value.__cause__, Exception), "the chunk's own error is kept as the cause"
         with pytest.raises(RuntimeError, match="refused its epoch"):
             next(it)
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "http"])
+def test_a_store_kept_in_memory_rewritten_before_its_first_epoch_is_refused(tmp_path, remote):
+    """breaks7: with keep_in_memory=True the store was never checked (the rows kept were taken for the data), but
+    they are read from the store in the first epoch: prepare_zarr wrote it again (float64 for int64) after the
+    dataset opened it, and the epoch yielded 119 of 120 rows as float bytes read as int64, then kept them for every
+    later epoch, silently."""
+    root = tmp_path / "served"
+    prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
+    with HttpStoreServer(root) as server:
+        source = f"{server.url}/s.zarr" if remote else root / "s.zarr"
+        loader = ZarrDataLoader(ZarrIterableDataset(source, seed=1, keep_in_memory=True), batch_size=8)
+        prepare_zarr({"y": 5 * np.arange(120, dtype=np.float64)}, root / "s.zarr", chunk_rows=10, overwrite=True)
+        with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
+            next(iter(loader))
+
+
+def test_a_group_document_cut_short_once_at_the_store_check_is_fetched_again_and_twice_is_named(tmp_path):
+    """breaks7: the answer for the group's zarr.json cut short once (a proxy cutting a response) at the first
+    epoch's store check was a bare JSONDecodeError, not retried, and taken for a rewrite (the epoch refused). Cut
+    once: fetched again, and the epoch streams every row; cut every time: an error naming the group's attributes
+    and the check, not a rewrite."""
+    from zarrtorch.course.servers import CUT_SHORT
+
+    root = tmp_path / "served"
+    prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
+    for times in (1, 100):
+        with HttpStoreServer(root) as server:
+            loader = ZarrDataLoader(ZarrIterableDataset(f"{server.url}/s.zarr", seed=1), batch_size=8)
+            opened = server.requests.get("s.zarr/zarr.json", 0)
+            server.faults[r"s\.zarr/zarr\.json$"], server.fault_times = CUT_SHORT, opened + times
+            if times == 1:
+                values = np.concatenate([b["y"].numpy() for b in loader])
+                assert sorted(values.tolist()) == (3 * np.arange(120)).tolist()
+                continue
+            with pytest.raises(ChunkReadError, match="cannot read the attributes of the group"):  # not a rewrite
+                next(iter(loader))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterator_used_on_after_a_chunk_error_refuses_and_its_state_resumes_every_row(tmp_path, workers):
+    """breaks7: a training loop that logs a failed chunk read and goes on: the next next() of the same iterator
+    ended the epoch (StopIteration) after 8 (16 with 2 workers) of 400 rows, silently, as a normal end. It now
+    refuses, naming the error before, and the loader's state resumes the epoch on a new loader with every row
+    once."""
+    root = tmp_path / "served"
+    prepare_zarr({"y": 3 * np.arange(400, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
+    with HttpStoreServer(root, faults={r"y/c/22$": 503}, fault_times=1) as server:
+        read = ReadOptions(retry=RetryPolicy(timeout_s=5, retries=0))
+        url = f"{server.url}/s.zarr"
+        loader = ZarrDataLoader(ZarrIterableDataset(url, seed=1, read=read), batch_size=8, num_workers=workers)
+        it, values = iter(loader), []
+        with pytest.raises(ChunkReadError):
+            for batch in it:
+                values += batch["y"].tolist()
+        with pytest.raises(RuntimeError, match="stopped at an error"):
+            next(it)
+        state = loader.state_dict()
+        again = ZarrDataLoader(ZarrIterableDataset(url, seed=1, read=read), batch_size=8, num_workers=workers)
+        again.load_state_dict(state)
+        values += [v for batch in again for v in batch["y"].tolist()]
+    assert sorted(values) == (3 * np.arange(400)).tolist()
 
 
 def test_a_remote_store_unchanged_streams_its_first_epoch_after_the_check_beside_its_reads(tmp_path):
