@@ -219,21 +219,29 @@ class ChunkCache:
         name = f"{secrets.token_hex(8)}{SUFFIX}"
         path = self.pack_path(store_id, name)
         try:
-            if path.parent not in self._folders:  # made once per process: a system call less per pack
-                path.parent.mkdir(exist_ok=True)
-                self._folders.add(path.parent)
-            if self.limit_bytes is None:
-                _write_atomically(path, *parts)
-            else:
-                with self._writing_alone():  # room counted and filled by one writer of the node at a time
-                    self.make_room(size)
-                    _write_atomically(path, *parts)
-        except OSError:  # the folder removed meanwhile (a clear): made again at the next write
+            self._write_in_folder(path, parts, size)
+        except FileNotFoundError:  # the store's folder removed meanwhile (a clear): made again, the pack kept
             self._folders.discard(path.parent)
+            try:
+                self._write_in_folder(path, parts, size)
+            except OSError:
+                return
+        except OSError:
             return
         recent = _RECENT.setdefault((self._root_text, store_id), {})
         for key, offset, length in placed:
             recent[key] = (name, offset, length)
+
+    def _write_in_folder(self, path: Path, parts: list, size: int) -> None:
+        if path.parent not in self._folders:  # made once per process: a system call less per pack
+            path.parent.mkdir(exist_ok=True)
+            self._folders.add(path.parent)
+        if self.limit_bytes is None:
+            _write_atomically(path, *parts)
+            return
+        with self._writing_alone():  # room counted and filled by one writer of the node at a time
+            self.make_room(size)
+            _write_atomically(path, *parts)
 
     @contextlib.contextmanager
     def _writing_alone(self):

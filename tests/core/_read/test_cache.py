@@ -224,6 +224,19 @@ def test_clear_cache_empties_it_and_touches_nothing_else(served, tmp_path):
     assert (other / "0123456789abcdef0123456789abcdef").exists()
 
 
+def test_a_pack_written_after_a_clear_is_kept(tmp_path):
+    """breaks7: a process that had written a store's packs (persistent workers) believed the store's folder still
+    there after clear_cache, and dropped the next pack written into it: after a clear between epochs, the next
+    epoch's chunks (13, one pack per worker) were not kept, and the epoch after fetched them all again. The folder
+    is made again and the pack kept."""
+    cache = ChunkCache(tmp_path / "cache")
+    cache.prepare()
+    cache.write_pack("0123456789abcdef" * 2, [("x/c/0", b"first")])
+    assert clear_cache(tmp_path / "cache") > 0
+    cache.write_pack("0123456789abcdef" * 2, [("x/c/1", b"second")])
+    assert cache.where("0123456789abcdef" * 2, "x/c/1") is not None and len(cache_files(tmp_path / "cache")) == 1
+
+
 def test_cache_clear_on_the_command_line(served, tmp_path):
     from zarrtorch.cli import main
 
