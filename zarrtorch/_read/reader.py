@@ -304,6 +304,8 @@ class PieceReader:
         held = 0
         while held < len(pieces) and self._holds_piece((int(pieces[held][0]), int(pieces[held][1]))):
             held += 1
+        if held and self._cache_holds(pieces):  # the next epoch reads the cache's files: from the floor, as
+            self.in_flight.start_from_floor()  # its start would set it, and so do its reads started early
         return pieces[:held], self.read_held_piece
 
     def _held_chunk(self, chunk: int) -> dict:
