@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -567,9 +568,10 @@ def test_a_source_rewritten_between_mix_epochs_is_refused_though_its_own_epoch_g
         list(mix)
 
 
-def sources_a_failing_at_its_fourth_batch(tmp_path, raised: BaseException, **loader_kw) -> dict:
-    """Loaders of two stores of 400 rows (``a``: 0-399, ``b``: 1000-1399); ``a``'s transform raises ``raised`` at
-    its fourth batch."""
+def sources_a_failing_at_its_fourth_batch(tmp_path, error: Callable[[], BaseException], **loader_kw) -> dict:
+    """Loaders of two stores of 400 rows (``a``: 0-399, ``b``: 1000-1399); ``a``'s transform raises ``error()`` at
+    its fourth batch (a new exception: one kept by the transform would hold its traceback, hence the loaders and
+    their work-ahead threads, for as long as the transform lives)."""
     paths = {name: tmp_path / f"{name}.zarr" for name in ("a", "b")}
     for offset, path in zip((0, 1000), paths.values(), strict=True):
         prepare_zarr({"y": offset + np.arange(400, dtype=np.int64)}, path, chunk_rows=10, progress=False)
@@ -578,7 +580,7 @@ def sources_a_failing_at_its_fourth_batch(tmp_path, raised: BaseException, **loa
     def fails_at_the_fourth_batch(batch):
         calls["n"] += 1
         if calls["n"] == 4:
-            raise raised
+            raise error()
         return batch
 
     transforms = {"a": fails_at_the_fourth_batch, "b": None}
@@ -594,7 +596,7 @@ def test_a_mix_interrupted_inside_a_step_refuses_to_go_on_and_its_next_epoch_kee
     epoch at once (56 of 400 rows), silently; the next mix epoch lost the batch the source had taken (work_ahead=2)
     or ended the source's own epoch there (work_ahead=0, 24 of its 400 rows), so rows of its next own epoch came
     early, repeated. The mix iterator now refuses to go on, and the source resumes after the batches it handed out."""
-    loaders = sources_a_failing_at_its_fourth_batch(tmp_path, KeyboardInterrupt(), work_ahead=work_ahead)
+    loaders = sources_a_failing_at_its_fourth_batch(tmp_path, KeyboardInterrupt, work_ahead=work_ahead)
     mix = MixedLoader(loaders, rows={"a": 200, "b": 200}, seed=0)
     drawn_a: list[int] = []
     steps = iter(mix)
@@ -613,7 +615,7 @@ def test_a_mix_iterator_used_on_after_an_error_in_a_step_refuses(tmp_path):
     """breaks7: an error in a source's step (here its transform; a failed chunk read alike) ended the mix's
     generator: the same mix iterator used on ended the epoch at once (StopIteration), silently, as a normal end. It
     now refuses, naming the error before."""
-    loaders = sources_a_failing_at_its_fourth_batch(tmp_path, ValueError("a transform that failed"))
+    loaders = sources_a_failing_at_its_fourth_batch(tmp_path, lambda: ValueError("a transform that failed"))
     steps = iter(MixedLoader(loaders, rows={"a": 200, "b": 200}, seed=0))
     with pytest.raises(ValueError, match="a transform that failed"):
         for _ in steps:
