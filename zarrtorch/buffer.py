@@ -287,12 +287,14 @@ class RowCursor:
         next one holds one piece's decoded chunk, not all those ``n`` rows touch (the warm-up of a
         shuffle buffer asks for several chunks at once). Consume it fully before the next read."""
         while n > 0:
-            lo, hi = (int(v) for v in self.pieces[self.piece])
+            lo, hi = self.pieces[self.piece].tolist()
             if self._chunks is not None and self._data is None:
                 self._data = next(self._chunks)
             a, b = self.offset, min(hi - lo, self.offset + n)
             segment = {"index": np.arange(lo + a, lo + b, dtype=np.int64)}
-            if self._data is not None:
+            if self._data is not None and b - a == hi - lo:  # the whole piece: its rows as they were read
+                segment.update(self._data)
+            elif self._data is not None:
                 segment.update((name, column[a:b]) for name, column in self._data.items())
             n -= b - a
             self.offset = b

@@ -44,9 +44,14 @@ class RefBuffer(SlotBuffer):
         offset = 0
         for seg in segments:
             n = len(seg["index"])
-            where = self._slots(dst, offset, n)
-            for name, column in self.slots.items():
-                column[where] = seg[name] if name == "index" else _row_views(seg[name])
+            if n == 1:  # a piece of one row (every piece of one-row chunks): its slot takes the segment itself
+                slot = dst[offset] if isinstance(dst, np.ndarray) else dst.start + offset
+                for name, column in self.slots.items():
+                    column[slot] = seg[name][0] if name == "index" else seg[name]
+            else:
+                where = self._slots(dst, offset, n)
+                for name, column in self.slots.items():
+                    column[where] = seg[name] if name == "index" else _row_views(seg[name])
             offset += n
             seg = None
 

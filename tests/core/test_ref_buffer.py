@@ -155,3 +155,19 @@ def test_a_resumed_epoch_over_one_row_chunks_yields_the_rest_exactly(tmp_path):
     for (index, x), (want_index, want_x) in zip(rest, whole[5:], strict=True):
         np.testing.assert_array_equal(index, want_index)
         np.testing.assert_array_equal(x, want_x)
+
+
+def test_a_piece_taken_whole_is_handed_on_as_read_and_a_part_of_one_as_its_rows():
+    """The cursor makes no new view of a piece taken whole: with one-row chunks that was a view per array per row,
+    the largest share of the gather's own time (issue 43, 10 arrays). A piece split between two reads still gives
+    each read its own rows."""
+    pieces = np.array([[0, 1], [5, 8]])
+    data = [{"x": np.array([[10.0]])}, {"x": np.array([[50.0], [60.0], [70.0]])}]
+    cursor = RowCursor(pieces)
+    cursor.feed(iter(data))
+    (whole,) = cursor.read(1)
+    assert whole["x"] is data[0]["x"] and whole["index"].tolist() == [0]
+    (part,) = cursor.read(2)
+    assert part["index"].tolist() == [5, 6] and part["x"].tolist() == [[50.0], [60.0]]
+    (rest,) = cursor.read(1)
+    assert rest["index"].tolist() == [7] and rest["x"].tolist() == [[70.0]]

@@ -60,3 +60,23 @@ def blosc_decompressor() -> Callable[[object, np.ndarray], None]:
             raise RuntimeError(f"error during blosc decompression: {got}")
 
     return decompress
+
+
+def blosc_decompressor_at() -> Callable[[int, np.ndarray], None] | None:
+    """``decompress_at(address, dest)``: the Blosc frame held at ``address`` (memory the caller keeps mapped, its
+    header checked against ``dest`` and against the bytes there first) decoded into ``dest`` (a writable
+    C-contiguous array) by ``blosc_decompress_ctx`` with one thread, outside the GIL. For a reader whose buffer's
+    address is known once: no buffer export of the source per call. ``None`` where numcodecs does not export the
+    function; a frame that does not decode raises ``RuntimeError``, as numcodecs does."""
+    function = _blosc_ctx_function()
+    if function is None:
+        return None
+
+    def decompress_at(address: int, dest: np.ndarray) -> None:
+        target = ctypes.c_char.from_buffer(dest)
+        got = function(address, ctypes.addressof(target), dest.nbytes, 1)
+        del target  # the destination's export ends here
+        if got != dest.nbytes:
+            raise RuntimeError(f"error during blosc decompression: {got}")
+
+    return decompress_at

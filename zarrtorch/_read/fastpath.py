@@ -25,6 +25,7 @@ shard or lacks an inner chunk is a ``ValueError`` the reader names (:class:`zarr
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
@@ -43,7 +44,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
-from zarrtorch._compat.numcodecs import blosc_decompressor
+from zarrtorch._compat.numcodecs import blosc_decompressor, blosc_decompressor_at
 from zarrtorch._compat.zarr import NO_INNER_CHUNK, chunk_spec, decode_shard_index, shard_index_size
 from zarrtorch._read.checksum import shard_index_checksum_mismatch, without_crc32c, zstd_checksum_mismatch
 from zarrtorch._read.chunks import missing_inner_message
@@ -238,15 +239,21 @@ _BLOSC_SIZES = struct.Struct("<4xI4xI")  # a Blosc header's decoded size (bytes 
 def _unblosc(raw, dest: np.ndarray) -> None:
     """Blosc fills a larger destination only in part and ignores bytes after its frame: its header (the
     decoded and the stored sizes) is checked against both first."""
-    if len(raw) < 16:
-        raise ValueError(f"it holds {len(raw)} bytes, fewer than a Blosc header (16)")
-    decoded, framed = _BLOSC_SIZES.unpack_from(raw)  # one call: two int.from_bytes of slices cost 12x more
-    if framed != len(raw):
-        raise ValueError(f"its Blosc frame says {framed} bytes, the stored chunk has {len(raw)}: it is damaged")
-    _check_size(decoded, dest, "Blosc frame")
+    _check_blosc_header(raw, len(raw), dest.nbytes)
     # c-blosc's one-thread decode itself, not ``Blosc().decode`` (checks of the buffers' types) nor numcodecs'
     # ``decompress`` (a check of the process and a lock): their Python is twice the decode of a 4 KiB chunk
     _BLOSC_DECOMPRESS(raw, dest)
+
+
+def _check_blosc_header(raw, stored: int, nbytes: int) -> None:
+    """A Blosc frame's header, at the start of ``raw`` (``stored`` bytes of it were read), states ``stored`` bytes
+    and ``nbytes`` decoded bytes (the chunk's), or the chunk is refused."""
+    if stored < 16:
+        raise ValueError(f"it holds {stored} bytes, fewer than a Blosc header (16)")
+    decoded, framed = _BLOSC_SIZES.unpack_from(raw)  # one call: two int.from_bytes of slices cost 12x more
+    if framed != stored:
+        raise ValueError(f"its Blosc frame says {framed} bytes, the stored chunk has {stored}: it is damaged")
+    _check_nbytes(decoded, nbytes, "Blosc frame")
 
 
 def _inflater(wbits: int, what: str) -> Callable[[object, np.ndarray], None]:
@@ -277,6 +284,7 @@ def _uncompressed(raw, dest: np.ndarray) -> None:
 
 _ZSTD = numcodecs.Zstd()
 _BLOSC_DECOMPRESS = blosc_decompressor()
+_BLOSC_DECOMPRESS_AT = blosc_decompressor_at()
 UNPACK: dict[str, Callable[[object, np.ndarray], None]] = {
     "zstd": _unzstd,
     "blosc": _unblosc,
@@ -323,9 +331,13 @@ def to_native_order(decoded: np.ndarray) -> None:
 
 
 def _check_size(size: int, dest: np.ndarray, what: str) -> None:
-    if size != dest.nbytes:
+    _check_nbytes(size, dest.nbytes, what)
+
+
+def _check_nbytes(size: int, nbytes: int, what: str) -> None:
+    if size != nbytes:
         raise ValueError(
-            f"its {what} decodes to {size} bytes where the chunk holds {dest.nbytes}: the chunk is damaged, or "
+            f"its {what} decodes to {size} bytes where the chunk holds {nbytes}: the chunk is damaged, or "
             "was written for another shape or data type"
         )
 
@@ -427,9 +439,16 @@ def _chunk_decoder(arr: zarr.Array, layout: DirectLayout, policy: RetryPolicy | 
     local = _in_files(arr)
     read = _local_reader(store, largest_stored(layout.unit_bytes)) if local else _remote_reader(store, policy)
     read_into = _local_reader_into(store) if local and _read_into(layout) else None
+    fused = local and layout.compressor == "blosc" and not layout.crc32c and _BLOSC_DECOMPRESS_AT is not None
+    read_unblosc = _local_blosc_reader(store, largest_stored(layout.unit_bytes), read) if fused else None
 
     def decode(key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
         out = into if _fits(into, shape, dtype) else chunk_buffer()
+        if raw is None and read_unblosc is not None:
+            read_unblosc(key, out)
+            if swap:
+                to_native_order(out)
+            return out
         dest = _bytes_of(out)
         if raw is None and read_into is not None:  # stored as it is decoded: read straight into the array
             read_into(key, dest)
@@ -714,6 +733,49 @@ def _local_reader(store: zarr.storage.LocalStore, size: int) -> Callable[[str], 
         return view[:got]
 
     return read
+
+
+def _thread_frame(size: int) -> Callable[[], tuple[memoryview, int, object]]:
+    """``frame()``: the calling thread's read buffer of ``size`` bytes (mapped memory, as :func:`_thread_buffer`'s,
+    never reallocated), its address and what keeps that address valid (an export of the buffer, held with it)."""
+    mine = threading.local()
+
+    def frame() -> tuple[memoryview, int, object]:
+        held = getattr(mine, "held", None)
+        if held is None:
+            memory = mmap.mmap(-1, size)
+            pinned = ctypes.c_char.from_buffer(memory)
+            mine.held = held = (memoryview(memory), ctypes.addressof(pinned), pinned)
+        return held
+
+    return frame
+
+
+def _local_blosc_reader(
+    store: zarr.storage.LocalStore, size: int, read: Callable[[str], memoryview]
+) -> Callable[[str, np.ndarray], None]:
+    """``read_unblosc(key, out)``: a Blosc chunk file read into the calling thread's buffer and decoded from there
+    into ``out``, in one step, checked as :func:`_unblosc` checks. The work of :func:`_local_reader` and
+    :func:`_unblosc` without their layers (a slice of the buffer, two exports of buffers per chunk): for a chunk of a
+    few KiB, a WeatherBench2 variable's row, those cost as much as the decode. ``size``: the most a chunk can be
+    stored in; a file that fills the buffer is read again whole by ``read`` and refused by the frame's checks."""
+    root = str(Path(str(store.root))) + os.sep
+    frame = _thread_frame(size + 1)  # a byte more than any chunk: a full buffer means a larger file
+
+    def read_unblosc(key: str, out: np.ndarray) -> None:
+        view, address, _ = frame()
+        fd = os.open(root + key, READ_FLAGS)
+        try:
+            got = os.readv(fd, [view])
+        finally:
+            os.close(fd)
+        if got == len(view):
+            _unblosc(read(key), _bytes_of(out))
+            return
+        _check_blosc_header(view, got, out.nbytes)
+        _BLOSC_DECOMPRESS_AT(address, out)
+
+    return read_unblosc
 
 
 def _local_reader_into(store: zarr.storage.LocalStore) -> Callable[[str, np.ndarray], None]:

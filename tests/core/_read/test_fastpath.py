@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numcodecs
 import numpy as np
@@ -104,6 +105,20 @@ def test_a_blosc_chunk_is_decoded_without_asking_which_process_runs_it(tmp_path,
     for row in range(len(values)):
         np.testing.assert_array_equal(decode(f"{row}.0.0"), values[row : row + 1])
     assert asked == []
+
+
+def test_blosc_chunks_read_by_several_threads_at_once_are_each_decoded_from_their_own_bytes(tmp_path):
+    """A local Blosc chunk is read into its thread's buffer and decoded from that buffer's address, known once per
+    thread (no export of the buffer per chunk): threads reading at once never decode another's bytes."""
+    arr, values = _blosc_rows(tmp_path, rows=32)
+    decode = direct_decoder(arr)
+
+    def read_at_random(seed: int) -> None:
+        for row in np.random.default_rng(seed).integers(0, len(values), 400):
+            np.testing.assert_array_equal(decode(f"{row}.0.0"), values[row : row + 1])
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(read_at_random, range(4)))
 
 
 def test_a_chunk_file_is_read_without_an_fstat(tmp_path, monkeypatch):
