@@ -478,3 +478,32 @@ def test_cache_benchmark_counts_the_servers_chunks_and_what_placement_costs(tmp_
     assert traffic["epoch 2"] == {"chunk_requests": 0, "bytes": 0}
     seen = [q["chunks_seen_by_a_rank"] for q in bench.placement_cost(1280, epochs=4, world=2, workers=0).values()]
     assert seen[0] > seen[-1] == pytest.approx(0.5)  # every epoch: more than a rank's half; kept 4 epochs: its half
+
+
+def test_small_chunks_benchmark_compares_the_read_plans_it_names(tmp_path):
+    """benchmarks/small_chunks.py's store is what it says (ten arrays of one-row Blosc lz4 chunks, each read by the
+    direct decoder), its settings are the two plans it compares (one read, in the gathering thread; two in flight
+    beside it), and every setting gets a rate per round for rows and windows."""
+    import importlib.util
+
+    import zarr
+
+    from zarrtorch import ReadOptions, ReadPlan, ZarrIterableDataset
+    from zarrtorch._read.fastpath import read_path_text
+
+    spec = importlib.util.spec_from_file_location("small_chunks_benchmark", ROOT / "benchmarks" / "small_chunks.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    store = bench.group_store(48, tmp_path)
+    group = zarr.open_group(str(store), mode="r")
+    assert sorted(group.array_keys()) == sorted(bench.VARIABLES)
+    assert {read_path_text(a) for _, a in group.arrays()} == {"direct (v2, blosc lz4 shuffle)"}
+    plans = [
+        ReadPlan.of(ZarrIterableDataset(store, read=ReadOptions(**options)), 0) for options in bench.SETTINGS.values()
+    ]
+    assert [(p.threads, p.most_in_flight) for p in plans] == [(1, 1), (1, 2)]
+    results = bench.main(["--rows", "48", "--rounds", "2", "--workers", "0", "--data-dir", str(tmp_path)])
+    assert set(results) == {"rows, 0 workers", "windows of 6, 0 workers"}
+    for case in results.values():
+        assert [len(got["per_s"]) for got in case.values()] == [2, 2]
+        assert all(rate > 0 for got in case.values() for rate in got["per_s"])
