@@ -662,11 +662,13 @@ class CachingStore(WrapperStore):
         return got
 
     def held(self, key: str) -> memoryview | None:
-        """The chunk's bytes from a write not finished yet, or from the cache's packs; ``None``: fetch it. In that
-        order: a chunk stops waiting only once its pack is known to this process, so a write that lands between
-        the two looks finds the chunk in one of them (the other way round, it could miss both)."""
-        waiting = pending(self.cache, self.store_id, key)
-        return waiting if waiting is not None else self.cache.read(self.store_id, key)
+        """The chunk's bytes from the cache's packs, or from a write not finished yet; ``None``: fetch it. Missed by
+        both, the packs are looked in once more: a chunk stops waiting only once its pack is known to this process,
+        so a write that lands between the first two looks is found by the third."""
+        found = self.cache.read(self.store_id, key)
+        if found is None:
+            found = pending(self.cache, self.store_id, key)
+        return found if found is not None else self.cache.read(self.store_id, key)
 
     def forget(self, key: str) -> None:
         wait_for_writes(self.cache, self.store_id, key)

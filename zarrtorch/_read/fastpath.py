@@ -696,6 +696,12 @@ def _runs(entries: np.ndarray, present: np.ndarray) -> list[list[int]]:
 READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
 
 
+def _private_map(size: int) -> mmap.mmap:
+    """``size`` bytes of anonymous memory mapped private: a forked child gets a copy of it on its first write, where
+    mmap's default (shared) would have it write the very pages its parent's thread reads chunks into."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+
+
 def _thread_buffer(size: int) -> Callable[[int], memoryview]:
     """``buffer(n)``: ``n`` bytes of the calling thread's buffer, reused for its next read (the bytes are
     decoded before that thread reads again). Mapped memory of ``size`` bytes (the largest a read can be): only
@@ -706,7 +712,7 @@ def _thread_buffer(size: int) -> Callable[[int], memoryview]:
     def buffer(need: int) -> memoryview:
         whole = getattr(mine, "view", None)
         if whole is None or len(whole) < need:
-            mine.view = whole = memoryview(mmap.mmap(-1, max(size, need)))
+            mine.view = whole = memoryview(_private_map(max(size, need)))
         return whole[:need]
 
     return buffer
@@ -743,7 +749,7 @@ def _thread_frame(size: int) -> Callable[[], tuple[memoryview, int, object]]:
     def frame() -> tuple[memoryview, int, object]:
         held = getattr(mine, "held", None)
         if held is None:
-            memory = mmap.mmap(-1, size)
+            memory = _private_map(size)
             pinned = ctypes.c_char.from_buffer(memory)
             mine.held = held = (memoryview(memory), ctypes.addressof(pinned), pinned)
         return held

@@ -121,6 +121,31 @@ def test_blosc_chunks_read_by_several_threads_at_once_are_each_decoded_from_thei
         list(pool.map(read_at_random, range(4)))
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("kind", ["buffer", "frame"])
+def test_a_threads_read_buffer_stays_its_process_own_after_a_fork(kind):
+    """The reading threads' buffers are mapped memory, mapped shared by mmap's default: a forked child inherits the
+    forking thread's buffer (a loader iterated in the main thread, then workers forked from it), and its reads wrote
+    the very pages its parent decodes chunks from."""
+    from zarrtorch._read import fastpath
+
+    if kind == "buffer":
+        buffer = fastpath._thread_buffer(4096)
+        view = buffer(4)
+    else:
+        frame = fastpath._thread_frame(4096)
+        view = frame()[0][:4]
+    view[:] = b"mine"
+    pid = os.fork()
+    if pid == 0:  # the child reads into the same thread's buffer
+        theirs = buffer(4) if kind == "buffer" else frame()[0][:4]
+        theirs[:] = b"kid!"
+        os._exit(0 if bytes(theirs) == b"kid!" else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert bytes(view) == b"mine"
+
+
 def test_a_chunk_file_is_read_without_an_fstat(tmp_path, monkeypatch):
     """Each chunk file was opened, ``fstat``-ed for its size, read and closed: the ``fstat``, a system call per
     chunk, is not needed where the thread's buffer holds the largest chunk a file can store."""
