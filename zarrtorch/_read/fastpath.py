@@ -444,16 +444,12 @@ def _chunk_decoder(arr: zarr.Array, layout: DirectLayout, policy: RetryPolicy | 
 
     def decode(key: str, raw=None, into: np.ndarray | None = None, rows=None) -> np.ndarray:
         out = into if _fits(into, shape, dtype) else chunk_buffer()
-        if raw is None and read_unblosc is not None:
+        if raw is None and read_unblosc is not None:  # a local Blosc chunk: read and decoded in one step
             read_unblosc(key, out)
-            if swap:
-                to_native_order(out)
-            return out
-        dest = _bytes_of(out)
-        if raw is None and read_into is not None:  # stored as it is decoded: read straight into the array
-            read_into(key, dest)
-        else:
-            unpack(read(key) if raw is None else raw, dest)  # a missing chunk: FileNotFoundError, named by the caller
+        elif raw is None and read_into is not None:  # stored as it is decoded: read straight into the array
+            read_into(key, _bytes_of(out))
+        else:  # a missing chunk: FileNotFoundError, named by the caller
+            unpack(read(key) if raw is None else raw, _bytes_of(out))
         if swap:
             to_native_order(out)
         return out
