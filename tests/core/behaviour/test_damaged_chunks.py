@@ -504,12 +504,13 @@ def test_a_flipped_byte_inside_a_prepared_shards_index_is_an_error_saying_what_t
     assert "its shard index's checksum does not hold" in message and "re-copy the store" in message, message
 
 
-@pytest.mark.parametrize("kind", ["direct", "v2", "v2-none", "sharded", "none-crc32c"])
+@pytest.mark.parametrize("kind", ["direct", "v2", "v2-none", "sharded", "none-crc32c", "v2-order-F"])
 def test_a_chunk_file_replaced_by_a_fifo_is_an_error_naming_it_not_a_wait_forever(pristine, tmp_path, kind):
     """breaks6: a chunk file replaced by a named pipe (FIFO) no process writes to: the direct reader's open()
-    waited for a writer forever (no deadline with 0 workers; the worker timeout's minutes with workers). Chunk
-    files are opened without blocking: such a pipe reads as empty, a damaged chunk named as any other. (Zarr's own
-    path, for the layouts it reads, still waits in its open().)"""
+    waited for a writer forever (no deadline with 0 workers; the worker timeout's minutes with workers), and so did
+    zarr's own path (``v2-order-F``), in zarr's open(). Direct chunk files are opened without blocking: such a pipe
+    reads as empty, a damaged chunk named as any other; on zarr's path a chunk's file that is no regular file is
+    refused before zarr opens it, named as a pipe."""
     path = tmp_path / f"{kind}.zarr"
     shutil.copytree(pristine / f"{kind}.zarr", path)
     target = chunk_file(path, kind)
@@ -532,3 +533,5 @@ def test_a_chunk_file_replaced_by_a_fifo_is_an_error_naming_it_not_a_wait_foreve
         pytest.fail("reading a chunk that is a FIFO is still waiting after 20 s")
     assert outcome and outcome[0] is not None, "a FIFO read as a chunk"
     assert f"chunk {DAMAGED} (rows {DAMAGED * CHUNK}:{(DAMAGED + 1) * CHUNK}) of array 'x'" in str(outcome[0])
+    if LAYOUTS[kind][1].startswith("zarr's path"):
+        assert "is a named pipe (FIFO), not a chunk file" in str(outcome[0]), outcome[0]
