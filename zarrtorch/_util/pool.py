@@ -11,8 +11,11 @@ smaller than :data:`POOLED_CHUNK_BYTES` is not pooled: it is a new array.
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -29,6 +32,9 @@ class LeasedArray(np.ndarray):
     """An array whose ``lease`` attribute (or its base's) lives as long as any view of it."""
 
 
+INTERRUPT_AGAIN_AFTER_S = 0.02  # long enough for the __del__ that caught it to have returned
+
+
 class Lease:
     """Calls ``release`` once, when the last array carrying it is freed."""
 
@@ -38,7 +44,20 @@ class Lease:
         self._release = release
 
     def __del__(self):
-        self._release()
+        try:
+            self._release()
+        except KeyboardInterrupt:  # an exception raised in __del__ is printed and dropped: a Ctrl-C landing here
+            _interrupt_again()  # is given to the main thread again, to be raised outside
+
+
+def _interrupt_again() -> None:
+    """Deliver SIGINT to the main thread again, from another thread and a moment later: called in the main thread,
+    the handler would run at once, inside the ``__del__`` that called it. Where it lands in a ``__del__`` again
+    (rarely: they are short), it is delivered again."""
+    timer = threading.Timer(INTERRUPT_AGAIN_AFTER_S, _thread.interrupt_main)
+    timer.daemon, timer.name = True, "zarrtorch-interrupt"
+    with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to interrupt
+        timer.start()
 
 
 def leased_view(array: np.ndarray, lease: Lease) -> LeasedArray:

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import gc
 import pickle
+import time
 import weakref
 
 import numpy as np
+import pytest
 import torch
 
 import zarrtorch._util.pool
 from zarrtorch import ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fastpath import direct_decoder
-from zarrtorch._util.pool import POOLED_CHUNK_BYTES, LeasedArray, Pool, Pools, array_pool, batch_pool
+from zarrtorch._util.pool import POOLED_CHUNK_BYTES, Lease, LeasedArray, Pool, Pools, array_pool, batch_pool
 from zarrtorch.buffer import RowCursor
 
 
@@ -150,3 +152,18 @@ def test_kept_batches_without_workers_are_never_overwritten(tmp_path):
     for k, d in zip(kept, dropped, strict=True):
         assert torch.equal(k["index"], d["index"]) and torch.equal(k["x"], d["x"])
         assert torch.equal(k["x"][:, 0], 4 * k["index"].float())  # each row is the row it names
+
+
+def test_a_ctrl_c_that_lands_while_a_buffer_is_given_back_still_interrupts():
+    """A KeyboardInterrupt raised while a lease gives its buffer back (a Ctrl-C landing in ``Lease.__del__``, which
+    runs at every chunk freed) was printed as "Exception ignored" and dropped: the user's Ctrl-C did nothing. It
+    is given to the main thread again, and raised there."""
+
+    def release() -> None:
+        raise KeyboardInterrupt  # as the signal's handler raises it, there
+
+    lease = Lease(release)
+    with pytest.raises(KeyboardInterrupt):
+        del lease
+        for _ in range(2000):  # the interrupt, delivered again, is raised at one of these (10 s at most)
+            time.sleep(0.005)
