@@ -60,22 +60,32 @@ def test_every_solution_file_belongs_to_an_exercise():
 
 @pytest.mark.slow
 def test_right_solutions_pass_and_a_wrong_or_missing_one_fails(tmp_path):
-    """The made-up lesson under nbval with the hook: the learner's version (every check 'not answered yet')
-    compares equal and both solutions say correct; a wrong solution fails at its check with the check's
-    message; a missing one fails naming the file to write."""
-    path = made_up_lesson.write(tmp_path)
-    plugin = ("-p", "zarrtorch.course.nbval_solutions")
-    right = nbval(*plugin, path.name, cwd=tmp_path)
-    assert right.returncode == 0 and "passed" in right.stdout, right.stdout[-3000:]
+    """The made-up lesson under nbval with the hook, three copies in one run (one pytest start, not three): the
+    learner's version with right solutions (every check 'not answered yet') compares equal and both solutions say
+    correct; with a wrong solution it fails at its check with the check's message; with a missing one it fails
+    naming the file to write."""
+    for copy in ("right", "wrong", "missing"):
+        made_up_lesson.write(tmp_path / copy)
+    (tmp_path / "wrong" / "solutions" / "01_ex1.py").write_text("my_prediction = 3\n")
+    (tmp_path / "missing" / "solutions" / "01_ex1.py").unlink()
+    paths = [f"{copy}/01_made_up.ipynb" for copy in ("right", "wrong", "missing")]
+    done = nbval("-p", "zarrtorch.course.nbval_solutions", "-rA", *paths, cwd=tmp_path)
+    assert done.returncode != 0, done.stdout[-3000:]
+    outcomes = re.findall(r"^(PASSED|FAILED) (\w+)/01_made_up\.ipynb::(Cell \d+(?: \w+ \d+)?)", done.stdout, re.M)
+    # the failures' sections, by copy (a copy may have several)
+    sections = re.findall(r"^_{3,} (\w+)/01_made_up\.ipynb::.*?\n(.*?)(?=^_{3,} |^={3,} )", done.stdout, re.M | re.S)
+    failures = {copy: "".join(text for folder, text in sections if folder == copy) for copy, _ in sections}
+
+    def items(copy: str, outcome: str) -> list[str]:
+        return [item for got, folder, item in outcomes if folder == copy and got == outcome]
+
     code_cells = sum(c["cell_type"] == "code" for c in made_up_lesson.cells())
-    assert right.stdout.splitlines()[0].count(".") == code_cells + 2 * len(made_up_lesson.EXERCISES)
-    (tmp_path / "solutions" / "01_ex1.py").write_text("my_prediction = 3\n")
-    wrong = nbval(*plugin, path.name, cwd=tmp_path)
-    assert wrong.returncode != 0 and "3 rows? count them" in wrong.stdout, wrong.stdout[-3000:]
-    assert re.search(r"FAILED 01_made_up.ipynb::Cell \d+ solved 1", wrong.stdout)
-    (tmp_path / "solutions" / "01_ex1.py").unlink()
-    missing = nbval(*plugin, path.name, cwd=tmp_path)
-    assert missing.returncode != 0 and "exercise 1 has no solution: write 01_ex1.py" in missing.stdout
+    assert len(items("right", "PASSED")) == code_cells + 2 * len(made_up_lesson.EXERCISES), done.stdout[-3000:]
+    assert items("right", "FAILED") == [] and "right" not in failures
+    assert [re.sub(r"\d+", "N", item) for item in items("wrong", "FAILED")] == ["Cell N solved N"], outcomes
+    assert items("wrong", "FAILED")[0].endswith("solved 1") and "3 rows? count them" in failures["wrong"]
+    assert [item.split(" ", 2)[2] for item in items("missing", "FAILED")] == ["solution 1", "solved 1"], outcomes
+    assert "exercise 1 has no solution: write 01_ex1.py" in failures["missing"], done.stdout[-3000:]
 
 
 def test_an_orphan_solution_is_found(tmp_path):
