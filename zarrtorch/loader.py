@@ -67,6 +67,12 @@ STORE_CHECK_FAILED = (
     "this iterator of a ZarrDataLoader refused its epoch: the check that the store was not rewritten since the dataset "
     "opened it failed (the error raised by the first next() says how). Make a new ZarrIterableDataset and loader"
 )
+FORKED = (
+    "this iterator of a ZarrDataLoader was made in process {made} and this is process {now}, a fork of it: the "
+    "threads and DataLoader workers that read its epoch run in that process only (waiting for them here would wait "
+    "forever, and taking batches from its workers' queues would take them from that process's epoch). Start an epoch "
+    "in this process with iter(loader), or go on with this one in process {made}"
+)
 INTERRUPTED = (
     "this iterator of a ZarrDataLoader was interrupted (KeyboardInterrupt inside next()): a batch may have been "
     "taken and not handed out, so it cannot go on without losing rows. Start the epoch again with iter(loader), or "
@@ -108,6 +114,7 @@ class EpochIterator:
         # the check that the store was not rewritten, running beside the epoch's first reads: its outcome is taken
         # before the first batch is handed out (a batch read with an old shape or dtype is never handed out)
         self._store_check = store_check
+        self._pid = os.getpid()  # the process whose threads and workers read this epoch
 
     def __iter__(self):
         return self
@@ -119,6 +126,8 @@ class EpochIterator:
         # batch or end the epoch early (StopIteration), silently. The iterator refuses instead, saying why
         if self._ended_by is not None:
             raise RuntimeError(self._ended_by)
+        if os.getpid() != self._pid:
+            raise RuntimeError(FORKED.format(made=self._pid, now=os.getpid()))
         try:
             return self._next_batch()
         except StopIteration:
@@ -138,6 +147,7 @@ class EpochIterator:
         try:
             batch = self._next()
         except StopIteration:
+            self._check_whole()
             control.finished(self._run)
             raise
         except ProducerSilent as silent:
@@ -167,6 +177,21 @@ class EpochIterator:
             warnings.warn(self._run.late_warning, stacklevel=2)
             self._run.late_warning = None
         return batch
+
+    def _check_whole(self) -> None:
+        """At the epoch's end: it handed out every batch it planned, or an error says how many it did not. The plan
+        knows the number; an end before it (batches taken from its workers' queues by another process, or lost in
+        any other way) is never a silent short epoch."""
+        run = self._run
+        planned = run.length - run.start
+        if run.seen < planned:
+            self._ended_by = FAILED
+            raise RuntimeError(
+                f"epoch {run.epoch} of this ZarrDataLoader ended after {run.seen} of the {planned} batches it planned "
+                f"on this rank: {planned - run.seen} never arrived. Rows were lost, not read twice; the epoch is not "
+                "counted as done. Start it again with iter(loader). If a process forked from this one iterated it, "
+                "its workers' batches went there"
+            )
 
     def _take_store_check(self, *, after: Exception | None = None) -> None:
         """Take the outcome of the check that the store was not rewritten, once, before the epoch's first batch is

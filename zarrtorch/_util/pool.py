@@ -11,10 +11,11 @@ smaller than :data:`POOLED_CHUNK_BYTES` is not pooled: it is a new array.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import functools
 import math
+import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -51,10 +52,10 @@ class Lease:
 
 
 def _interrupt_again() -> None:
-    """Deliver SIGINT to the main thread again, from another thread and a moment later: called in the main thread,
-    the handler would run at once, inside the ``__del__`` that called it. Where it lands in a ``__del__`` again
-    (rarely: they are short), it is delivered again."""
-    timer = threading.Timer(INTERRUPT_AGAIN_AFTER_S, _thread.interrupt_main)
+    """Send this process SIGINT again, from another thread and a moment later: raised in the main thread, the
+    handler would run at once, inside the ``__del__`` that called it. Where it lands in a ``__del__`` again
+    (rarely: they are short), it is sent again."""
+    timer = threading.Timer(INTERRUPT_AGAIN_AFTER_S, os.kill, (os.getpid(), signal.SIGINT))
     timer.daemon, timer.name = True, "zarrtorch-interrupt"
     with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to interrupt
         timer.start()
