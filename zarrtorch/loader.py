@@ -184,8 +184,7 @@ class EpochIterator:
         any other way) is never a silent short epoch."""
         run = self._run
         planned = run.length - run.start
-        if run.seen < planned:
-            self._ended_by = FAILED
+        if run.seen < planned:  # the iterator then refuses to go on, as after any error (__next__)
             raise RuntimeError(
                 f"epoch {run.epoch} of this ZarrDataLoader ended after {run.seen} of the {planned} batches it planned "
                 f"on this rank: {planned - run.seen} never arrived. Rows were lost, not read twice; the epoch is not "

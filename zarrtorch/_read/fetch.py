@@ -159,7 +159,7 @@ async def get_buffer(
     ``policy.timeout_s`` at most (``policy=None``: one attempt without a deadline, for local stores);
     ``FileNotFoundError`` when the store has none."""
     if policy is None:
-        refuse_a_file_that_is_not_regular(store, key)
+        _refuse_a_file_that_is_not_regular(store, key)
         got = await store.get(key, default_buffer_prototype(), byte_range=byte_range)
         if got is None:
             raise FileNotFoundError(key)
@@ -181,20 +181,20 @@ async def get_buffer(
     raise AssertionError("unreachable")
 
 
-def refuse_a_file_that_is_not_regular(store: zarr.abc.store.Store, key: str) -> None:
+def _refuse_a_file_that_is_not_regular(store: zarr.abc.store.Store, key: str) -> None:
     """A local store's object at ``key`` that is there but is no regular file (a named pipe, a device) is refused
-    before zarr opens it: zarr's ``open()`` of a named pipe no process writes to waits for a writer forever."""
+    before zarr opens it: zarr's ``open()`` of a named pipe no process writes to waits for a writer forever. (The
+    direct decoder opens its files without blocking instead: :data:`zarrtorch._read.fastpath.READ_FLAGS`.)"""
     if not isinstance(store, zarr.storage.LocalStore):
         return
+    path = store.root / key
     try:
-        mode = os.stat(store.root / key).st_mode
+        mode = os.stat(path).st_mode
     except OSError:
         return  # missing (zarr says so) or unreadable (zarr's own error names it)
     if not stat.S_ISREG(mode):
         kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a file"
-        raise ValueError(
-            f"{store.root / key} is {kind}, not a chunk file: replace it with the chunk (re-copy the store)"
-        )
+        raise ValueError(f"{path} is {kind}, not a chunk file: replace it with the chunk (re-copy the store)")
 
 
 def within(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
