@@ -38,6 +38,7 @@ from zarrtorch._util.arguments import INT64_LIMIT, flag, whole_number
 from zarrtorch._util.process import (
     TopologyUnknown,
     check_ranks_agree,
+    ctrl_c_held,
     distributed_topology,
     frozen_objects,
     process_state,
@@ -532,14 +533,19 @@ class ZarrDataLoader(DataLoader):
         that die as they resume (a terminal's Ctrl-C reached them too, and they were still exiting when the next
         epoch began) are replaced once, instead of the epoch failing with "worker exited unexpectedly"."""
         try:
-            with frozen_objects(self.num_workers > 0):
-                return super().__iter__()
+            return self._forked_iterator()
         except RuntimeError:
             kept = persistent_iterator(self)
             if kept is None or all(w.is_alive() for w in worker_processes(kept)):
                 raise
             stop_workers(self, kept)
-        with frozen_objects(self.num_workers > 0):
+        return self._forked_iterator()
+
+    def _forked_iterator(self):
+        """DataLoader's iterator, its workers forked with this process's objects frozen and a Ctrl-C held until they
+        are (:func:`~zarrtorch._util.process.ctrl_c_held`)."""
+        forks = self.num_workers > 0
+        with frozen_objects(forks), ctrl_c_held(forks):
             return super().__iter__()
 
     def _stalled(self, iterator, exc: Exception) -> RuntimeError | None:

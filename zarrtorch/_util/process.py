@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
+import threading
 import warnings
 import weakref
 from datetime import timedelta
@@ -119,6 +121,30 @@ def frozen_objects(when: bool = True):
         yield
     finally:
         gc.unfreeze()  # in this process only: the forked workers keep theirs frozen
+
+
+@contextlib.contextmanager
+def ctrl_c_held(when: bool = True):
+    """Hold a Ctrl-C (SIGINT) that arrives while worker processes are forked, and hand it to the program's handler
+    once they are: Python runs the handler at the first bytecode after ``fork()``, which is inside the fork's hooks
+    in the parent (logging's lock release among them), where the ``KeyboardInterrupt`` is printed as "Exception
+    ignored" and dropped. Only in the main thread (the only one a handler runs in), and only over a handler written
+    in Python (``SIG_DFL`` ends the process in C, ``SIG_IGN`` wants nothing)."""
+    if not when or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):
+        yield
+        return
+    arrived: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        if arrived:
+            handler(signal.SIGINT, arrived[0])  # Python's default raises KeyboardInterrupt here
 
 
 RANK_CHECK_TIMEOUT_S = 1800.0  # torch's default for a process group, where the group's own cannot be read
