@@ -143,6 +143,8 @@ class PieceReader:
         # consecutive pieces the cache holds that one reading task reads, as a local store's (small chunks)
         self._held_per_read = local_pieces_per_read(chunk_rows * _row_bytes(arrays)) if self._cached else 1
         self._early_held: set = set()  # reads started early from the cache's files (no round trip to time)
+        # the epoch's listing of the node's cache was made by read_first: one listing routes all of its pieces
+        self._listed_at_start = False
         if first is not None:
             self.read_first(first)
 
@@ -334,6 +336,7 @@ class PieceReader:
             return
         fetch_ahead = self._fetch_ahead  # requested now, decoded in the decode threads as they arrive
         self._list_cached(pieces)
+        self._listed_at_start = True
         self._pool = pool = _reading_pool(self.threads if fetch_ahead else threads)  # the epoch's
 
         submit_early = weakref.WeakMethod(self._submit_early)  # the early reads are held here: must not hold us
@@ -385,9 +388,11 @@ class PieceReader:
         pending: deque = deque(early.take_leading(pieces[len(ready) :]) if early is not None else ())
         early_times, self._early_times, self.early = self._early_times, {}, None
         early_held, self._early_held = self._early_held, set()
+        listed, self._listed_at_start = self._listed_at_start, False
         if len(pieces) == 0:
             return
-        self._list_cached(pieces)
+        if not listed:  # a second listing would route the pieces read early and the rest by two different views
+            self._list_cached(pieces)
         threads = reading_threads(self.threads, self.in_flight.most)
         fetch_ahead = self._fetch_ahead and self.in_flight.most > 1
         if threads == 1 and self.in_flight.most <= 1 and not pending and not ready:  # in the caller's thread
