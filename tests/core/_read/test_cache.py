@@ -35,6 +35,12 @@ def write_store(path, scale: int = 1, changed_from: int = 0, codec: str = "zstd"
     factor = scales(scale, changed_from)
     x = (np.arange(ROWS, dtype=np.float32)[:, None] * 10 + np.arange(3, dtype=np.float32)) * factor[:, None]
     columns = {"x": x.astype(np.float32), "y": np.arange(ROWS, dtype=np.int64) * 3 * factor}
+    if codec == "unchecked":  # uncompressed, no checksum: a flipped byte decodes to a wrong value, without a complaint
+        group = zarr.open_group(path, mode="w", zarr_format=3)
+        for name, values in columns.items():
+            group.create_array(name, data=values, chunks=(CHUNK, *values.shape[1:]), compressors=None)
+        zarr.consolidate_metadata(path)  # its arrays listed over HTTP
+        return
     prepare_zarr(columns, path, chunk_rows=CHUNK, progress=False, overwrite=True, codec=codec)
 
 
@@ -42,7 +48,7 @@ def write_store(path, scale: int = 1, changed_from: int = 0, codec: str = "zstd"
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     write_store(root / "s.zarr")
-    write_store(root / "raw.zarr", codec="none")
+    write_store(root / "bare.zarr", codec="unchecked")
     with HttpStoreServer(root) as server:
         yield server
 
@@ -172,7 +178,7 @@ def test_a_cut_or_altered_pack_is_fetched_again_not_served(served, tmp_path):
     their chunks are fetched again (each pack is deleted at its first bad record, so its chunks read after are
     fetched too), never served wrong, and the cache holds every chunk intact again after the epoch."""
     cache_dir = tmp_path / "cache"
-    ds = cached_dataset(served, cache_dir, "raw.zarr")
+    ds = cached_dataset(served, cache_dir, "bare.zarr")
     check_epoch(ds, 0)
     cut, flipped = sorted(p for _, _, p in cache_files(cache_dir))
     cut.write_bytes(cut.read_bytes()[:-5])
@@ -184,6 +190,59 @@ def test_a_cut_or_altered_pack_is_fetched_again_not_served(served, tmp_path):
     assert 2 <= chunk_requests(served) <= 2 * CHUNKS, served.requests
     check_epoch(ds, 2)  # the chunks of the deleted packs read before their damage was found: fetched again here
     assert all_held_intact(cache_dir, 2 * CHUNKS)  # repaired
+
+
+def test_packs_damaged_between_epochs_are_fetched_again_by_persistent_workers_not_served(served, tmp_path):
+    """The cache as a training job uses it: 2 persistent workers, each listing the cache and reading the next
+    epoch's first pieces from its files as an epoch ends. Packs of uncompressed chunks damaged between epochs (a
+    byte flipped in every record of every pack, then a pack cut short, one emptied, one deleted): every epoch's
+    batches are still its plan's rows with their own values, and two epochs after the last damage the cache again
+    holds every chunk."""
+    cache_dir = tmp_path / "cache"
+    ds = cached_dataset(served, cache_dir, "bare.zarr")
+    loader = ZarrDataLoader(ds, batch_size=BATCH, rank=0, world_size=1, num_workers=2, persistent_workers=True)
+
+    def exact_epoch(epoch: int) -> None:
+        loader.set_epoch(epoch)
+        seen = []
+        for batch, rows in zip(loader, loader.batch_row_ids(epoch=epoch), strict=True):
+            np.testing.assert_array_equal(batch["index"].numpy(), rows)
+            np.testing.assert_array_equal(batch["y"].numpy(), rows * 3)
+            np.testing.assert_array_equal(batch["x"].numpy(), rows[:, None] * 10 + np.arange(3))
+            seen.append(rows)
+        assert sorted(np.concatenate(seen).tolist()) == list(range(ROWS))
+
+    exact_epoch(0)
+    wait_until_held_intact(cache_dir)  # the workers write their last packs as the epoch ends
+    for epoch, damage in enumerate(("flip", "cut", "empty", "delete"), start=1):
+        packs = sorted(p for _, _, p in cache_files(cache_dir))
+        pack = packs[epoch % len(packs)]
+        data = bytearray(pack.read_bytes())
+        if damage == "flip":  # the last byte of each record's body: x's third column, y's highest byte
+            for each in packs:
+                flipped = bytearray(each.read_bytes())
+                for _, offset, length in cache_module._read_index(each)[0]:
+                    flipped[offset + length - 1] ^= 0x40
+                each.write_bytes(bytes(flipped))
+        elif damage == "cut":
+            pack.write_bytes(bytes(data[:-5]))
+        elif damage == "empty":
+            pack.write_bytes(b"")
+        else:
+            pack.unlink()
+        exact_epoch(epoch)
+    exact_epoch(5)
+    exact_epoch(6)
+    wait_until_held_intact(cache_dir)  # repaired
+
+
+def wait_until_held_intact(cache_dir, timeout_s: float = 60.0) -> None:
+    """Wait for the cache to hold every chunk of both arrays intact (other processes' writes land when they land);
+    fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not all_held_intact(cache_dir, 2 * CHUNKS):
+        assert time.monotonic() < deadline, f"the cache does not hold every chunk intact: {held_chunks(cache_dir)}"
+        time.sleep(0.05)
 
 
 def test_two_processes_filling_one_cache_at_once_leave_right_files(served, tmp_path):
@@ -660,7 +719,7 @@ def test_a_damaged_or_deleted_pack_read_on_the_local_path_is_fetched_again_not_s
     other chunks stay off the remote path."""
     monkeypatch.setattr(cache_module, "PACK_CHUNKS", 2)
     cache_dir = tmp_path / "cache"
-    ds = cached_dataset(served, cache_dir, "raw.zarr")
+    ds = cached_dataset(served, cache_dir, "bare.zarr")
     # epoch 1's first reads, which the loader of epoch 0 started from the intact packs, do not find the damage below
     wait_for_early_reads(check_epoch(ds, 0))
     packs = sorted(p for _, _, p in cache_files(cache_dir))
