@@ -2,8 +2,9 @@
 (``loader_model.py``): every rank of a job (1-3 ranks x 0-2 workers) in lockstep, as DDP runs them.
 
 Calls: build (rank, world size, workers, drop_last, shuffle, buffer, cache, transport, persistent workers, the
-batch order (``batch_order="rank"``: the batches of no worker, whatever the workers), and
-samples that are rows or windows of time steps: history, lead, stride, a gap),
+batch order (``batch_order="rank"``: the batches of no worker, whatever the workers),
+samples that are rows or windows of time steps: history, lead, stride, a gap, and the store read from local disk
+or over HTTP through a node's chunk cache of the example's own, filled by its first epoch and read by the next),
 ``set_epoch``, ``iter``, ``next`` k times, break, a second ``iter`` while one runs, ``state_dict`` then a new
 job with ``load_state_dict`` on another topology (mid-epoch or at an epoch's end, with a consumer that says how
 many batches of an epoch it takes), the same in Lightning's order (``iter`` before ``set_epoch``), a second
@@ -38,7 +39,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from loader_model import ModelLoader, ModelMix, Refused, Setup, State
 
-from zarrtorch import MixedLoader, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch import MixedLoader, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
+from zarrtorch.course.servers import HttpStoreServer
 from zarrtorch.windows import Windows
 
 EXAMPLES = int(os.environ.get("ZARRTORCH_FUZZ_EXAMPLES", "25"))
@@ -128,6 +130,7 @@ class LoaderMachine(RuleBasedStateMachine):
         window=st.one_of(st.none(), st.tuples(st.integers(1, 2), st.integers(0, 3), st.integers(1, 2), st.booleans())),
         batch_order=st.sampled_from(["worker", "rank"]),
         redeal_every=st.sampled_from([0, 0, 2]),
+        node_cache=st.sampled_from([False, False, True]),
     )
     @deadline
     def build(
@@ -146,8 +149,12 @@ class LoaderMachine(RuleBasedStateMachine):
         window,
         batch_order="worker",
         redeal_every=0,
+        node_cache=False,
     ):
         rows, chunk = store
+        # node_cache: the stores read over HTTP through a node's chunk cache of this example's own
+        self.server = HttpStoreServer(_ROOT).start() if node_cache else None
+        self.cache_dir = Path(tempfile.mkdtemp(dir=_ROOT, prefix="cache-")) if node_cache else None
         windows, self.starts = None, None
         samples, plan_chunk = rows, chunk
         if window is not None:  # samples are windows: the model plans window ids, numbered here by hand
@@ -179,7 +186,9 @@ class LoaderMachine(RuleBasedStateMachine):
             return_index=True,
             windows=windows,
         )
-        self.dataset = ZarrIterableDataset(store_path(rows, chunk), **self.dataset_settings)
+        if node_cache:
+            self.dataset_settings["read"] = ReadOptions(cache_dir=self.cache_dir)
+        self.dataset = ZarrIterableDataset(self.source(rows, chunk), **self.dataset_settings)
         self.make_job(world, workers)
         self.run_before: list[int] = []  # rows of the current iteration's epoch consumed before it started
         self.before: list[int] = []  # the same for the next iteration (its start point)
@@ -402,7 +411,7 @@ class LoaderMachine(RuleBasedStateMachine):
         setup = dataclasses.replace(self.setup, cache=False)
         other = Setup(37, 5, setup.batch, setup.drop_last, True, 1, False, 2)
         datasets = [
-            ZarrIterableDataset(store_path(*self.store), **{**self.dataset_settings, "keep_in_memory": False}),
+            ZarrIterableDataset(self.source(*self.store), **{**self.dataset_settings, "keep_in_memory": False}),
             ZarrIterableDataset(store_path(37, 5), seed=2, buffer_chunks=1, return_index=True),
         ]
         epoch_rows = setup.rows + other.rows
@@ -460,7 +469,7 @@ class LoaderMachine(RuleBasedStateMachine):
         state = self.loaders[0].state_dict()
         rows, chunk = self.store
         other = ZarrDataLoader(
-            ZarrIterableDataset(store_path(rows, chunk, shift=1000.0), **self.dataset_settings),
+            ZarrIterableDataset(self.source(rows, chunk, shift=1000.0), **self.dataset_settings),
             batch_size=self.setup.batch,
             drop_last=self.setup.drop_last,
             rank=0,
@@ -513,10 +522,18 @@ class LoaderMachine(RuleBasedStateMachine):
             assert counts.min() >= 1, f"rows never read: {np.nonzero(counts == 0)[0].tolist()}"
             assert int(counts.sum()) - self.setup.rows < sum(self.run_worlds), "more repeats than padding allows"
 
+    def source(self, rows: int, chunk: int, shift: float = 0.0) -> str | Path:
+        """The store :func:`store_path` makes, as this example reads it: its path, or its URL at the server."""
+        path = store_path(rows, chunk, shift)
+        return f"{self.server.url}/{path.name}" if self.server is not None else path
+
     def teardown(self):
         self.iters = None
         self.loaders = []
         gc.collect()
+        if getattr(self, "server", None) is not None:
+            self.server.stop()
+            self.server = None
 
 
 LoaderMachine.TestCase.settings = settings(
