@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import zarr
+from test_early import wait_for_early_reads  # noqa: I001  (its folder is on sys.path under pytest)
 
 from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
 from zarrtorch._read import cache as cache_module
@@ -671,14 +672,6 @@ def test_bytes_whose_crc32c_fails_are_never_written_to_the_cache(tmp_path):
     cached.keep("x/c/1/0", good)
     wait_for_writes()
     assert [k for _, k, _ in held_chunks(tmp_path / "cache")] == ["x/c/1/0"]
-
-
-def wait_for_early_reads(loader: ZarrDataLoader) -> None:
-    """Wait for the reads of the next epoch's first pieces that ``loader``'s last epoch started as it ended (in
-    this process: no workers), so that a test that damages the cache next does not race them."""
-    early = loader.dataset.process_state().early
-    for _, read in early._reads if early is not None else ():
-        read.result()
 
 
 def remote_reads_counted(monkeypatch) -> list:
