@@ -13,6 +13,7 @@ command, not Slurm.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import stat
 import sys
@@ -93,8 +94,12 @@ def install(folder: Path) -> Path:
 
 
 def job_id_with_a_free_port(base: int = 15000, span: int = 15000) -> int:
-    """A job id whose rendezvous port (``base + id % span``, as the scripts compute it) is free here."""
-    for job in range(1000, 1000 + span):
+    """A job id whose rendezvous port (``base + id % span``, as the scripts compute it) is free here.
+
+    The search starts at a random id: tests running side by side (pytest-xdist) that each took the first free port
+    took the same one, and a job run again under its own id (a requeue) then found it in use."""
+    first = random.randrange(span)
+    for job in range(first, first + span):
         port = base + job % span
         with socket.socket() as s:
             try:

@@ -273,7 +273,7 @@ def test_workers_are_measured_on_the_node_not_assumed():
 
 def test_the_checklist_and_lesson_06_say_the_same_about_gpus():
     """One sentence says what ran on a GPU (issue 45, contradiction 4): the CHECKLIST quotes it, and lesson 06
-    says in a few words that no lesson or Slurm script has run on one, with a link to the README's section that
+    says in a few words that only lesson 05 and no Slurm script has run on one, with a link to the README's section that
     has the sentence (a learner stumbled on the whole sentence pasted into the lesson: benchmark names it does
     not teach)."""
     import json
@@ -287,6 +287,6 @@ def test_the_checklist_and_lesson_06_say_the_same_about_gpus():
     assert "has run on a GPU" in gpu_section[: gpu_section.index("\n## ")]
     lesson = json.loads((SLURM.parent / "notebooks" / "06_ddp.ipynb").read_text())
     prose = " ".join(" ".join("".join(c["source"]).split()) for c in lesson["cells"] if c["cell_type"] == "markdown")
-    assert "no lesson or Slurm script has run on a GPU" in prose
+    assert "only lesson 05 has run on a GPU, and no Slurm script" in prose
     assert "(../README.md#on-a-gpu-node)" in prose
     assert "benchmarks/remote.py" not in prose, "the lesson links the README's sentence instead of pasting it"
