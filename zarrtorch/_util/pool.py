@@ -11,16 +11,14 @@ smaller than :data:`POOLED_CHUNK_BYTES` is not pooled: it is a new array.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
-import signal
-import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
+
+from zarrtorch._util import interrupts
 
 T = TypeVar("T")
 
@@ -33,32 +31,18 @@ class LeasedArray(np.ndarray):
     """An array whose ``lease`` attribute (or its base's) lives as long as any view of it."""
 
 
-INTERRUPT_AGAIN_AFTER_S = 0.02  # long enough for the __del__ that caught it to have returned
-
-
 class Lease:
-    """Calls ``release`` once, when the last array carrying it is freed."""
+    """Calls ``release`` once, when the last array carrying it is freed (in ``__del__``, where an exception is
+    printed and dropped: :mod:`zarrtorch._util.interrupts` gives a Ctrl-C landing there back to the main thread)."""
 
     __slots__ = ("_release",)
 
     def __init__(self, release: Callable[[], None]):
+        interrupts.resend_dropped_interrupts()  # once per process: a check after that
         self._release = release
 
     def __del__(self):
-        try:
-            self._release()
-        except KeyboardInterrupt:  # an exception raised in __del__ is printed and dropped: a Ctrl-C landing here
-            _interrupt_again()  # is given to the main thread again, to be raised outside
-
-
-def _interrupt_again() -> None:
-    """Send this process SIGINT again, from another thread and a moment later: raised in the main thread, the
-    handler would run at once, inside the ``__del__`` that called it. Where it lands in a ``__del__`` again
-    (rarely: they are short), it is sent again."""
-    timer = threading.Timer(INTERRUPT_AGAIN_AFTER_S, os.kill, (os.getpid(), signal.SIGINT))
-    timer.daemon, timer.name = True, "zarrtorch-interrupt"
-    with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to interrupt
-        timer.start()
+        self._release()
 
 
 def leased_view(array: np.ndarray, lease: Lease) -> LeasedArray:
