@@ -8,6 +8,10 @@
 #   pinned   batches in pinned slots (issue 43 item 7, benchmarks/pinned_feed.py): host-to-device GB/s from the
 #            loader's pinned slots against DataLoader's pin copy and the card's own rate, and the training step's
 #            wait for data with 0 and 2 workers (on gpu_feed.py's store, made once by whichever part runs first)
+#   train    `python -m zarrtorch train` (as zarrtorch.course.train: nothing is installed there) on the tiny data,
+#            0 and 2 workers, then under torchrun with one process (NCCL): the course's command on a GPU
+#   copies   the card's host-to-device rate from pinned memory by copy size (pinned_feed.py --copy-sizes): is
+#            the slots' rate the card's rate at a batch's size?
 #   remote   rows/s at 0, 20 and 100 ms per request (issue 24), then head_of_line.py
 #   windows  windows/s against the decode limit (issue 25)
 # e.g. STEPS="remote windows" bash benchmarks/node.sh     # the older CPU-side questions, in a second call
@@ -52,12 +56,17 @@ want() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 want workers && timeout 150 $PY benchmarks/gpu_feed.py --rows "${FEED_ROWS:-4000}" --epochs 3 --workers 0 2 \
   --data-dir "$DATA" 2>&1 | tee "$OUT/gpu_feed.log"
 
-# lesson 05 on the GPU, cell by cell (its Trainer takes the GPU with accelerator="auto")
-if want lesson05; then
+# the course's tiny data, made here (the lesson and the training command read it)
+tiny_data() {
   if ! [ -f data/tiny/.complete ] && $PY -c "import dask, h5netcdf" 2>/dev/null; then
     ZARRTORCH_SIZE=tiny timeout 120 $PY -c "from zarrtorch.course.synthetic import make_data; make_data('tiny', progress=False)" \
-      2>&1 | tee "$OUT/lesson05_data.log"
+      2>&1 | tee "$OUT/tiny_data.log"
   fi
+}
+
+# lesson 05 on the GPU, cell by cell (its Trainer takes the GPU with accelerator="auto")
+if want lesson05; then
+  tiny_data
   if [ -f data/tiny/.complete ] && $PY -c "import lightning, matplotlib, xarray" 2>/dev/null; then
     ZARRTORCH_SIZE=tiny timeout 200 $PY benchmarks/run_lesson.py notebooks/05_training.ipynb \
       --out "$OUT/lesson05.json" 2>&1 | tee "$OUT/lesson05.log"
@@ -71,6 +80,20 @@ fi
 # pageable memory and the card's own rate; then the training step's wait for data with 0 and 2 workers
 want pinned && timeout 150 $PY benchmarks/pinned_feed.py --rows "${FEED_ROWS:-4000}" --epochs 3 --workers 0 2 \
   --data-dir "$DATA" --out "$OUT/pinned_feed.json" 2>&1 | tee "$OUT/pinned_feed.log"
+
+# the course's training command on the GPU: 2 epochs with 0 and 2 workers, then one epoch under torchrun (NCCL)
+if want train; then
+  tiny_data
+  for w in 0 2; do
+    ZARRTORCH_SIZE=tiny timeout 120 $PY -m zarrtorch.course.train --size tiny --epochs 2 --workers "$w" \
+      --out "$DATA/train-w$w" 2>&1 | tail -5 | tee "$OUT/train_w$w.log"
+  done
+  ZARRTORCH_SIZE=tiny timeout 120 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+    -m zarrtorch.course.train --size tiny --epochs 1 --workers 2 --out "$DATA/train-torchrun" 2>&1 | tail -5 \
+    | tee "$OUT/train_torchrun.log"
+fi
+
+want copies && timeout 60 $PY benchmarks/pinned_feed.py --copy-sizes 2>&1 | tee "$OUT/copy_sizes.log"
 
 # issue 24: rows/s at 0, 20 and 100 ms per request, 0 and 2 workers, with default settings; then a bare aiohttp
 # client with 256 and 512 requests at once against the same servers: what the server gives, without the loader

@@ -49,9 +49,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def card_rate(device: torch.device, mib: int = 256, repeats: int = 10) -> float:
+def card_rate(device: torch.device, mib: float = 256, repeats: int = 10) -> float:
     """GB/s of one large pinned tensor copied to the device, the card's own rate."""
-    src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    src = torch.empty(int(mib * 2**20), dtype=torch.uint8, pin_memory=device.type == "cuda")
     dst = torch.empty_like(src, device=device)
     dst.copy_(src, non_blocking=True)
     synchronize(device)
@@ -165,6 +165,25 @@ def data_wait(path: Path, device: torch.device, workers: int, epochs: int) -> li
     return out
 
 
+def copy_sizes(device: torch.device, sizes_mib: list[float], repeats: int = 50) -> dict[str, float]:
+    """GB/s of one pinned tensor of each size copied to the device, and of a windows batch's two tensors (2 and
+    4 MiB) copied one after the other: whether the slots' rate is the card's rate at a batch's size."""
+    rates = {}
+    for mib in sizes_mib:
+        rates[f"{mib:g} MiB"] = card_rate(device, mib, repeats)
+    pair = [torch.empty(n << 20, dtype=torch.uint8, pin_memory=device.type == "cuda") for n in (2, 4)]
+    targets = [torch.empty_like(t, device=device) for t in pair]
+    for _ in range(2):  # the first round warms the copy engine up
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            for dst, src in zip(targets, pair, strict=True):
+                dst.copy_(src, non_blocking=True)
+        synchronize(device)
+    rates["2 + 4 MiB, two copies"] = repeats * 6 * 2**20 / (time.perf_counter() - start) / 1e9
+    return rates
+
+
 def main(argv: list[str] | None = None) -> dict:
     from gpu_feed import feed_arguments
     from windows import generated_store
@@ -172,12 +191,20 @@ def main(argv: list[str] | None = None) -> dict:
     p = feed_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     p.add_argument("--out", default=None)
     p.add_argument("--check-on-cpu", action="store_true", help="run every step on the CPU: figures meaningless")
+    p.add_argument(
+        "--copy-sizes", type=float, nargs="*", default=None, help="only the card's rate at these sizes (MiB)"
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available() and not args.check_on_cpu:
         print(NO_CUDA, file=sys.stderr)
         raise SystemExit(2)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (a check of the script only)"
+    if args.copy_sizes is not None:
+        rates = copy_sizes(device, args.copy_sizes or [1, 2, 4, 6, 16, 64, 256])
+        for what, gb_s in rates.items():
+            print(f"{name}: host-to-device from pinned memory, {what}: {gb_s:.1f} GB/s", flush=True)
+        return {"device": name, "copy_sizes": rates}
     path = generated_store(args.rows, 1, args.data_dir)
     result = {"device": name, "card_gb_s": card_rate(device), "copies": {}, "wait": {}}
     print(f"{name}: the card's host-to-device rate {result['card_gb_s']:.1f} GB/s (256 MiB, pinned)", flush=True)
