@@ -344,6 +344,13 @@ def test_node_script_passes_only_flags_its_benchmarks_take():
         defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", _with_its_benchmark_imports(ROOT / name)))
         passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args))
         assert passed and passed <= defined, (name, passed - defined)
+    # the training command, run as a module there (nothing is installed on a node)
+    trains = re.findall(r"-m zarrtorch\.course\.train((?:\\\n|[^\n])*)", script)
+    defined = set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", (ROOT / "zarrtorch/course/train.py").read_text()))
+    assert len(trains) == 2
+    for args in trains:
+        passed = set(re.findall(r"(?<![\w-])(--[\w-]+)", args.split("|")[0]))
+        assert passed and passed <= defined, ("zarrtorch.course.train", passed - defined)
 
 
 def test_pinned_feed_benchmark_refuses_without_cuda_before_it_writes(tmp_path, capsys):
