@@ -21,14 +21,21 @@ import threading
 
 INTERRUPT_AGAIN_AFTER_S = 0.02  # long enough for the __del__ that dropped it to have returned
 
-_installed = None  # the hook this module installed last
+
+class Installed:
+    """The hook this module installed last: a caller on a hot path compares ``sys.unraisablehook`` with
+    ``installed.hook`` itself before it calls :func:`resend_dropped_interrupts` (a Lease is made per chunk)."""
+
+    hook = None
+
+
+installed = Installed()
 
 
 def resend_dropped_interrupts() -> None:
     """Make a ``KeyboardInterrupt`` that Python reports as unraisable interrupt the main thread again. Installed
     once; installed again (chained to the new one) if something replaced it since."""
-    global _installed
-    if sys.unraisablehook is _installed:
+    if sys.unraisablehook is installed.hook:
         return
     previous = sys.unraisablehook
 
@@ -38,7 +45,7 @@ def resend_dropped_interrupts() -> None:
         else:
             previous(unraisable)
 
-    sys.unraisablehook = _installed = hook
+    sys.unraisablehook = installed.hook = hook
 
 
 def interrupt_again() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -38,7 +39,8 @@ class Lease:
     __slots__ = ("_release",)
 
     def __init__(self, release: Callable[[], None]):
-        interrupts.resend_dropped_interrupts()  # once per process: a check after that
+        if sys.unraisablehook is not interrupts.installed.hook:  # once per process; inline: a lease per chunk
+            interrupts.resend_dropped_interrupts()
         self._release = release
 
     def __del__(self):
