@@ -49,17 +49,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-def card_rate(device: torch.device, mib: float = 256, repeats: int = 10) -> float:
-    """GB/s of one large pinned tensor copied to the device, the card's own rate."""
-    src = torch.empty(int(mib * 2**20), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    dst = torch.empty_like(src, device=device)
-    dst.copy_(src, non_blocking=True)
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src, non_blocking=True)
-    synchronize(device)
-    return repeats * src.numel() / (time.perf_counter() - start) / 1e9
+def card_rate(device: torch.device, *sizes_mib: float, repeats: int = 10) -> float:
+    """GB/s of pinned tensors of ``sizes_mib`` (default one of 256 MiB, the card's own rate) copied to the device
+    in turn, ``repeats`` times, after one untimed round."""
+    sources = [
+        torch.empty(int(mib * 2**20), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        for mib in sizes_mib or (256,)
+    ]
+    targets = [torch.empty_like(src, device=device) for src in sources]
+    for timed in (False, True):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats if timed else 1):
+            for dst, src in zip(targets, sources, strict=True):
+                dst.copy_(src, non_blocking=True)
+        synchronize(device)
+    return repeats * sum(src.numel() for src in sources) / (time.perf_counter() - start) / 1e9
 
 
 def pinned_copy(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -168,19 +173,8 @@ def data_wait(path: Path, device: torch.device, workers: int, epochs: int) -> li
 def copy_sizes(device: torch.device, sizes_mib: list[float], repeats: int = 50) -> dict[str, float]:
     """GB/s of one pinned tensor of each size copied to the device, and of a windows batch's two tensors (2 and
     4 MiB) copied one after the other: whether the slots' rate is the card's rate at a batch's size."""
-    rates = {}
-    for mib in sizes_mib:
-        rates[f"{mib:g} MiB"] = card_rate(device, mib, repeats)
-    pair = [torch.empty(n << 20, dtype=torch.uint8, pin_memory=device.type == "cuda") for n in (2, 4)]
-    targets = [torch.empty_like(t, device=device) for t in pair]
-    for _ in range(2):  # the first round warms the copy engine up
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            for dst, src in zip(targets, pair, strict=True):
-                dst.copy_(src, non_blocking=True)
-        synchronize(device)
-    rates["2 + 4 MiB, two copies"] = repeats * 6 * 2**20 / (time.perf_counter() - start) / 1e9
+    rates = {f"{mib:g} MiB": card_rate(device, mib, repeats=repeats) for mib in sizes_mib}
+    rates["2 + 4 MiB, two copies"] = card_rate(device, 2, 4, repeats=repeats)
     return rates
 
 
