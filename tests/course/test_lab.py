@@ -151,9 +151,10 @@ def lab(tmp_path_factory):
     assert had_checkpoints or not checkpoints.exists(), f"the lab wrote {checkpoints}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def page(lab):
-    """A tab of headless Chromium on the lab, 1280 x 900."""
+    """A tab of headless Chromium on the lab, 1280 x 900, shared by the module's tests (a browser and the lab's
+    page loaded once: each is seconds of CPU); each test opens its notebook in it and closes it."""
     with launch_chromium() as browser:
         target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
@@ -184,6 +185,7 @@ class Lab:
 
     def __init__(self, browser, session, base, token):
         self.browser, self.session, self.base, self.token = browser, session, base, token
+        self.loaded = False  # the lab's page is in the tab
 
     def js(self, expression: str, timeout: float = 60):
         return self.browser.evaluate(self.session, expression, timeout)
@@ -195,11 +197,12 @@ class Lab:
         """Open ``name`` (by URL for the first, as a learner's link does; then through the file manager's
         command), wait until all its cells are on the page and, with ``kernel``, its kernel is idle; then clear
         its outputs (Edit > Clear Outputs of All Cells), so that no committed output passes for this run's."""
-        if first:
+        if first or not self.loaded:
             # ?reset: a fresh layout, not the tabs an earlier test left in the lab's workspace
             url = f"{self.base}/lab/tree/{name}?reset&token={self.token}"
             self.browser.send("Page.navigate", {"url": url}, self.session)
             self.wait("typeof window.jupyterapp !== 'undefined' && window.jupyterapp.restored.then(() => true)")
+            self.loaded = True
         else:
             path = json.dumps(name)
             self.js(f"window.jupyterapp.commands.execute('docmanager:open', {{path: {path}}}).then(() => 1)")
@@ -260,6 +263,12 @@ class Lab:
         """Shut the notebook's kernel down (JupyterLab starts one per notebook it opens)."""
         self.js(f"{CURRENT}.sessionContext.ready.then(() => {CURRENT}.sessionContext.shutdown()).then(() => 1)")
 
+    def close(self) -> None:
+        """Shut the notebook's kernel down and close its tab without saving (marked clean first: a notebook whose
+        cells ran is changed, and the lab would ask, or hold the next page load with its "leave the page?")."""
+        self.shutdown_kernel()
+        self.js(f"(() => {{ const w = {CURRENT}; w.context.model.dirty = false; w.dispose(); return 1; }})()")
+
 
 def test_notebooks_name_the_zarrtorch_kernel():
     names = {
@@ -281,6 +290,7 @@ def test_lesson_00_environment_check_runs_in_the_zarrtorch_kernel(page):
     assert sorted(line.split()[0] for line in requirement_lines) == sorted(REQUIREMENTS), check
     assert all(line.rstrip().endswith(" ok") for line in requirement_lines), check
     assert "data for the size in use: ready" in text and "size in use: tiny" in text, text
+    page.close()
 
 
 REQUIREMENTS = ("torch", "zarr", "lightning", "numpy", "xarray")  # what the check cell checks
@@ -315,7 +325,7 @@ def _lessons() -> list[Path]:
 @pytest.mark.parametrize("lesson", _lessons(), ids=lambda p: p.name)
 def test_exercise_cells_shown_and_solution_cells_show_only_their_load_line(page, lesson):
     name = lesson.name
-    page.open(name, first=True, kernel=False)  # what the page shows; no cell is run
+    page.open(name, kernel=False)  # what the page shows; no cell is run (opened as from the file browser)
     cells = page.js(SHOWN_CELLS.format(current=CURRENT))
     source = _cells(name)
     solutions = [c for c in cells if "solution" in c["tags"]]
@@ -329,7 +339,7 @@ def test_exercise_cells_shown_and_solution_cells_show_only_their_load_line(page,
         load = f"# %load solutions/{name[:2]}_ex{k}.py"
         assert c["code"] and not c["placeholder"], f"{name}, cell {c['i']}: the solution cell is collapsed: {c}"
         assert c["text"].strip() == load, f"{name}, cell {c['i']}: shows {c['text'][:200]!r}, not only {load!r}"
-    page.shutdown_kernel()
+    page.close()
 
 
 def test_uncommented_load_line_loads_the_solution_into_its_cell(page):
@@ -349,4 +359,4 @@ def test_uncommented_load_line_loads_the_solution_into_its_cell(page):
     loaded = page.js(f"{cell}.getSource()")
     assert loaded.splitlines()[0] == load, loaded  # %load comments its own line out again
     assert loaded.strip().endswith(solution.strip()), loaded
-    page.shutdown_kernel()
+    page.close()
