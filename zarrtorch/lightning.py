@@ -461,21 +461,61 @@ class ZarrDataModule(ResumableTraining):
             f"({p.n_chunks - p.val_chunks} chunks{f' + {p.halo} rows' if p.halo else ''}), validate on rows "
             f"[{p.val_range[0]}, {p.rows}) ({p.val_chunks} chunks{f' - {p.halo} rows' if p.halo else ''})"
         )
-        try:
-            import xarray as xr
-
-            ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.read.storage_options)
-            t = ds["time"].values
-            day = np.datetime_as_string(t[[0, p.fit_range[1] - 1, p.val_range[0], p.val_range[1] - 1]], unit="D")
-            text += f"; fit {day[0]} .. {day[1]}, validate {day[2]} .. {day[3]}"
-        except (ImportError, KeyError, ValueError, OSError):  # no xarray, or no time coordinate (plain arrays)
-            pass
+        days = self._days([0, p.fit_range[1] - 1, p.val_range[0], p.val_range[1] - 1])
+        if days is not None:
+            text += f"; fit {days[0]} .. {days[1]}, validate {days[2]} .. {days[3]}"
         if self.windows is not None:
             from zarrtorch.windows import WindowStarts
 
             fit, val = (WindowStarts.of(self.windows, p.rows, r).n for r in (p.fit_range, p.val_range))
             text += f"; windows of {self.windows.span} rows: {fit} to fit on, {val} to validate on"
         return text
+
+    def _days(self, rows: list[int]) -> list[str] | None:
+        """The dates (``YYYY-MM-DD``) of ``rows`` from the store's ``time`` coordinate, or None without one.
+
+        CF's "<unit> since <date>" in a standard calendar (what xarray writes for datetime64 times) is decoded
+        here: opening the store with xarray for four dates cost every training command a second of imports.
+        Other encodings go to xarray when it is installed."""
+        try:
+            (time,) = open_arrays(self.store, ["time"], storage_options=self.read.storage_options).values()
+            values = time[rows]
+        except (KeyError, ValueError, OSError):  # no time coordinate (plain arrays)
+            return None
+        stamps = cf_datetimes(values, time.attrs.get("units"), time.attrs.get("calendar"))
+        if stamps is None:
+            try:
+                import xarray as xr
+
+                ds = xr.open_zarr(str(self.store), consolidated=None, storage_options=self.read.storage_options)
+                stamps = ds["time"].values[rows]
+            except (ImportError, KeyError, ValueError, OSError):
+                return None
+        if not np.issubdtype(np.asarray(stamps).dtype, np.datetime64):
+            return None
+        return [str(d) for d in np.datetime_as_string(stamps, unit="D")]
+
+
+CF_UNITS = {"days": "D", "day": "D", "d": "D", "hours": "h", "hour": "h", "h": "h", "minutes": "m", "minute": "m"}
+CF_UNITS |= {"seconds": "s", "second": "s", "s": "s"}
+STANDARD_CALENDARS = (None, "standard", "gregorian", "proleptic_gregorian")
+
+
+def cf_datetimes(values: np.ndarray, units, calendar) -> np.ndarray | None:
+    """Integer ``values`` in CF's ``"<unit> since <date>"`` as datetime64, or None for what this does not
+    decode (another calendar, fractional values, an unknown unit or date): xarray's job then."""
+    if not isinstance(units, str) or calendar not in STANDARD_CALENDARS or " since " not in units:
+        return None
+    unit, _, origin = units.partition(" since ")
+    code = CF_UNITS.get(unit.strip().lower())
+    values = np.asarray(values)
+    if code is None or values.dtype.kind not in "iu":
+        return None
+    try:
+        start = np.datetime64(origin.strip().replace(" ", "T").rstrip("Z"), "s")
+    except ValueError:  # a time zone offset, or a date numpy does not parse
+        return None
+    return start + values.astype(np.int64).astype(f"timedelta64[{code}]")
 
 
 class MixedDataModule(ResumableTraining):

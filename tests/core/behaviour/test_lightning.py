@@ -437,3 +437,57 @@ def test_datamodule_takes_the_static_arrays_among_the_variables_as_the_dataset_d
     batch = next(iter(dm.train_dataloader()))
     np.testing.assert_array_equal(batch["orography"][0].numpy(), np.arange(4, dtype=np.float32))
     assert batch["fields"].shape[1] == 2 and batch["target_target"].shape[1] == 1
+
+
+def test_the_dates_are_described_without_xarray(tmp_path, monkeypatch):
+    """The dates come from the ``time`` coordinate's CF encoding, decoded without xarray: opening the store with
+    xarray for four dates cost every training command about a second of imports at its start."""
+    import pandas as pd
+    import xarray as xr
+
+    rows = 4 * CHUNK
+    time = pd.date_range("1999-12-31 18:00", periods=rows, freq="6h")
+    ds = xr.Dataset({"fields": (("time", "x"), np.zeros((rows, 4), np.float32))}, coords={"time": time})
+    src = tmp_path / "train.zarr"
+    prepare_zarr(ds, src, chunk_rows=CHUNK, progress=False)
+    dm = ZarrDataModule(src, val_fraction=0.25)
+    monkeypatch.setitem(sys.modules, "xarray", None)  # import xarray now raises ImportError
+    text = dm.describe()
+    first_val, last = (str(time.values[r])[:10] for r in (3 * CHUNK, rows - 1))
+    assert f"fit 1999-12-31 .. {str(time.values[3 * CHUNK - 1])[:10]}, validate {first_val} .. {last}" in text
+
+
+@pytest.mark.parametrize(
+    "units",
+    [
+        "hours since 2000-01-01",
+        "days since 1979-01-01 00:00:00",
+        "seconds since 1970-01-01T06:00:00Z",
+        "minutes since 2000-03-01 12:30",
+    ],
+)
+def test_cf_times_decode_as_xarray_decodes_them(units):
+    import xarray as xr
+
+    from zarrtorch.lightning import cf_datetimes
+
+    values = np.array([0, 1, 59, 1439, 100_000], dtype=np.int64)
+    ours = cf_datetimes(values, units, "proleptic_gregorian")
+    theirs = xr.decode_cf(xr.Dataset({"t": ("n", values, {"units": units, "calendar": "standard"})}))["t"].values
+    np.testing.assert_array_equal(ours.astype("datetime64[s]"), theirs.astype("datetime64[s]"))
+
+
+@pytest.mark.parametrize(
+    "values,units,calendar",
+    [
+        ([1], "days since 2000-01-01", "noleap"),
+        ([1.5], "days since 2000-01-01", None),
+        ([1], "fortnights since 2000-01-01", None),
+        ([1], "days", None),
+        ([1], "days since 2000-01-01 00:00 +05:00", None),
+    ],
+)
+def test_what_cf_datetimes_does_not_decode_is_left_to_xarray(values, units, calendar):
+    from zarrtorch.lightning import cf_datetimes
+
+    assert cf_datetimes(np.array(values), units, calendar) is None
