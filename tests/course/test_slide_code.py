@@ -2,7 +2,9 @@
 
 The deck's fenced blocks (``slides/workshop.md``), by language:
 
-- ``python``: run, in deck order, each in a fresh interpreter, in a temporary folder laid out as the deck
+- ``python``: run, in deck order, each in a namespace of its own (one interpreter for all: a block that uses a
+  name it does not import or define fails as it would alone; an interpreter each cost seconds of imports), in a
+  temporary folder laid out as the deck
   assumes: the blocks say ``data/small/`` (the course's default size), and there ``data/small/archive.zarr`` is
   a link to the tiny archive, so that the first block (lesson 01's ``prepare_zarr``) writes
   ``data/small/train.zarr`` from it and the later blocks read that. A line ``print(...)  # -> X`` states what it
@@ -80,19 +82,43 @@ def workdir(tmp_path_factory):
     return work
 
 
+# runs the blocks given as a JSON list, in order, each in a fresh namespace as a script's __main__; a line
+# BLOCK_END after each block's output; stops at the first that raises, its traceback on stderr
+RUN_BLOCKS = """
+import json, sys, traceback
+for number, source in enumerate(json.load(open(sys.argv[1])), 1):
+    try:
+        exec(compile(source, f"<deck block {number}>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(number)
+    finally:
+        sys.stdout.flush()
+    print(BLOCK_END, flush=True)
+"""
+BLOCK_END = "--- zarrtorch deck block ended ---"
+
+
 def test_python_blocks_run_in_deck_order(workdir):
     sources = python_blocks()
     assert sources[0].find("prepare_zarr(") >= 0, "the first python block should write the training store"
     env = {**os.environ, "ZARRTORCH_SIZE": "tiny", "PYTHONWARNINGS": "ignore"}
-    for number, source in enumerate(sources, 1):
-        result = subprocess.run(
-            [sys.executable, "-c", source], cwd=workdir, env=env, capture_output=True, text=True, timeout=600
+    listed = workdir / "blocks.json"
+    listed.write_text(json.dumps(sources))
+    script = f"BLOCK_END = {BLOCK_END!r}\n{RUN_BLOCKS}"
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(listed)], cwd=workdir, env=env, capture_output=True, text=True, timeout=900
+    )
+    outputs = result.stdout.split(BLOCK_END + "\n")
+    if result.returncode != 0:
+        number = result.returncode
+        pytest.fail(
+            f"python block {number} of the deck failed:\n{sources[number - 1]}\n--- stderr ---\n{result.stderr[-3000:]}"
         )
-        assert result.returncode == 0, (
-            f"python block {number} of the deck failed:\n{source}\n--- stderr ---\n{result.stderr[-3000:]}"
-        )
+    assert len(outputs) == len(sources) + 1 and not outputs[-1].strip(), result.stdout[-3000:]
+    for number, (source, output) in enumerate(zip(sources, outputs, strict=False), 1):
         claims = [m.group(1).strip() for line in source.splitlines() if (m := CLAIM.match(line))]
-        printed = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        printed = [line.strip() for line in output.splitlines() if line.strip()]
         for claim in claims:
             assert claim in printed, f"block {number} says it prints {claim!r}; it printed {printed}"
     assert (workdir / "data" / "small" / "train.zarr" / "zarr.json").exists()
