@@ -122,12 +122,14 @@ def test_ddp_ranks(store, tmp_path, world, num_workers, drop_last, context):
 def test_ddp_ranks_over_http_read_every_row_once(store, tmp_path, num_workers):
     """Ranks started as torchrun starts them, reading the store by URL from a server adding 20 ms per request:
     the adapted requests in flight (finished reads waiting behind slower ones counted apart) keep every row once
-    per epoch across ranks, with equal batch counts."""
+    per epoch across ranks, with equal batch counts. (Forked workers: spawned ones reading by URL are
+    test_remote.py's, and cost 4 interpreters' imports here.)"""
     from zarrtorch.course.servers import HttpStoreServer
 
     with HttpStoreServer(store.parent, delay_ms=20) as server:
         url = f"{server.url}/{store.name}"
-        results = launch(url, tmp_path, 2, batch_size=16, num_workers=num_workers, drop_last=False)
+        forked = ["--context", "fork"] if num_workers else []
+        results = launch(url, tmp_path, 2, batch_size=16, num_workers=num_workers, drop_last=False, extra=forked)
     for epoch in range(2):
         assert len(results[0][f"sizes_{epoch}"]) == len(results[1][f"sizes_{epoch}"])
         seen = np.concatenate([res[f"index_{epoch}"] for res in results])
