@@ -1,17 +1,17 @@
-"""Real multi-process DDP (gloo, CPU): ranks launched like torchrun, with and without spawned DataLoader
-workers. Every rank must yield the same number of batches (an ``all_reduce`` after each batch would fail
-otherwise), no row may appear twice in an epoch, rows of all arrays stay paired, and epochs differ."""
+"""Real multi-process DDP (gloo, CPU): a process per rank with torchrun's environment (forked from a server that
+imported torch once: ``preloaded.py``), with and without spawned DataLoader workers. Every rank must yield the
+same number of batches (an ``all_reduce`` after each batch would fail otherwise), no row may appear twice in an
+epoch, rows of all arrays stay paired, and epochs differ."""
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from preloaded import Rank  # noqa: I001  (tests/core/behaviour is on sys.path under pytest)
 
 from zarrtorch import ZarrIterableDataset, prepare_zarr
 
@@ -47,9 +47,7 @@ def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2, e
             "LOCAL_RANK": str(rank),
             "OMP_NUM_THREADS": "1",
         }
-        cmd = [
-            sys.executable,
-            str(WORKER),
+        argv = [
             "--store",
             str(store),
             "--out",
@@ -64,12 +62,12 @@ def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2, e
             str(epochs),
             *extra,
         ]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(Rank(argv, env, script=WORKER, log_dir=out))
     logs = []
     try:
         for p in procs:
             logs.append(p.communicate(timeout=TIMEOUT)[0])
-    except subprocess.TimeoutExpired:
+    except TimeoutError:
         pytest.fail(f"DDP launch (world {world}, {num_workers} workers) did not finish in {TIMEOUT} s")
     finally:
         for p in procs:
@@ -225,24 +223,15 @@ def run_check_script(store, case: str, timeout_s: int, other=None) -> list[str]:
     for rank in range(2):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank)}
         env.update(WORLD_SIZE="2", OMP_NUM_THREADS="1")
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    CHECK_SCRIPT,
-                    str(store),
-                    case,
-                    str(timeout_s),
-                    *([str(other)] if other else []),
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    return [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+        argv = [store, case, timeout_s, *([other] if other else [])]
+        procs.append(Rank(argv, env, code=CHECK_SCRIPT, log_dir=Path(store).parent))
+    try:
+        return [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from preloaded import Rank  # noqa: I001  (tests/core/behaviour is on sys.path under pytest)
 
 from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fetch import RetryPolicy
@@ -364,16 +365,14 @@ def test_ranks_that_computed_different_plans_are_named(store, seeds):
             "WORLD_SIZE": "2",
             "OMP_NUM_THREADS": "1",
         }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER, str(store), seeds],
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-        )
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+        procs.append(Rank([store, seeds], env, code=WORKER, log_dir=Path(store).parent))  # torch imported once
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for out in outs:
         if seeds == "1,1":
             assert f"OK {-(-ROWS // 2 // 8)}" in out, out[-2000:]
