@@ -82,8 +82,8 @@ def workdir(tmp_path_factory):
     return work
 
 
-# runs the blocks given as a JSON list, in order, each in a fresh namespace as a script's __main__; a line
-# BLOCK_END after each block's output; stops at the first that raises, its traceback on stderr
+# runs the blocks of the JSON list argv[1], in order, each in a fresh namespace as a script's __main__, printing
+# the line argv[2] after each block's output; stops at the first that raises, its traceback on stderr
 RUN_BLOCKS = """
 import json, sys, traceback
 for number, source in enumerate(json.load(open(sys.argv[1])), 1):
@@ -94,7 +94,7 @@ for number, source in enumerate(json.load(open(sys.argv[1])), 1):
         sys.exit(number)
     finally:
         sys.stdout.flush()
-    print(BLOCK_END, flush=True)
+    print(sys.argv[2], flush=True)
 """
 BLOCK_END = "--- zarrtorch deck block ended ---"
 
@@ -105,9 +105,13 @@ def test_python_blocks_run_in_deck_order(workdir):
     env = {**os.environ, "ZARRTORCH_SIZE": "tiny", "PYTHONWARNINGS": "ignore"}
     listed = workdir / "blocks.json"
     listed.write_text(json.dumps(sources))
-    script = f"BLOCK_END = {BLOCK_END!r}\n{RUN_BLOCKS}"
     result = subprocess.run(
-        [sys.executable, "-c", script, str(listed)], cwd=workdir, env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, "-c", RUN_BLOCKS, str(listed), BLOCK_END],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     outputs = result.stdout.split(BLOCK_END + "\n")
     if result.returncode != 0:

@@ -75,3 +75,11 @@ class Rank:
     def wait(self) -> int | None:
         self.process.join()
         return self.process.exitcode
+
+
+def end_still_running(ranks: list[Rank]) -> None:
+    """Kill and reap the ranks that have not ended (a launch that failed or timed out leaves none behind)."""
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()

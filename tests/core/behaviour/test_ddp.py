@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from preloaded import Rank  # noqa: I001  (tests/core/behaviour is on sys.path under pytest)
+from preloaded import Rank, end_still_running  # noqa: I001  (tests/core/behaviour is on sys.path under pytest)
 
 from zarrtorch import ZarrIterableDataset, prepare_zarr
 
@@ -70,10 +70,7 @@ def launch(store, out, world, *, batch_size, num_workers, drop_last, epochs=2, e
     except TimeoutError:
         pytest.fail(f"DDP launch (world {world}, {num_workers} workers) did not finish in {TIMEOUT} s")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        end_still_running(procs)
     for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{log[-4000:]}"
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(world)]
@@ -228,10 +225,7 @@ def run_check_script(store, case: str, timeout_s: int, other=None) -> list[str]:
     try:
         return [p.communicate(timeout=TIMEOUT)[0] for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        end_still_running(procs)
 
 
 @pytest.mark.slow

@@ -485,6 +485,7 @@ def test_cf_times_decode_as_xarray_decodes_them(units):
         ([1], "fortnights since 2000-01-01", None),
         ([1], "days", None),
         ([1], "days since 2000-01-01 00:00 +05:00", None),
+        ([1], "days since 1500-01-01", "standard"),  # Julian dates in CF's standard calendar
     ],
 )
 def test_what_cf_datetimes_does_not_decode_is_left_to_xarray(values, units, calendar):

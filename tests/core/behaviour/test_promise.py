@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
-from preloaded import Rank  # noqa: I001  (tests/core/behaviour is on sys.path under pytest)
+from preloaded import Rank, end_still_running  # noqa: I001  (tests/core/behaviour is on sys.path under pytest)
 
 from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, prepare_zarr
 from zarrtorch._read.fetch import RetryPolicy
@@ -369,10 +369,7 @@ def test_ranks_that_computed_different_plans_are_named(store, seeds):
     try:
         outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        end_still_running(procs)
     for out in outs:
         if seeds == "1,1":
             assert f"OK {-(-ROWS // 2 // 8)}" in out, out[-2000:]
