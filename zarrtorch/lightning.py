@@ -496,27 +496,29 @@ class ZarrDataModule(ResumableTraining):
         return [str(d) for d in np.datetime_as_string(stamps, unit="D")]
 
 
-CF_UNITS = {"days": "D", "day": "D", "d": "D", "hours": "h", "hour": "h", "h": "h", "minutes": "m", "minute": "m"}
-CF_UNITS |= {"seconds": "s", "second": "s", "s": "s"}
+CF_SECONDS = {"days": 86400, "day": 86400, "d": 86400, "hours": 3600, "hour": 3600, "h": 3600, "minutes": 60}
+CF_SECONDS |= {"minute": 60, "seconds": 1, "second": 1, "s": 1}
 STANDARD_CALENDARS = (None, "standard", "gregorian", "proleptic_gregorian")
 GREGORIAN_START = np.datetime64("1582-10-15T00:00:00", "s")
 
 
 def cf_datetimes(values: np.ndarray, units, calendar) -> np.ndarray | None:
-    """Integer ``values`` in CF's ``"<unit> since <date>"`` as datetime64, or None for what this does not
-    decode (another calendar, fractional values, an unknown unit or date): xarray's job then."""
+    """``values`` (integers, or floats as ERA5's netCDF files often hold) in CF's ``"<unit> since <date>"`` as
+    datetime64 to the second, or None for what this does not decode (another calendar, an unknown unit or date,
+    a value that is not finite): xarray's job then."""
     if not isinstance(units, str) or calendar not in STANDARD_CALENDARS or " since " not in units:
         return None
     unit, _, origin = units.partition(" since ")
-    code = CF_UNITS.get(unit.strip().lower())
+    per = CF_SECONDS.get(unit.strip().lower())
     values = np.asarray(values)
-    if code is None or values.dtype.kind not in "iu":
+    if per is None or values.dtype.kind not in "iuf" or not np.isfinite(values).all():
         return None
     try:
         start = np.datetime64(origin.strip().replace(" ", "T").rstrip("Z"), "s")
     except ValueError:  # a time zone offset, or a date numpy does not parse
         return None
-    stamps = start + values.astype(np.int64).astype(f"timedelta64[{code}]")
+    seconds = values.astype(np.int64) * per if values.dtype.kind in "iu" else np.round(values * per).astype(np.int64)
+    stamps = start + seconds.astype("timedelta64[s]")
     if calendar != "proleptic_gregorian" and min(start, stamps.min()) < GREGORIAN_START:
         return None  # CF's standard calendar is Julian before 1582-10-15, numpy's Gregorian throughout
     return stamps

@@ -471,17 +471,18 @@ def test_cf_times_decode_as_xarray_decodes_them(units):
 
     from zarrtorch.lightning import cf_datetimes
 
-    values = np.array([0, 1, 59, 1439, 100_000], dtype=np.int64)
-    ours = cf_datetimes(values, units, "proleptic_gregorian")
-    theirs = xr.decode_cf(xr.Dataset({"t": ("n", values, {"units": units, "calendar": "standard"})}))["t"].values
-    np.testing.assert_array_equal(ours.astype("datetime64[s]"), theirs.astype("datetime64[s]"))
+    for values in (np.array([0, 1, 59, 1439, 100_000], dtype=np.int64), np.array([0.0, 1.5, 59.25, 1e5])):
+        ours = cf_datetimes(values, units, "proleptic_gregorian")
+        theirs = xr.decode_cf(xr.Dataset({"t": ("n", values, {"units": units, "calendar": "standard"})}))["t"].values
+        # to the minute: below a second xarray truncates and this rounds (1.5 s), dates are printed to the day
+        np.testing.assert_array_equal(ours.astype("datetime64[m]"), theirs.astype("datetime64[m]"))
 
 
 @pytest.mark.parametrize(
     "values,units,calendar",
     [
         ([1], "days since 2000-01-01", "noleap"),
-        ([1.5], "days since 2000-01-01", None),
+        ([np.nan], "days since 2000-01-01", None),
         ([1], "fortnights since 2000-01-01", None),
         ([1], "days", None),
         ([1], "days since 2000-01-01 00:00 +05:00", None),
@@ -492,3 +493,22 @@ def test_what_cf_datetimes_does_not_decode_is_left_to_xarray(values, units, cale
     from zarrtorch.lightning import cf_datetimes
 
     assert cf_datetimes(np.array(values), units, calendar) is None
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float64"])
+def test_an_era5_like_time_in_hours_since_1900_is_described(tmp_path, dtype):
+    """Breaking it as a user: a store converted from ERA5's netCDF files keeps its time as hours since 1900, int32
+    or float64, in a plain Zarr group xarray cannot open (no dimension names). The float64 one printed no dates
+    (neither this decoding nor xarray took it); both give them now."""
+    import pandas as pd
+    import zarr
+
+    rows = 8 * CHUNK
+    time = pd.date_range("1979-01-01", periods=rows, freq="6h")
+    group = zarr.open_group(tmp_path / "era5.zarr", mode="w")
+    hours = ((time - pd.Timestamp("1900-01-01")) / pd.Timedelta("1h")).values.astype(dtype)
+    group.create_array("time", data=hours).attrs.update(units="hours since 1900-01-01 00:00:00.0", calendar="gregorian")
+    group.create_array("fields", data=np.zeros((rows, 4), np.float32), chunks=(CHUNK, 4))
+    text = ZarrDataModule(tmp_path / "era5.zarr", val_fraction=0.25, variables=["fields"]).describe()
+    first_val, last = (str(time.values[r])[:10] for r in (6 * CHUNK, rows - 1))
+    assert f"fit 1979-01-01 .. {str(time.values[6 * CHUNK - 1])[:10]}, validate {first_val} .. {last}" in text
