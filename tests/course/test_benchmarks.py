@@ -514,3 +514,25 @@ def test_small_chunks_benchmark_compares_the_read_plans_it_names(tmp_path):
     for case in results.values():
         assert [len(got["per_s"]) for got in case.values()] == [2, 2]
         assert all(rate > 0 for got in case.values() for rate in got["per_s"])
+
+
+def test_task_size_benchmark_builds_each_loader_with_its_task_size_and_leaves_the_default(tmp_path, monkeypatch):
+    """benchmarks/task_size.py compares loaders that differ in ``READ_TASK_BYTES`` alone: each loader's plan has the
+    chunks a task of its size holds (128 KiB rows: 2 and 8), the package's constant is as before once they are made,
+    and every size gets its rates and ratios, for rows and for windows."""
+    import importlib.util
+
+    import zarrtorch._util.sizes as sizes
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("task_size_benchmark", ROOT / "benchmarks" / "task_size.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    default = sizes.READ_TASK_BYTES
+    for windows in ([], ["--windows"]):
+        args = ["--rows", "24", "--rounds", "1", "--layouts", "v2 no compressor", "--data-dir", str(tmp_path)]
+        run = bench.main(args + windows)["layouts"]["v2 no compressor"]
+        assert run["pieces_per_read"] == {256: 2, 1024: 8}
+        assert sizes.READ_TASK_BYTES == default
+        assert run["over_first"][256] == 1.0 and all(r > 0 for r in run["median"].values())
+        assert set(run["over_raw"]) == {256, 1024}

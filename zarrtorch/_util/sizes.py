@@ -20,15 +20,17 @@ def row_bytes(arrays: Mapping[str, Any]) -> int:
     return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
 
 
-# a local store's small chunks are read several to a task: handing a task to a reading thread and its result back
-# costs about what decoding a 32 KiB chunk does (benchmarks/README.md, "Small chunks, several to a read")
-READ_TASK_BYTES = 256 * 2**10
+# a local store's chunks are read several to a task, up to this many decoded bytes: handing a task to a reading
+# thread and its result back costs about what decoding a 32 KiB chunk does, and the wake-ups it takes left the
+# reading threads idle while the gathering thread waited for them (benchmarks/README.md, "Small chunks, several to
+# a read", and issue 43's 0-worker figures: 128 KiB rows two to a task reached 0.65x of the raw decode, eight 0.82x)
+READ_TASK_BYTES = 2**20
 MOST_PIECES_PER_READ = 64
 
 
 def pieces_per_read(chunk_bytes: int) -> int:
     """Consecutive chunks of a local store one reading task decodes: as many as ``READ_TASK_BYTES`` hold, from 1
-    (a chunk of 128 KiB or more) to ``MOST_PIECES_PER_READ``."""
+    (a chunk of 512 KiB or more) to ``MOST_PIECES_PER_READ``."""
     return max(1, min(MOST_PIECES_PER_READ, READ_TASK_BYTES // max(1, int(chunk_bytes))))
 
 
