@@ -39,17 +39,24 @@ class ProducerSilent(RuntimeError):
 STOPPED = (False, RuntimeError("the work-ahead thread was stopped before the epoch ended (a newer epoch started)"))
 
 
+def _wait_for_room(room: threading.Event, seconds: float) -> None:
+    """A producer without room waits ``seconds``, or less if a consumer finds nothing first."""
+    room.wait(seconds)
+
+
 class Handoff:
     """At most ``depth`` items from one producer thread to one consumer. The consumer's ``get`` of a ready
     item is a ``deque.popleft`` (atomic under the GIL) that wakes nobody; a producer without room looks again
     after half the time it has waited so far (from :data:`POLL_S` up to :data:`MAX_POLL_S`); a consumer that
-    finds nothing waits for an event the producer sets."""
+    finds nothing wakes a producer waiting for room (it has nothing else to do then), and waits for an event the
+    producer sets."""
 
     def __init__(self, depth: int):
         self.depth = max(1, int(depth))
         self._items: deque = deque()
         self._ready = threading.Event()
         self._waiting = False  # the consumer waits on _ready
+        self._room = threading.Event()  # set by a consumer that found nothing: a producer waiting for room looks again
         self._closed = False  # the producer has ended: nothing more will come
 
     def put(self, item, stop: threading.Event) -> bool:
@@ -62,7 +69,10 @@ class Handoff:
             full_since = now if full_since is None else full_since
             # a consumer that has not taken for w seconds is unlikely to within w/2: the producer, which holds
             # the next item already, then puts it in at most w/2 late, while the queue still holds depth-1
-            time.sleep(min(MAX_POLL_S, max(POLL_S, (now - full_since) / 2)))
+            self._room.clear()
+            if len(self._items) < self.depth:
+                break
+            _wait_for_room(self._room, min(MAX_POLL_S, max(POLL_S, (now - full_since) / 2)))
         self._items.append(item)
         if self._waiting:
             self._ready.set()
@@ -87,6 +97,7 @@ class Handoff:
                 return (False, ProducerSilent(f"the work-ahead thread handed over nothing for {timeout_s:g} s"))
             self._waiting = True  # set before looking again: an item appended after the look sets _ready
             self._ready.clear()
+            self._room.set()
             if not self._items and not self._closed:
                 self._ready.wait(0.1)
             self._waiting = False
