@@ -14,15 +14,8 @@ from zarrtorch._read.inflight import HOLD
 from zarrtorch._read.reader import reading_threads
 from zarrtorch._read.source import all_local
 from zarrtorch._util.process import cpu_share
-from zarrtorch._util.sizes import pieces_per_read
+from zarrtorch._util.sizes import SMALL_CHUNK_BYTES, pieces_per_read
 
-# a local store's chunks of at most this (every array's rows of a chunk together) are decoded in one thread by
-# default: the Python work per chunk (its file opened, its rows handed on) then outweighs the decode, and a second
-# thread only waits for the GIL (issue 43: one-row chunks of a 10-array group, 1.3-2x the rows/s with one thread).
-# That one thread is the one that gathers the batches: a reading thread beside it takes the GIL back at every
-# system call of every chunk (open, read, close) while the gathering thread wants it (issue 43: 1.4-1.5x the rows/s
-# of that 10-array group with no reading thread, 0 workers; the same with 2)
-SMALL_CHUNK_BYTES = 64 * 2**10
 REMOTE_IN_FLIGHT = 8  # requests in flight a remote store keeps at least
 REMOTE_START = 32  # and starts with (a first epoch at 100 ms spent a third of its time growing from 8)
 IN_FLIGHT_BYTES = 256 * 2**20  # decoded chunks the adaptive requests in flight may hold, per process

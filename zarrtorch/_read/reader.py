@@ -37,6 +37,7 @@ from zarrtorch._read.fetch import RetryPolicy, fetch_soon, get_many, short
 from zarrtorch._read.inflight import InFlight
 from zarrtorch._read.source import is_local, redact, store_label
 from zarrtorch._util.pool import Pools
+from zarrtorch._util.sizes import SMALL_CHUNK_BYTES
 from zarrtorch._util.sizes import pieces_per_read as local_pieces_per_read
 
 PIECES_LOOKED_UP = 64  # pieces of an epoch looked up in the cache's listing to tell whether it holds the epoch
@@ -142,6 +143,8 @@ class PieceReader:
         self._keeps = any(reads_through_cache(a) for a in arrays.values())
         # consecutive pieces the cache holds that one reading task reads, as a local store's (small chunks)
         self._held_per_read = local_pieces_per_read(chunk_rows * _row_bytes(arrays)) if self._cached else 1
+        # and small chunks it holds are read where they are gathered (:data:`SMALL_CHUNK_BYTES`), as a local store's
+        self._held_inline = self._cached and chunk_rows * _row_bytes(arrays) <= SMALL_CHUNK_BYTES
         self._early_held: set = set()  # reads started early from the cache's files (no round trip to time)
         # the epoch's listing of the node's cache was made by read_first: one listing routes all of its pieces
         self._listed_at_start = False
@@ -488,8 +491,10 @@ class PieceReader:
                 if not task:
                     return
                 ahead[0] += len(task)
-                if cached:  # read, checked and decoded in a reading thread, as a local store's chunks are
-                    future = pool.submit(_Read, read_held, task)
+                if cached:  # read, checked and decoded as a local store's chunks are: in a reading thread, small ones
+                    # where they are gathered (when the consumer takes them)
+                    run = _Later if self._held_inline else pool.submit
+                    future = run(_Read, read_held, task)
                     held_reads.add(future)
                     pending.append(future)
                     continue
@@ -668,6 +673,30 @@ def _filled(held: list, fetched: list) -> list:
     """``held`` (bytes, or ``None`` where the cache held none) with ``fetched`` put in the ``None`` places, in order."""
     answers = iter(fetched)
     return [next(answers) if h is None else h for h in held]
+
+
+class _Later:
+    """A read that runs in the thread that takes its result, when it takes it: a future's place in the reads
+    pending, for small chunks of the node's cache, which a reading thread beside the gathering one reads slower than
+    the gathering one itself (a hand-over per task, the GIL taken back at every system call). Cancelled, it never
+    runs."""
+
+    def __init__(self, fn: Callable, *args):
+        self._call: tuple | None = (fn, args)
+
+    def done(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        self._call = None
+        return True
+
+    def result(self):
+        if self._call is None:
+            raise concurrent.futures.CancelledError()
+        fn, args = self._call
+        self._call = None
+        return fn(*args)
 
 
 class _Read:

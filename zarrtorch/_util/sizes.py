@@ -20,6 +20,14 @@ def row_bytes(arrays: Mapping[str, Any]) -> int:
     return sum(int(np.dtype(a.dtype).itemsize * math.prod(a.shape[1:])) for a in arrays.values())
 
 
+# a local store's chunks of at most this (every array's rows of a chunk together) are decoded in one thread by
+# default: the Python work per chunk (its file opened, its rows handed on) then outweighs the decode, and a second
+# thread only waits for the GIL (issue 43: one-row chunks of a 10-array group, 1.3-2x the rows/s with one thread).
+# That one thread is the one that gathers the batches: a reading thread beside it takes the GIL back at every
+# system call of every chunk (open, read, close) while the gathering thread wants it (issue 43: 1.4-1.5x the rows/s
+# of that 10-array group with no reading thread, 0 workers; the same with 2)
+SMALL_CHUNK_BYTES = 64 * 2**10
+
 # a local store's chunks are read several to a task, up to this many decoded bytes: handing a task to a reading
 # thread and its result back costs about what decoding a 32 KiB chunk does, and the wake-ups it takes left the
 # reading threads idle while the gathering thread waited for them (benchmarks/README.md, "Small chunks, several to

@@ -19,6 +19,7 @@ from test_early import wait_for_early_reads  # noqa: I001  (its folder is on sys
 from zarrtorch import ChunkReadError, ReadOptions, ZarrDataLoader, ZarrIterableDataset, clear_cache, prepare_zarr
 from zarrtorch._read import cache as cache_module
 from zarrtorch._read.cache import MARKER, RENEW_AFTER_S, ChunkCache, wait_for_writes
+from zarrtorch._read.reader import PieceReader
 from zarrtorch.course.servers import CUT_SHORT, HttpStoreServer
 
 ROWS, CHUNK, BATCH = 60, 8, 8  # 8 chunks, the last one partial
@@ -795,3 +796,39 @@ def test_a_warm_epoch_reads_its_held_chunks_in_whole_tasks_not_one_per_chunk_con
     tasks = [n for n in sizes if n]
     assert chunk_requests(server) == 0 and sum(tasks) <= rows // chunk_rows
     assert tasks[0] > 1 and set(tasks[:-1]) == {tasks[0]}, tasks  # whole tasks, the last one what is left
+
+
+@pytest.mark.parametrize("row_floats, where", [(3, "gathering thread"), (4096, "reading threads")])
+def test_chunks_the_cache_holds_are_read_where_a_local_stores_would_be(tmp_path, monkeypatch, row_floats, where):
+    """A warm epoch reads the chunks the cache holds as a local store's: chunks of at most ``SMALL_CHUNK_BYTES`` in the
+    thread that gathers the batches (a reading thread beside it cost 6% of a warm epoch's rows/s, benchmarks/README.md),
+    larger ones in the reading threads (as are the next epoch's first pieces, read early as an epoch ends); every row
+    once with its own values either way, and no chunk asked for."""
+    rows = np.arange(50 * CHUNK, dtype=np.float32)
+    store = tmp_path / "served" / "w.zarr"
+    prepare_zarr({"x": rows[:, None] * np.ones(row_floats, np.float32)}, store, chunk_rows=CHUNK, progress=False)
+    threads = []
+    held_chunk = PieceReader._held_chunk
+
+    def recorded(self, chunk):
+        threads.append(threading.current_thread().name)
+        return held_chunk(self, chunk)
+
+    monkeypatch.setattr(PieceReader, "_held_chunk", recorded)
+    with HttpStoreServer(tmp_path / "served") as server:
+        read = ReadOptions(cache_dir=tmp_path / "c")
+        loader = ZarrDataLoader(ZarrIterableDataset(f"{server.url}/w.zarr", seed=5, read=read), batch_size=BATCH)
+        for epoch in (0, 1):
+            threads.clear()
+            server.requests.clear()
+            loader.set_epoch(epoch)
+            got = np.concatenate([b["x"].numpy() for b in loader])
+            wait_for_writes()
+            np.testing.assert_array_equal(np.sort(got[:, -1]), rows)
+            np.testing.assert_array_equal(got[:, 0], got[:, -1])
+        assert chunk_requests(server) == 0  # the second epoch read every chunk from the cache
+    gathered_in_place = threads.count("zarrtorch-work-ahead")
+    if where == "gathering thread":
+        assert gathered_in_place > len(rows) // CHUNK // 2, threads
+    else:
+        assert gathered_in_place == 0 and all(name.startswith("zarrtorch-read") for name in threads), threads
