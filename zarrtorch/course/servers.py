@@ -300,6 +300,9 @@ def _serve(argv: list[str] | None = None) -> None:
     print(json.dumps(requests), flush=True)
 
 
+STOP_WAIT_S = 1.0  # how long a stopping aiohttp server lets the answers in flight finish
+
+
 def _serve_asyncio(root: Path, delay_s: float, processes: int = 1, bare: bool = False) -> dict[str, int]:
     """The same answers as :class:`HttpStoreServer` (GET, HEAD, byte ranges, a delay per request) from aiohttp
     event loops (``bare``: from :mod:`zarrtorch.course.bare_http`, no web framework): a request waiting out its
@@ -343,7 +346,9 @@ def _serve_asyncio(root: Path, delay_s: float, processes: int = 1, bare: bool = 
             return
         app = web.Application()
         app.router.add_get("/{key:.*}", answer)  # HEAD too
-        runner = web.AppRunner(app, access_log=None)
+        # a stopped server cuts the answers still waiting out their delay instead of waiting for them (a minute by
+        # default): a client that holds the server (a loader's persistent workers) must not keep it from stopping
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=STOP_WAIT_S)
         await runner.setup()
         await web.SockSite(runner, sock, backlog=1024).start()
         await until()
