@@ -29,3 +29,23 @@ def test_stopping_the_server_does_not_wait_for_a_request_still_being_answered(tm
     assert server.requests == {"x": 1}
     client.join(30)
     assert not client.is_alive() and errors  # cut, not answered
+
+
+def test_the_server_stops_while_forked_processes_still_hold_its_input(tmp_path):
+    """DataLoader workers forked after the server started inherit the writing end of its input: the server waited
+    for an end of input that came only when they exited (``stop()`` failed after 30 s with persistent workers
+    alive). It now stops on a line."""
+    import multiprocessing
+
+    (tmp_path / "x").write_bytes(b"12345")
+    server = HttpStoreProcess(tmp_path, asyncio=True).start()
+    assert urllib.request.urlopen(f"{server.url}/x", timeout=30).read() == b"12345"
+    release = multiprocessing.get_context("fork").Event()
+    holder = multiprocessing.get_context("fork").Process(target=release.wait, args=(60,), daemon=True)
+    holder.start()  # holds every descriptor of this process, the server's input among them
+    try:
+        server.stop()
+        assert server.requests == {"x": 1}
+    finally:
+        release.set()
+        holder.join(10)

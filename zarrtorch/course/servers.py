@@ -259,7 +259,9 @@ class HttpStoreProcess:
         if self._proc is None:
             return
         try:
-            out, _ = self._proc.communicate(input="", timeout=30)  # end of its input: it stops and reports
+            # a line, not only the end of its input: DataLoader workers forked meanwhile hold the pipe's writing end
+            # open, and the server would see no end until they exit
+            out, _ = self._proc.communicate(input="stop\n", timeout=30)
             self.requests = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
         except Exception:
             self._proc.kill()
@@ -276,13 +278,13 @@ class HttpStoreProcess:
 
 
 def _serve(argv: list[str] | None = None) -> None:
-    """``python -m zarrtorch.course.servers ROOT --delay-ms D [--asyncio]``: print the URL, serve until the input
-    ends, then print the answers per key as JSON (:class:`HttpStoreProcess`)."""
+    """``python -m zarrtorch.course.servers ROOT --delay-ms D [--asyncio]``: print the URL, serve until a line or the
+    end of the input, then print the answers per key as JSON (:class:`HttpStoreProcess`)."""
     import argparse
     import json
     import sys
 
-    p = argparse.ArgumentParser(description="serve a directory over HTTP on 127.0.0.1 until stdin ends")
+    p = argparse.ArgumentParser(description="serve a directory over HTTP on 127.0.0.1 until a line or the end of stdin")
     p.add_argument("root")
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--asyncio", action="store_true", help="event loops (aiohttp) instead of a thread a request")
@@ -295,7 +297,7 @@ def _serve(argv: list[str] | None = None) -> None:
     else:
         with HttpStoreServer(args.root, delay_ms=args.delay_ms) as server:
             print(server.url, flush=True)
-            sys.stdin.read()
+            sys.stdin.readline()
             requests = dict(server.requests)
     print(json.dumps(requests), flush=True)
 
@@ -308,8 +310,8 @@ def _serve_asyncio(root: Path, delay_s: float, processes: int = 1, bare: bool = 
     event loops (``bare``: from :mod:`zarrtorch.course.bare_http`, no web framework): a request waiting out its
     delay costs a timer, not a thread, as in an object store that answers thousands at once. ``processes`` loops,
     each in a process forked before any loop starts, accept from one listening socket (``benchmarks/remote.py
-    --plain-client`` measures what they answer). Prints the URL, serves until stdin ends, returns the answers per
-    key of all of them."""
+    --plain-client`` measures what they answer). Prints the URL, serves until a line or the end of stdin, returns
+    the answers per key of all of them."""
     import asyncio
     import json
     import signal
@@ -355,7 +357,7 @@ def _serve_asyncio(root: Path, delay_s: float, processes: int = 1, bare: bool = 
         await runner.cleanup()
 
     async def until_stdin_ends() -> None:
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
     async def until_terminated() -> None:
         stop = asyncio.Event()
