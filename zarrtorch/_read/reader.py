@@ -141,10 +141,11 @@ class PieceReader:
         # chunks kept in the node's cache (any array reading through it): its packs being filled are written at the
         # end of each epoch, so that the next one, and the other workers, find all of them in its files
         self._keeps = any(reads_through_cache(a) for a in arrays.values())
-        # consecutive pieces the cache holds that one reading task reads, as a local store's (small chunks)
-        self._held_per_read = local_pieces_per_read(chunk_rows * _row_bytes(arrays)) if self._cached else 1
-        # and small chunks it holds are read where they are gathered (:data:`SMALL_CHUNK_BYTES`), as a local store's
-        self._held_inline = self._cached and chunk_rows * _row_bytes(arrays) <= SMALL_CHUNK_BYTES
+        # consecutive pieces the cache holds that one reading task reads, as a local store's (small chunks), and
+        # small chunks it holds read where they are gathered (:data:`SMALL_CHUNK_BYTES`), as a local store's are
+        chunk_bytes = chunk_rows * _row_bytes(arrays)
+        self._held_per_read = local_pieces_per_read(chunk_bytes) if self._cached else 1
+        self._held_inline = self._cached and chunk_bytes <= SMALL_CHUNK_BYTES
         self._early_held: set = set()  # reads started early from the cache's files (no round trip to time)
         # the epoch's listing of the node's cache was made by read_first: one listing routes all of its pieces
         self._listed_at_start = False
