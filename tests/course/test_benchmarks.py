@@ -536,3 +536,30 @@ def test_task_size_benchmark_builds_each_loader_with_its_task_size_and_leaves_th
         assert sizes.READ_TASK_BYTES == default
         assert run["over_first"][256] == 1.0 and all(r > 0 for r in run["median"].values())
         assert set(run["over_raw"]) == {256, 1024}
+
+
+def test_cache_cold_benchmark_keeps_nothing_only_in_its_setting_and_puts_the_cache_back(tmp_path):
+    """benchmarks/cache_cold.py: the ``cache`` setting fills its folder, ``cache, nothing kept`` leaves it empty
+    (the hand-over replaced for that epoch alone), ``write_soon`` is the cache's own again afterwards, and each
+    setting gets a rate and a ratio per round."""
+    import importlib.util
+
+    from zarrtorch import prepare_zarr
+    from zarrtorch._read import cache as cache_module
+
+    spec = importlib.util.spec_from_file_location("cache_cold_benchmark", ROOT / "benchmarks" / "cache_cold.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    store = tmp_path / "c.zarr"
+    prepare_zarr({"x": np.ones((96, 4), "f4")}, store, chunk_rows=16, progress=False)
+    own = cache_module.write_soon
+    results = bench.main(["--store", str(store), "--delay-ms", "0", "--rounds", "2", "--batch-size", "16"])
+    assert cache_module.write_soon is own
+    settings = results["settings"]
+    assert list(settings) == list(bench.SETTINGS)
+    assert all(r["packs"] == 0 for r in settings["no cache"]["per_round"])
+    assert all(r["packs"] >= 1 for r in settings["cache"]["per_round"])
+    assert all(r["packs"] == 0 for r in settings["cache, nothing kept"]["per_round"])
+    for got in settings.values():
+        assert len(got["per_round"]) == 2 and all(r["rows_per_s"] > 0 for r in got["per_round"])
+    assert settings["no cache"]["vs_no_cache"]["median"] == 1.0
