@@ -48,9 +48,11 @@ fuzz: setup
 test-fast: setup
 	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
+## JupyterLab's terminals inherit its PATH: the environment's commands first, so a lesson's `torchrun ...` and
+## `python -m zarrtorch ...` run in the course's environment without activating it
 lab: setup
 	$(PY) -m zarrtorch make-data --size $(SIZE)
-	$(PY) -m jupyter lab notebooks/00_index.ipynb
+	PATH="$(abspath $(dir $(PY))):$$PATH" $(PY) -m jupyter lab notebooks/00_index.ipynb
 
 ## every benchmark in one run: the loader table, a plan's and a resume's cost at scale, requests in flight vs latency,
 ## the node-local chunk cache (cold and warm epochs over HTTP), forecast windows (reads per chunk, windows/s, block

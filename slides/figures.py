@@ -150,22 +150,24 @@ def fig_data_map(out: Path) -> tuple[str, dict]:
     lat_i = int(np.argmin(np.abs(ds["lat"].values - 45.0)))
     series = ds["fields"].sel(variable="t").isel(lat=lat_i, lon=0).compute()
     fig = plt.figure(figsize=(13, 3.0))
-    gs = fig.add_gridspec(1, 3, width_ratios=[1, 1, 1.35], wspace=0.28)
+    gs = fig.add_gridspec(1, 3, width_ratios=[1, 1, 1.35], wspace=0.42)
     lon, lat = ds["lon"].values, ds["lat"].values
-    for k, (var, cmap, label) in enumerate([("t", "RdYlBu_r", "t (degC)"), ("u", "PuOr_r", "u (m/s)")]):
+    for k, (var, cmap, name, unit) in enumerate([("t", "RdYlBu_r", "t", "degC"), ("u", "PuOr_r", "u", "m/s")]):
         ax = fig.add_subplot(gs[0, k])
         field = step0.sel(variable=var).values
         lim = None if var == "t" else float(np.abs(field).max())
         im = ax.pcolormesh(lon, lat, field, cmap=cmap, shading="auto", vmin=-lim if lim else None, vmax=lim)
-        ax.set_title(f"{label}, {str(ds['time'].values[0])[:13].replace('T', ' ')} h")
+        ax.set_title(f"{name} ({unit}), {str(ds['time'].values[0])[:13].replace('T', ' ')} h")
         ax.set_xticks([0, 90, 180, 270])
-        ax.set_xlabel("longitude")
+        ax.set_xlabel("longitude (degrees east)")
         if k == 0:
-            ax.set_ylabel("latitude")
+            ax.set_ylabel("latitude (degrees north)")
         fig.colorbar(im, ax=ax, shrink=0.85)
     ax = fig.add_subplot(gs[0, 2])
     ax.plot(series["time"].values, series.values, lw=0.6, color="#444")
-    ax.set_title(f"t (degC) at {lat[lat_i]:.0f}N, 0E: one year every 6 h")
+    ax.set_title(f"t at {lat[lat_i]:.0f}N, 0E: one year every 6 h")
+    ax.set_xlabel(f"time (month of {str(series['time'].values[0])[:4]})")
+    ax.set_ylabel("t (degC)")
     ax.xaxis.set_major_locator(matplotlib.dates.MonthLocator(bymonth=(1, 4, 7, 10)))
     ax.xaxis.set_major_formatter(matplotlib.dates.DateFormatter("%b"))
     return _save(fig, out, "data_map.png"), {"map_lat": f"{lat[lat_i]:.0f}"}
@@ -349,6 +351,7 @@ def fig_shuffle_quality(out: Path) -> tuple[str, dict]:
     ax.axhline(0.0, color="#777", ls="-", lw=0.6)
     ax.set_xticks(x, [f"{bc}\n{m:.0f} MiB" for bc, m in zip(BUFFERS, mem, strict=True)])
     ax.set_xlabel("buffer_chunks (and decoded memory per worker)")
+    ax.set_ylabel("chunk diversity (x a perfect shuffle's)\norder correlation (-1 to 1)")
     ax.set_ylim(-0.15, 1.1)
     ax.legend(loc="upper left", frameon=False)
     ax.set_title(

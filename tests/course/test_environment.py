@@ -109,3 +109,34 @@ def test_split_and_names():
     assert split("zarr-torch-dataset==0.0.9") == ("zarr-torch-dataset", "==0.0.9")
     assert split("Zarr_Torch.Dataset == 0.0.9") == ("zarr-torch-dataset", "==0.0.9")
     assert split("h5py") == ("h5py", "")
+
+
+def test_make_lab_puts_the_course_environment_first_on_the_terminals_path():
+    """A lesson's terminal commands (``torchrun ...``, ``python -m zarrtorch ...``) run in a terminal of the JupyterLab
+    that ``make lab`` starts, which inherits the server's PATH: the environment's ``bin`` comes first there, and its
+    ``torchrun`` and ``python`` are the ones a terminal finds (a learner who never activated ``.venv`` got "command
+    not found")."""
+    import os
+    import shlex
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    printed = subprocess.run(
+        ["make", "-n", "lab", "SIZE=tiny"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    lab = next(line for line in printed if "jupyter lab" in line)
+    words = shlex.split(lab)
+    assert words[0].startswith("PATH=") and words[1].endswith("python"), lab
+    first = words[0].removeprefix("PATH=").split(":")[0]
+    assert Path(first) == Path(os.path.abspath(ROOT / words[1])).parent, lab  # the link, not where it points
+    found = subprocess.run(
+        ["bash", "-c", "command -v python torchrun"],
+        env={**os.environ, "PATH": f"{first}:{os.environ.get('PATH', '')}"},
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert [Path(p).parent for p in found] == [Path(first)] * 2, found
