@@ -165,7 +165,6 @@ class ZarrIterableDataset(IterableDataset):
             )
         self.arrays = self._through_cache(read, source)
         self._watched_group = _group_to_watch(source, self.arrays)
-        self._epoch_begun = False  # whether an epoch of this dataset began (the next may have read early)
         self.shuffle, self.seed, self.buffer_chunks = shuffle, seed, buffer_chunks
         self.keep_in_memory, self.return_index, self.return_padding = keep_in_memory, return_index, return_padding
         self.redeal_every = redeal_every
@@ -201,17 +200,19 @@ class ZarrIterableDataset(IterableDataset):
         The first epoch is checked too: the dataset reads the chunk files with the shape and dtype it opened, so a
         store written again before it with fewer rows or another dtype would yield rows it does not hold, or its
         bytes as the old dtype. Where every array is local (a metadata read that cannot stall) or reads through a
-        cache, before the epoch. The first epoch of a remote store read without a cache is checked beside its first
-        chunk reads: the returned call is taken before the epoch's first batch is handed out (the iterator's job),
-        so a server that does not answer fails at the epoch's first chunk, after that chunk's attempts alone
-        (lesson 07). A store that does not answer is a :class:`ChunkReadError`, as it is for the epoch's chunks."""
+        cache (whose chunks, and the next epoch's early reads, are the old store's), before the epoch. Every epoch
+        of a remote store read without a cache is checked beside its first chunk reads, which read nothing early
+        and keep nothing: the returned call is taken before the epoch's first batch is handed out (the iterator's
+        job), so no batch of a rewritten store is handed out, an epoch does not wait a round trip for the check
+        before its first requests, and a server that does not answer fails at the epoch's first chunk, after that
+        chunk's attempts alone (lesson 07). A store that does not answer is a :class:`ChunkReadError`, as it is for
+        the epoch's chunks."""
         if self._watched_group is None:
             return None
         arrays = self.arrays if os.getpid() == self.opened_in else for_this_process(self.arrays)
         cached = [a for a in arrays.values() if reads_through_cache(a)]
-        first, self._epoch_begun = not self._epoch_begun, True
         array = (cached or list(arrays.values()))[0]
-        if first and not cached and not all_local(arrays):
+        if not cached and not all_local(arrays):
             return BackgroundCall(lambda: self._refuse_if_rewritten(array, cached=False), "zarrtorch-store-check")
         self._refuse_if_rewritten(array, cached=bool(cached))
         return None

@@ -130,10 +130,11 @@ def test_a_server_stalled_before_a_datasets_first_epoch_is_a_chunk_read_error_na
         server.release.set()
 
 
-def test_a_server_stalled_before_a_later_epoch_is_a_chunk_read_error_naming_the_groups_attributes(served):
-    """From the second epoch on, the check that the store was not written again reads the group's attributes
-    first: a server that does not answer is the same ChunkReadError a user catches for chunks, saying what was
-    read and why, not a RetriesExhausted from inside the check."""
+def test_a_server_stalled_before_a_later_epoch_is_the_chunk_read_error_of_its_first_chunk(served):
+    """From the second epoch on, the check that the store was not written again runs beside the epoch's first chunk
+    reads, as the first epoch's does (it once came first, a round trip before any request of the epoch): a server
+    that does not answer at all is the ChunkReadError of the chunk the epoch waited for, not an error of the check
+    that hides it."""
     with HttpStoreServer(served) as server:
         loader = ZarrDataLoader(
             ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=STALLED)), batch_size=8
@@ -141,10 +142,74 @@ def test_a_server_stalled_before_a_later_epoch_is_a_chunk_read_error_naming_the_
         assert sum(len(b["x"]) for b in loader) == 80
         server.hang()
         loader.set_epoch(1)
-        with pytest.raises(ChunkReadError, match="attributes of the group .* rewritten") as err:
+        with pytest.raises(ChunkReadError, match=r"key .x/c/\d") as err:
             list(loader)
+        assert "attempts failed" in str(err.value)
+        server.release.set()
+
+
+def test_a_later_epoch_whose_store_check_gets_no_answer_hands_out_no_batch(served):
+    """The group's attributes alone unanswered from the second epoch on (its chunks answered): the check, run beside
+    the epoch's reads, is waited for before the first batch, and its failure is a ChunkReadError saying what was
+    read and why, not a RetriesExhausted from inside it; no batch of the epoch is handed out."""
+    from zarrtorch.course.servers import NO_ANSWER
+
+    with HttpStoreServer(served) as server:
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=STALLED)), batch_size=8
+        )
+        assert sum(len(b["x"]) for b in loader) == 80
+        server.faults[r"^s\.zarr/zarr\.json$"] = NO_ANSWER
+        loader.set_epoch(1)
+        handed_out = []
+        with pytest.raises(ChunkReadError, match="attributes of the group .* rewritten") as err:
+            handed_out.extend(loader)
+        assert handed_out == []
         assert "TimeoutError" in str(err.value) or "attempts failed" in str(err.value)
         server.release.set()
+
+
+def test_a_later_epoch_requests_its_chunks_while_its_store_check_waits(served):
+    """A later epoch's first chunk requests go out while the check of the store's attributes is still unanswered
+    (the check once came first, holding every request of the epoch back by a round trip: 210 ms to the first batch
+    at 100 ms per request, against 110 for the first epoch); no batch is handed out before the check's outcome,
+    here a failure."""
+    import threading
+
+    from zarrtorch.course.servers import NO_ANSWER
+
+    with HttpStoreServer(served) as server:
+        loader = ZarrDataLoader(
+            ZarrIterableDataset(f"{server.url}/s.zarr", read=ReadOptions(retry=RetryPolicy(timeout_s=3, retries=0))),
+            batch_size=8,
+        )
+        assert sum(len(b["x"]) for b in loader) == 80
+
+        def chunk_requests() -> int:
+            return sum(n for key, n in list(server.requests.items()) if "/c/" in key)
+
+        before = chunk_requests()
+        server.faults[r"^s\.zarr/zarr\.json$"] = NO_ANSWER
+        loader.set_epoch(1)
+        handed_out, raised = [], []
+
+        def epoch() -> None:
+            try:
+                handed_out.extend(loader)
+            except ChunkReadError as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=epoch)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while chunk_requests() == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        requested_meanwhile = chunk_requests() - before
+        server.release.set()  # the check's request stays unanswered: it fails at its deadline (no retries)
+        thread.join(30)
+        assert requested_meanwhile > 0
+        assert handed_out == [] and len(raised) == 1
+        assert "attributes of the group" in str(raised[0])
 
 
 def test_the_datamodule_keeps_a_url(served):
