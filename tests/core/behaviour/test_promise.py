@@ -455,19 +455,25 @@ def test_a_local_store_rewritten_before_its_first_epoch_is_refused_not_read_with
         next(iter(loader))
 
 
+@pytest.mark.parametrize("epochs_before", [0, 1], ids=["first-epoch", "later-epoch"])
 @pytest.mark.parametrize(("workers", "work_ahead"), [(0, 0), (0, 2), (2, 0)])
 def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_with_the_old_dtype(
-    tmp_path, workers, work_ahead
+    tmp_path, workers, work_ahead, epochs_before
 ):
     """breaks6: prepare_zarr wrote a store served over HTTP again (float64 for int64) after a dataset opened it and
     before its first epoch: the epoch yielded the float64 bytes as int64 (119 of 120 rows), silently. The check runs
     beside the epoch's first reads and is taken before the first batch is handed out; the iterator then refuses to
-    go on (its next batches were read with the old dtype too)."""
+    go on (its next batches were read with the old dtype too). The same before a later epoch, whose check runs
+    beside its reads too since it stopped costing every later epoch a round trip before its first request."""
     root = tmp_path / "served"
     prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
     with HttpStoreServer(root) as server:
         ds = ZarrIterableDataset(f"{server.url}/s.zarr", seed=1)
         loader = ZarrDataLoader(ds, batch_size=8, num_workers=workers, work_ahead=work_ahead)
+        for epoch in range(epochs_before):
+            loader.set_epoch(epoch)
+            assert sum(len(b["y"]) for b in loader) == 120
+        loader.set_epoch(epochs_before)
         rewritten = {"y": 5 * np.arange(120, dtype=np.float64)}
         prepare_zarr(rewritten, root / "s.zarr", chunk_rows=10, overwrite=True, progress=False)
         it = iter(loader)
@@ -476,9 +482,10 @@ def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_wit
         with pytest.raises(RuntimeError, match="refused its epoch"):
             next(it)
         with pytest.raises(ValueError, match="rewritten since this dataset opened it"):
-            next(iter(loader))  # a new epoch of the same dataset is refused before it reads
+            next(iter(loader))  # a new epoch of the same dataset is refused before its first batch
 
 
+@pytest.mark.parametrize("epochs_before", [0, 1], ids=["first-epoch", "later-epoch"])
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize(
     "rewritten",
@@ -486,7 +493,7 @@ def test_a_remote_store_rewritten_before_its_first_epoch_is_refused_not_read_wit
     ids=["int32", "renamed"],
 )
 def test_a_remote_store_rewritten_so_its_first_chunk_fails_says_it_was_rewritten_not_damaged(
-    tmp_path, rewritten, workers
+    tmp_path, rewritten, workers, epochs_before
 ):
     """breaks7: a store served over HTTP written again after a dataset opened it, as int32 for int64 (its chunks
     decode to half the bytes) or with its array renamed (every chunk the dataset reads is missing): the epoch's first
@@ -496,6 +503,10 @@ def test_a_remote_store_rewritten_so_its_first_chunk_fails_says_it_was_rewritten
     prepare_zarr({"y": 3 * np.arange(120, dtype=np.int64)}, root / "s.zarr", chunk_rows=10, progress=False)
     with HttpStoreServer(root) as server:
         loader = ZarrDataLoader(ZarrIterableDataset(f"{server.url}/s.zarr", seed=1), batch_size=8, num_workers=workers)
+        for epoch in range(epochs_before):  # a later epoch's check runs beside its reads as the first's does
+            loader.set_epoch(epoch)
+            assert sum(len(b["y"]) for b in loader) == 120
+        loader.set_epoch(epochs_before)
         prepare_zarr(rewritten, root / "s.zarr", chunk_rows=10, overwrite=True, progress=False)
         it = iter(loader)
         with pytest.raises(ValueError, match="rewritten since this dataset opened it") as raised:
