@@ -1,7 +1,8 @@
 """A call started now in a daemon thread, its outcome taken later.
 
-For a check that must not add its wait to the work beside it: the first epoch of a remote store checks that the
-store was not rewritten while its chunks are already being read, so a server that does not answer fails at the
+For a check that must not add its wait to the work beside it: each epoch of a remote store read without a cache
+checks that the store was not rewritten while its chunks are already being read (no round trip before its first
+request), so a server that does not answer fails at the
 epoch's first chunk, after that chunk's attempts alone. A daemon thread, not an executor's: a check still
 retrying against a silent server must not hold the interpreter's exit."""
 
