@@ -7,7 +7,7 @@ export ZARRTORCH_SIZE := $(SIZE)
 # processes: 0.4 s of CPU each for `import zarrtorch` from a clean clone, minutes of a 2-core run
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: setup data course test test-fast fuzz lint fmt lab bench bench-peers slides clean-data hub-rehearsal
+.PHONY: setup data course test test-fast notebooks-check fuzz lint fmt lab bench bench-peers slides clean-data hub-rehearsal
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,13 @@ test: setup lint
 	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny --no-progress
 	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 -n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
+
+## the notebooks under nbval, each exercise's solution run after its check, on data/$(SIZE): the committed outputs
+## come from small, and CI checks them (and the solutions) on tiny only; this checks them at the size a learner uses
+notebooks-check: setup
+	$(PY) -m zarrtorch make-data --size $(SIZE) --no-progress
+	$(PY) -m pytest notebooks --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
+		-n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .
