@@ -461,7 +461,7 @@ class ZarrDataLoader(DataLoader):
             self._stop_work_ahead, stop = None, self._stop_work_ahead
             stop()
         rank, world = self.topology()
-        store_check = self.data.check_store_unchanged()  # a remote first epoch's: taken at its first batch
+        store_check = self.data.check_store_unchanged()  # a remote store's (no cache): taken at its first batch
         position = self.position
         history, skip = position.start_point(world, self.job.plan_workers)
         try:
