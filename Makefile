@@ -26,18 +26,19 @@ course: setup
 ## a failure that says where, never a CI run that stops at its limit (the slowest test takes about a minute)
 TEST_PROCS ?= 3
 TEST_TIMEOUT ?= 600
+# how nbval runs the notebooks (in this environment's kernel, outputs compared after notebooks/sanitize.cfg)
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 test: setup lint
 	@bash scripts/install_browser.sh
 	ZARRTORCH_SIZE=tiny $(PY) -m zarrtorch make-data --size tiny --no-progress
-	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
-		--nbval-sanitize-with notebooks/sanitize.cfg --durations=15 -n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
+	ZARRTORCH_SIZE=tiny $(PY) -m pytest tests notebooks $(NBVAL) --durations=15 \
+		-n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
 
 ## the notebooks under nbval, each exercise's solution run after its check, on data/$(SIZE): the committed outputs
 ## come from small, and CI checks them (and the solutions) on tiny only; this checks them at the size a learner uses
 notebooks-check: setup
 	$(PY) -m zarrtorch make-data --size $(SIZE) --no-progress
-	$(PY) -m pytest notebooks --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
-		-n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
+	$(PY) -m pytest notebooks $(NBVAL) -n $(TEST_PROCS) --dist loadfile --timeout $(TEST_TIMEOUT) $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from layouts import spread  # median, low, high: as layouts.py reports its rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,10 +78,6 @@ def cold_epoch(url: str, setting: str, *, seed: int, workers: int, batch_size: i
     }
 
 
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=200_000, help="rows of the generated store (64-row chunks)")
@@ -122,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         v = summary["vs_no_cache"]
         print(
             f"  {setting:<22}{summary['rows_per_s']['median']:>10,.0f}"
-            f"{v['median']:>8.2f} [{v['min']:.2f}-{v['max']:.2f}]{'':>5}"
+            f"{v['median']:>8.2f} [{v['low']:.2f}-{v['high']:.2f}]{'':>5}"
             f"{summary['user_s']['median']:>8.2f}{summary['system_s']['median']:>7.2f}"
             f"{(summary['server_s'] or {}).get('median', float('nan')):>9.2f}{summary['packs']['median']:>7.0f}"
         )
